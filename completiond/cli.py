@@ -1,0 +1,143 @@
+"""Command line: `completiond complete | serve | status | stop | bench | train-draft`.
+
+Bad input (missing file, position out of range, unknown model, bad flag) prints one line on stderr
+and exits with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse's own status for usage errors)
+        raise UsageError(message)
+
+
+def model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="default", help="HF id, local dir, .gguf path, or 'default'")
+    p.add_argument("--draft", default="default",
+                   help="HF id, local dir, .gguf, 'default', 'self:N' (first N target layers) or 'none'")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="completiond", description="Local code completion with lossless speculative decoding")
+    sub = parser.add_subparsers(dest="command", parser_class=Parser, required=True)
+
+    c = sub.add_parser("complete", help="complete FILE at a position and print the completion")
+    c.add_argument("file")
+    c.add_argument("--line", type=int, required=True, help="1-based line")
+    c.add_argument("--col", type=int, required=True, help="1-based column, in characters")
+    c.add_argument("--mode", default="combined", choices=["ar", "pld", "draft", "combined"])
+    c.add_argument("--max-tokens", type=int, default=64)
+    c.add_argument("--temperature", type=float, default=0.0)
+    c.add_argument("--top-p", type=float, default=1.0)
+    c.add_argument("--top-k", type=int, default=0)
+    c.add_argument("--seed", type=int, default=None)
+    ml = c.add_mutually_exclusive_group()
+    ml.add_argument("--multiline", dest="multiline", action="store_true", default=True)
+    ml.add_argument("--single-line", dest="multiline", action="store_false")
+    model_flags(c)
+    c.add_argument("--workspace", default=None, help="directory whose files feed prompt lookup")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+
+    return parser
+
+
+def read_source(path: str) -> str:
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{path}: no such file")
+    if not p.is_file():
+        raise UsageError(f"{path}: not a regular file")
+    data = p.read_bytes()
+    if not data:
+        raise UsageError(f"{path}: file is empty, nothing to complete")
+    if b"\0" in data[:8192]:
+        raise UsageError(f"{path}: binary file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def cmd_complete(a: argparse.Namespace) -> int:
+    from .prompt import PositionError, build_prompt, offset_at
+
+    text = read_source(a.file)
+    if a.line < 1 or a.col < 1:
+        raise UsageError("--line and --col are 1-based")
+    if a.max_tokens < 1:
+        raise UsageError("--max-tokens must be at least 1")
+    if a.temperature < 0 or not 0 < a.top_p <= 1 or a.top_k < 0:
+        raise UsageError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
+    try:
+        offset = offset_at(text, a.line - 1, a.col - 1, encoding="utf-32")
+    except PositionError as e:
+        raise UsageError(f"{a.file}:{a.line}:{a.col}: position out of range: {e}") from None
+
+    from .engine import Engine, Request
+    from .models import ModelError, load, load_draft
+    from .verify import Sampling
+    from .workspace import index_workspace
+
+    try:
+        target = load(a.target, "target", a.device, a.dtype)
+        draft = load_draft(a.draft, target) if a.mode in ("draft", "combined") else None
+    except ModelError as e:
+        raise UsageError(str(e)) from None
+    engine = Engine(target, draft)
+    if a.workspace:
+        if not Path(a.workspace).is_dir():
+            raise UsageError(f"--workspace {a.workspace}: not a directory")
+        index_workspace(engine.index, target.tokenizer, Path(a.workspace), exclude={Path(a.file).resolve()})
+    engine.index.set_open(Path(a.file).resolve().as_uri(), target.tokenizer.encode(text, add_special_tokens=False))
+    engine.calibrate()
+    prompt = build_prompt(target.tokenizer, text, offset, multiline=a.multiline)
+    req = Request(prompt=prompt.ids, mode=a.mode, max_tokens=a.max_tokens, seed=a.seed, stops=prompt.stops,
+                  sampling=Sampling(a.temperature, a.top_p, a.top_k))
+    res = engine.complete(req)
+    if a.json:
+        out = {
+            "text": res.text, "token_ids": res.token_ids, "tokens": res.tokens, "mode": res.mode,
+            "target_passes": res.target_passes, "mean_accepted": round(res.mean_accepted, 4),
+            "ms_first_token": round(res.ms_first_token, 2), "ms_total": round(res.ms_total, 2),
+            "target": target.name, "draft": draft.name if draft else None,
+            "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
+            "stopped_by": res.stopped_by, "prompt_tokens": res.prompt_tokens,
+            "accepted_by_depth": res.accepted_by_depth,
+        }
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        sys.stdout.write(res.text + ("\n" if not res.text.endswith("\n") else ""))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "complete":
+            return cmd_complete(args)
+        return args.func(args)
+    except UsageError as e:
+        print(f"completiond: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

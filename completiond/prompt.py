@@ -1,0 +1,112 @@
+"""From a document and a cursor to prompt token ids.
+
+Positions follow LSP: 0-based line, character in UTF-16 code units (or "utf-8" / "utf-32" when
+negotiated). The prompt is the text before the cursor (FIM with the suffix when the tokenizer has
+FIM tokens). Long prefixes are cut at a line boundary that moves in steps of 64 lines, so that the
+prompt's start, and therefore the reusable KV-cache prefix, stays put while the user types.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .stops import StopRules, indent_width
+
+LINE_BREAK = re.compile(r"\r\n|\r|\n")
+FIM_STYLES = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
+CUT_STEP = 64  # lines
+
+
+class PositionError(ValueError):
+    """A position outside the document."""
+
+
+def line_starts(text: str) -> list[int]:
+    return [0] + [m.end() for m in LINE_BREAK.finditer(text)]
+
+
+def offset_at(text: str, line: int, character: int, encoding: str = "utf-16") -> int:
+    """Python string index of an LSP position; PositionError when it lies outside the text."""
+    starts = line_starts(text)
+    if not 0 <= line < len(starts):
+        raise PositionError(f"line {line} out of range (document has {len(starts)} lines)")
+    start = starts[line]
+    end = starts[line + 1] if line + 1 < len(starts) else len(text)
+    content = LINE_BREAK.sub("", text[start:end])
+    if character < 0:
+        raise PositionError(f"character {character} is negative")
+    if encoding == "utf-32":
+        if character > len(content):
+            raise PositionError(f"character {character} past the end of line {line} ({len(content)} characters)")
+        return start + character
+    units = 0
+    for i, ch in enumerate(content):
+        if units == character:
+            return start + i
+        units += (2 if ord(ch) > 0xFFFF else 1) if encoding == "utf-16" else len(ch.encode("utf-8"))
+        if units > character:
+            raise PositionError(f"character {character} splits a character on line {line}")
+    if units == character:
+        return start + len(content)
+    raise PositionError(f"character {character} past the end of line {line} ({units} {encoding} units)")
+
+
+def utf16_len(s: str) -> int:
+    return len(s.encode("utf-16-le")) // 2
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    prefix: str  # text of the document before the cursor (possibly cut at the front)
+    suffix: str
+    stops: StopRules
+
+
+def fim_tokens(tokenizer) -> tuple[int, int, int] | None:
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    for style in FIM_STYLES:
+        if all(t in vocab for t in style):
+            return tuple(vocab[t] for t in style)  # type: ignore[return-value]
+    return None
+
+
+def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max_tokens: int = 3072,
+                 use_fim: bool = True, context: list[str] | None = None) -> Prompt:
+    """Prompt ids for a completion at `offset` in `text`; `context`: extra chunks placed before it."""
+    prefix, suffix = text[:offset], text[offset:]
+    line_start = prefix.rfind("\n") + 1
+    stops = StopRules(multiline=multiline, cursor_indent=indent_width(prefix[line_start:] + suffix.split("\n", 1)[0]))
+    head = "".join(context or [])
+    prefix = _stable_cut(prefix, max_chars=max_tokens * 4 - len(head))
+    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
+    enc = lambda s: tokenizer.encode(s, add_special_tokens=False) if s else []  # noqa: E731
+    fim = fim_tokens(tokenizer) if use_fim and suffix.strip() else None
+    suffix_ids = enc(suffix[:max_tokens])[: max_tokens // 4] if fim else []
+
+    def assemble(prefix: str) -> list[int]:
+        if fim:
+            return bos + [fim[0]] + enc(head + prefix) + [fim[1]] + suffix_ids + [fim[2]]
+        return bos + enc(head + prefix)
+
+    ids = assemble(prefix)
+    while len(ids) > max_tokens + len(bos) + 4:  # still too long: drop more lines from the front
+        shorter = _stable_cut(prefix, max_chars=int(len(prefix) * 0.75))
+        if len(shorter) >= len(prefix):
+            ids = ids[:len(bos)] + ids[-max_tokens:]
+            break
+        prefix = shorter
+        ids = assemble(prefix)
+    return Prompt(ids=ids, prefix=prefix, suffix=suffix, stops=stops)
+
+
+def _stable_cut(prefix: str, max_chars: int) -> str:
+    """Drop whole 64-line steps from the front until at most max_chars remain."""
+    if len(prefix) <= max_chars:
+        return prefix
+    starts = line_starts(prefix)
+    for k in range(CUT_STEP, len(starts), CUT_STEP):
+        if len(prefix) - starts[k] <= max_chars:
+            return prefix[starts[k]:]
+    return prefix[-max_chars:] if max_chars > 0 else ""

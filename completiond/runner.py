@@ -1,0 +1,148 @@
+"""One model, its KV cache and the token ids the cache holds.
+
+`forward` runs a batch of new nodes (a chain, a token tree, or a chain with a tree below it) in one
+pass: each node attends to the committed sequence and to its own ancestors, at position
+`length + depth`. Nodes stay uncommitted until `keep`. `extend` is prefill with prefix reuse: only
+the tokens after the longest common prefix with what the cache holds are computed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .kvcache import TreeKVCache
+from .models import LoadedModel
+
+SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
+
+
+class Cancelled(Exception):
+    """The request was cancelled between two forward passes."""
+
+
+class Runner:
+    def __init__(self, lm: LoadedModel, capacity: int = 4096):
+        self.lm = lm
+        self.model = lm.model
+        self.device = lm.device
+        cfg = lm.model.config
+        self.window: int | None = getattr(cfg, "sliding_window", None)
+        types = getattr(cfg, "layer_types", None)
+        if types:
+            if not set(types) <= SUPPORTED_LAYER_TYPES:
+                raise ValueError(f"unsupported attention layer types {set(types) - SUPPORTED_LAYER_TYPES}")
+            self.layer_types: list[str] | None = list(types)
+        else:
+            self.layer_types = None  # one mask for every layer (with the window if the model has one)
+        self.cache = TreeKVCache(capacity)
+        self.tokens: list[int] = []  # ids held by cache slots [0, length)
+        self._pass_ids: list[int] = []
+        self.last_pass_ms = 0.0
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def common_prefix(self, seq: Sequence[int]) -> int:
+        n = min(len(seq), len(self.tokens))
+        i = 0
+        while i < n and self.tokens[i] == seq[i]:
+            i += 1
+        return i
+
+    def rollback(self, length: int) -> None:
+        self.cache.truncate(length)
+        del self.tokens[length:]
+
+    def reset(self) -> None:
+        self.rollback(0)
+
+    @torch.inference_mode()
+    def forward(self, ids: Sequence[int], parents: Sequence[int], logits_at: Sequence[int]) -> torch.Tensor:
+        """Run new nodes; return float32 logits [len(logits_at), vocab] at those node indices.
+
+        parents[i] is the index of node i's parent in this pass, or -1 for "the last committed token".
+        """
+        t0 = time.perf_counter()
+        n, L = len(ids), self.cache.length
+        depth = _depths(parents)
+        pos = torch.tensor(depth, device=self.device) + L  # [n]
+        anc = _ancestors(parents, self.device)  # [n, n] bool: node j is an ancestor-or-self of node i
+        self.cache.reserve(n)
+        mask = self._masks(anc, pos, L)
+        out = self.model(
+            input_ids=torch.tensor([list(ids)], device=self.device),
+            position_ids=pos[None],
+            attention_mask=mask,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=torch.tensor(list(logits_at), dtype=torch.long, device=self.device),
+        )
+        self._pass_ids = list(ids)
+        logits = out.logits[0].float()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.last_pass_ms = (time.perf_counter() - t0) * 1000
+        return logits
+
+    @torch.inference_mode()
+    def keep(self, nodes: Sequence[int]) -> None:
+        """Commit these nodes of the last pass (ascending, each the parent of the next)."""
+        nodes = list(nodes)
+        self.cache.keep(nodes)
+        self.tokens.extend(self._pass_ids[i] for i in nodes)
+
+    def extend(self, seq: Sequence[int], chunk: int = 512,
+               check: Callable[[], None] | None = None) -> torch.Tensor:
+        """Make the cache hold `seq` (prefix reuse); return float32 logits [vocab] after its last token."""
+        if not seq:
+            raise ValueError("empty sequence")
+        c = min(self.common_prefix(seq), len(seq) - 1)  # recompute at least the last token for its logits
+        self.rollback(c)
+        rest = list(seq[c:])
+        logits = None
+        for s in range(0, len(rest), chunk):
+            if check is not None:
+                check()
+            part = rest[s:s + chunk]
+            last = s + chunk >= len(rest)
+            logits = self.forward(part, list(range(-1, len(part) - 1)), [len(part) - 1] if last else [])
+            self.keep(range(len(part)))
+        return logits[-1]
+
+    def _masks(self, anc: torch.Tensor, pos: torch.Tensor, L: int):
+        """Boolean attention masks [1, 1, n, keys] for the pass; a dict by layer type for hybrid models."""
+        full = torch.cat([torch.ones(len(pos), L, dtype=torch.bool, device=self.device), anc], 1)
+        if self.window is None:
+            self.cache.key_start = []
+            return full[None, None]
+        # Sliding layers see keys from slot `start` on: the oldest any node of this pass can reach.
+        start = max(0, L - self.window + 1)
+        key_pos = torch.cat([torch.arange(start, L, device=self.device), pos])
+        sliding = full[:, start:] & (pos[:, None] - key_pos[None, :] < self.window)
+        if self.layer_types is None:
+            self.cache.key_start = [start] * self.model.config.num_hidden_layers
+            return sliding[None, None]
+        self.cache.key_start = [start if t == "sliding_attention" else 0 for t in self.layer_types]
+        return {"full_attention": full[None, None], "sliding_attention": sliding[None, None]}
+
+
+def _depths(parents: Sequence[int]) -> list[int]:
+    depth: list[int] = []
+    for p in parents:
+        depth.append(0 if p < 0 else depth[p] + 1)
+    return depth
+
+
+def _ancestors(parents: Sequence[int], device: torch.device) -> torch.Tensor:
+    n = len(parents)
+    if all(p == i - 1 for i, p in enumerate(parents)):  # a plain chain: causal
+        return torch.ones(n, n, dtype=torch.bool, device=device).tril_()
+    anc = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            anc[i] |= anc[p]
+    return anc.to(device)
