@@ -138,11 +138,12 @@ class Engine:
         """Measure target pass cost by tree size on this device (feeds the adaptive controller)."""
         with self.lock:
             self.runner.reset()
-            self.runner.extend([self.target.model.config.bos_token_id or 0] + [5] * (context - 1))
+            v = self.target.vocab_size
+            self.runner.extend([i * 7919 % v for i in range(context)])
             out = {}
             for n in sizes:
                 for _ in range(2):
-                    self.runner.forward([7] * n, [-1] + list(range(n - 1)), range(n))
+                    self.runner.forward([i * 104729 % v for i in range(n)], [-1] + list(range(n - 1)), range(n))
                     self.adaptive.observe_pass(n, self.runner.last_pass_ms)
                 out[n] = self.adaptive.cost(n)
             self.runner.reset()

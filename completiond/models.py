@@ -176,15 +176,17 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     where = resolve(spec, role)
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(where), dtype=dt, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(str(where), dtype=dt, attn_implementation="sdpa",
+                                                     local_files_only=offline)
     except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"cannot load {role} model {spec!r}: {first}") from e
     model.to(dev).eval()
     tokenizer = None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(where))
+        tokenizer = AutoTokenizer.from_pretrained(str(where), local_files_only=offline)
     except (OSError, ValueError, KeyError, TypeError):
         if role == "target":
             raise ModelError(f"target model {spec!r} has no tokenizer")

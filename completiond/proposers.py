@@ -118,13 +118,11 @@ class DraftModel:
             q1, q2 = min(1.0, c * float(q[0])), min(1.0, c * float(q[1]))
             if value * q2 >= limits.min_value:
                 out.append(Candidate(chain + [alt], probs + [q2], self.name))
-            if value * q1 < limits.min_value:
-                break
-            chain.append(tok)
+            chain.append(tok)  # the first token is always proposed: calibration needs outcomes
             probs.append(q1)
             value *= q1
-            if len(chain) == limits.max_len:
-                break
+            if len(chain) == limits.max_len or value < limits.min_value:
+                break  # another draft step would not pay for itself
             logits = self.runner.forward([int(ids[0])], [-1], [0])[0]
             self.runner.keep([0])
             self.step_ms.add(self.runner.last_pass_ms)

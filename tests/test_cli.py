@@ -1,0 +1,94 @@
+"""`completiond complete`: the JSON contract, and one-line errors with exit 2 for bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from completiond import cli
+
+JSON_FIELDS = {"text", "token_ids", "tokens", "mode", "target_passes", "mean_accepted", "ms_first_token",
+               "ms_total", "target", "draft", "dtype", "device"}
+
+
+@pytest.fixture()
+def src(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n")
+    return f
+
+
+def run_main(capsys, *argv):
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("mode", ["ar", "pld", "draft", "combined"])
+def test_complete_json_contract(capsys, src, tiny_dir, mode):
+    code, out, err = run_main(capsys, "complete", str(src), "--line", "9", "--col", "15", "--mode", mode,
+                              "--target", str(tiny_dir), "--draft", "self:1", "--max-tokens", "12",
+                              "--dtype", "float32", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert JSON_FIELDS <= res.keys()
+    assert res["mode"] == mode and res["device"] == "cpu" and res["dtype"] == "float32"
+    assert len(res["token_ids"]) == len(res["tokens"]) <= 12
+    assert res["draft"] == (None if mode in ("ar", "pld") else res["draft"])
+    if mode in ("draft", "combined"):
+        assert res["draft"].startswith("self:1")
+
+
+def test_modes_agree_through_cli(capsys, src, tiny_dir):
+    texts = set()
+    for mode in ("ar", "combined"):
+        code, out, _ = run_main(capsys, "complete", str(src), "--line", "9", "--col", "1", "--mode", mode,
+                                "--target", str(tiny_dir), "--draft", "self:2", "--dtype", "float32",
+                                "--max-tokens", "20", "--json")
+        assert code == 0
+        texts.add(tuple(json.loads(out)["token_ids"]))
+    assert len(texts) == 1
+
+
+BAD = {
+    "missing file": (["complete", "/nonexistent/x.py", "--line", "1", "--col", "1"], "no such file"),
+    "line out of range": (["complete", "{src}", "--line", "99", "--col", "1"], "out of range"),
+    "col out of range": (["complete", "{src}", "--line", "1", "--col", "80"], "out of range"),
+    "zero line": (["complete", "{src}", "--line", "0", "--col", "1"], "1-based"),
+    "empty file": (["complete", "{empty}", "--line", "1", "--col", "1"], "empty"),
+    "binary file": (["complete", "{binary}", "--line", "1", "--col", "1"], "binary"),
+    "not utf-8": (["complete", "{latin1}", "--line", "1", "--col", "1"], "UTF-8"),
+    "unknown model dir": (["complete", "{src}", "--line", "1", "--col", "1", "--target", "/no/such/model"],
+                          "not found"),
+    "unknown hub id": (["complete", "{src}", "--line", "1", "--col", "1", "--target", "nobody/no-such-model"],
+                       "cannot load"),
+    "bad mode": (["complete", "{src}", "--line", "1", "--col", "1", "--mode", "fast"], "invalid choice"),
+    "bad flag": (["complete", "{src}", "--line", "1", "--col", "1", "--frobnicate"], "unrecognized"),
+    "bad number": (["complete", "{src}", "--line", "one", "--col", "1"], "invalid int"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_one_line_exit_2(capsys, tmp_path, src, case, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "empty.py").write_text("")
+    (tmp_path / "bin.dat").write_bytes(b"\x7fELF\x00\x01\x02")
+    (tmp_path / "latin1.py").write_bytes("caf\xe9 = 1\n".encode("latin-1"))
+    argv, needle = BAD[case]
+    argv = [a.format(src=src, empty=tmp_path / "empty.py", binary=tmp_path / "bin.dat",
+                     latin1=tmp_path / "latin1.py") for a in argv]
+    code, out, err = run_main(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
+
+
+def test_console_script_error_has_no_traceback(src):
+    """The installed entry point itself (a real process)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    p = subprocess.run([sys.executable, "-m", "completiond.cli", "complete", str(src), "--line", "1", "--col",
+                        "1", "--target", "/no/such/model"], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr

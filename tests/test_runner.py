@@ -1,0 +1,87 @@
+"""KV cache and runner: prefix reuse, rollback past the sliding window, tree masks."""
+
+import pytest
+import torch
+
+import tiny
+from completiond.runner import Runner
+
+
+def reference_logits(lm, ids):
+    with torch.no_grad():
+        return lm.model(torch.tensor([ids])).logits[0]
+
+
+CONFIGS = {
+    "gemma-window8": lambda: tiny.gemma_config(window=8, layers=3),
+    "llama": lambda: tiny.llama_config(),
+}
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_prefix_reuse_matches_fresh_prefill(cfg, code_ids):
+    lm = tiny.loaded(CONFIGS[cfg]())
+    ids = code_ids[:70]
+    ref = reference_logits(lm, ids)
+    r = Runner(lm, capacity=8)  # small capacity: the cache must grow
+    torch.testing.assert_close(r.extend(ids[:40], chunk=7), ref[39], rtol=0, atol=1e-5)
+    # a new sequence sharing 30 tokens: only the rest is computed, logits equal a fresh prefill
+    other = ids[:30] + [5, 6, 7] + ids[33:60]
+    fresh = reference_logits(lm, other)
+    torch.testing.assert_close(r.extend(other), fresh[-1], rtol=0, atol=1e-5)
+    assert r.tokens == other and r.length == len(other)
+
+
+def test_rollback_past_sliding_window(code_ids):
+    """Window 8; roll back from 60 tokens to 30, continue differently: logits match a fresh run."""
+    lm = tiny.loaded(tiny.gemma_config(window=8, layers=3))
+    ids = code_ids[:60]
+    r = Runner(lm)
+    r.extend(ids)
+    r.rollback(30)
+    cont = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]
+    got = r.extend(ids[:30] + cont)
+    torch.testing.assert_close(got, reference_logits(lm, ids[:30] + cont)[-1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_tree_pass_equals_each_path_alone(cfg, code_ids):
+    """A chain of 3 uncommitted tokens with a branching tree below, past the window."""
+    lm = tiny.loaded(CONFIGS[cfg]())
+    ctx = code_ids[:50]
+    r = Runner(lm)
+    r.extend(ctx[:40])  # committed: ctx[:40] (cache holds 40 tokens)
+    r.rollback(40)
+    # nodes: chain ctx[40:43], then tree under node 2: a(3) -> b(4), a -> c(5), d(6) -> e(7)
+    nodes = ctx[40:43] + [101, 102, 103, 104, 105]
+    parents = [-1, 0, 1, 2, 3, 3, 2, 6]
+    logits = r.forward(nodes, parents, range(len(nodes)))
+    for i in range(len(nodes)):
+        path, j = [], i
+        while j >= 0:
+            path.append(nodes[j])
+            j = parents[j]
+        alone = reference_logits(lm, ctx[:40] + path[::-1])[-1]
+        torch.testing.assert_close(logits[i], alone, rtol=0, atol=1e-5)
+    # keep chain + a + b; the cache must equal running that sequence
+    r.keep([0, 1, 2, 3, 4])
+    seq = ctx[:43] + [101, 102]
+    assert r.tokens == seq
+    nxt = r.forward([7], [-1], [0])[0]
+    torch.testing.assert_close(nxt, reference_logits(lm, seq + [7])[-1], rtol=0, atol=1e-5)
+
+
+def test_tree_keep_non_prefix_path(code_ids):
+    """Keeping a path whose nodes are not the first ones moves their KV entries down."""
+    lm = tiny.loaded(tiny.gemma_config(window=8, layers=3))
+    ctx = code_ids[:20]
+    r = Runner(lm)
+    r.extend(ctx)
+    r.rollback(19)
+    nodes = [ctx[19], 50, 60, 51, 61]
+    parents = [-1, 0, 0, 1, 2]
+    r.forward(nodes, parents, [])
+    r.keep([0, 2, 4])
+    assert r.tokens == ctx + [60, 61]
+    got = r.forward([9], [-1], [0])[0]
+    torch.testing.assert_close(got, reference_logits(lm, ctx + [60, 61, 9])[-1], rtol=0, atol=1e-5)

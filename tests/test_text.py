@@ -1,0 +1,88 @@
+"""Positions (LSP UTF-16), prompt building, stop rules, prompt lookup index."""
+
+import numpy as np
+import pytest
+
+import tiny
+from completiond.index import Segment, TokenIndex, continuations
+from completiond.prompt import PositionError, build_prompt, offset_at
+from completiond.stops import StopRules
+
+
+def test_utf16_positions():
+    text = "a𝄞b\nélan\r\nlast"
+    assert offset_at(text, 0, 0) == 0
+    assert offset_at(text, 0, 3) == 2  # 𝄞 is two UTF-16 units
+    assert offset_at(text, 0, 4) == 3
+    assert offset_at(text, 1, 1) == text.index("l")
+    assert offset_at(text, 2, 4) == len(text)
+    assert offset_at(text, 0, 2, encoding="utf-32") == 2
+    assert offset_at(text, 1, 2, encoding="utf-8") == text.index("l")  # é is 2 bytes
+    for line, char in ((3, 0), (0, 5), (1, 5), (0, -1)):
+        with pytest.raises(PositionError):
+            offset_at(text, line, char)
+    with pytest.raises(PositionError):
+        offset_at(text, 0, 2)  # inside the surrogate pair
+
+
+def test_prompt_prefix_and_stable_cut():
+    tok = tiny.tokenizer()
+    text = "".join(f"line_{i} = {i}\n" for i in range(1000))
+    offset = len(text) - 5
+    p = build_prompt(tok, text, offset, max_tokens=512)
+    assert len(p.ids) <= 512 + 4
+    assert text[:offset].endswith(p.prefix) and p.prefix.startswith("line_")
+    # typing two more characters keeps the same prompt start (prefix reuse stays possible)
+    text2 = text[:offset] + "ab" + text[offset:]
+    p2 = build_prompt(tok, text2, offset + 2, max_tokens=512)
+    assert p2.prefix.startswith(p.prefix[:200])
+    assert p2.ids[:50] == p.ids[:50]
+
+
+def test_single_line_stop():
+    s = StopRules(multiline=False)
+    assert s.cut("foo(x)") is None
+    assert s.cut("foo(x)\n    bar") == len("foo(x)")
+    assert s.cut("\n    return x\n") == len("\n    return x")  # cursor at end of line: next line
+    assert s.cut("\n") is None
+
+
+def test_multiline_stops():
+    body = StopRules(multiline=True, cursor_indent=0)  # cursor after "def f():"
+    text = "\n    a = 1\n    return a\n\ndef g():\n"
+    assert text[:body.cut(text)] == "\n    a = 1\n    return a"
+    inner = StopRules(multiline=True, cursor_indent=4)
+    text = "x = 1\n    y = 2\n  z"
+    assert text[:inner.cut(text)] == "x = 1\n    y = 2"
+    assert inner.cut("x = 1\n    y = (2,\n        3)\n") is None
+    # unbalanced closer: the bracket belongs to code before the cursor
+    assert "a, b)"[: inner.cut("a, b)")] == "a, b"
+    assert inner.cut("f('(')\n") is None  # brackets in strings do not count
+
+
+def test_continuations_finds_distinct_branches():
+    ctx = np.array([1, 2, 3, 9, 9, 1, 2, 3, 7, 7, 5, 1, 2, 3])
+    found = continuations(ctx, [], max_len=3, max_candidates=5)
+    conts = [c for c, _ in found]
+    assert [7, 7, 5] in conts and [9, 9, 1] in conts
+    seg = Segment.build([np.array([4, 1, 2, 3, 8, 8]), np.array([1, 2, 3, 6])])
+    found = continuations(ctx, [seg], max_len=3, max_candidates=10)
+    conts = [c for c, _ in found]
+    assert [8, 8] in conts and [6] in conts  # stops at the document end, never crosses it
+    # the longest backward match ranks first: only the second document has "5 1 2 3" like the context
+    seg2 = Segment.build([np.array([5, 1, 2, 3, 42])])
+    found = continuations(ctx, [seg, seg2], max_len=3, max_candidates=10)
+    assert found[0] == ([42], 4)
+
+
+def test_index_open_documents_and_files():
+    idx = TokenIndex()
+    idx.set_file("/w/a.py", [10, 11, 12, 13, 14])
+    ctx = np.array([0, 10, 11, 12])
+    assert continuations(ctx, idx.segments(), 2, 4)[0][0] == [13, 14]
+    idx.remove_file("/w/a.py")
+    assert continuations(ctx, idx.segments(), 2, 4) == []
+    idx.set_open("file:///b.py", [10, 11, 12, 20])
+    assert continuations(ctx, idx.segments(), 2, 4)[0][0] == [20]
+    idx.close("file:///b.py")
+    assert continuations(ctx, idx.segments(), 2, 4) == []
