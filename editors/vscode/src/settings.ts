@@ -1,0 +1,104 @@
+/**
+ * completiond.* settings -> what the language server receives.
+ *
+ * Pure module (no `vscode` import) so it is unit-tested with node's test runner.
+ * The same object is sent as `initializationOptions` on `initialize`, as
+ * `{"settings": {"completiond": ...}}` in `workspace/didChangeConfiguration`, and as the answer
+ * to a `workspace/configuration` pull for the `completiond` section.
+ */
+
+export const SECTION = 'completiond';
+
+export const MODES = ['combined', 'ar', 'pld', 'draft'] as const;
+export type Mode = (typeof MODES)[number];
+
+/** The server's view of the settings (contract with completiond-lsp: keep the key names). */
+export interface ServerSettings {
+  mode: Mode;
+  maxTokens: number;
+  multiline: boolean;
+  debounceMs: number;
+  socket: string | null;
+  autostart: boolean;
+  /** VS Code's inline completion API is not incremental: the server answers once per request. */
+  streaming: false;
+}
+
+export const DEFAULTS: Readonly<ServerSettings> = Object.freeze({
+  mode: 'combined',
+  maxTokens: 64,
+  multiline: false,
+  debounceMs: 75,
+  socket: null,
+  autostart: true,
+  streaming: false,
+});
+
+/** Settings that change how the server process is launched: changing them restarts it. */
+export const LAUNCH_KEYS = ['serverPath', 'serverArgs'] as const;
+/** Settings forwarded to the running server without a restart. */
+export const LIVE_KEYS = ['mode', 'maxTokens', 'multiline', 'debounceMs', 'socket', 'autostart'] as const;
+
+/** The subset of `vscode.WorkspaceConfiguration` this module needs (scoped to `completiond`). */
+export interface ConfigReader {
+  get<T>(key: string): T | undefined;
+}
+
+function intIn(value: unknown, fallback: number, min: number, max: number): number {
+  if (typeof value !== 'number' || !Number.isFinite(value)) return fallback;
+  return Math.min(max, Math.max(min, Math.round(value)));
+}
+
+function bool(value: unknown, fallback: boolean): boolean {
+  return typeof value === 'boolean' ? value : fallback;
+}
+
+/** Read and sanitise the settings; anything missing or malformed falls back to its default. */
+export function readServerSettings(cfg: ConfigReader): ServerSettings {
+  const mode = cfg.get<string>('mode');
+  const socket = cfg.get<string | null>('socket');
+  return {
+    mode: (MODES as readonly string[]).includes(mode ?? '') ? (mode as Mode) : DEFAULTS.mode,
+    maxTokens: intIn(cfg.get('maxTokens'), DEFAULTS.maxTokens, 1, 1024),
+    multiline: bool(cfg.get('multiline'), DEFAULTS.multiline),
+    debounceMs: intIn(cfg.get('debounceMs'), DEFAULTS.debounceMs, 0, 5000),
+    socket: typeof socket === 'string' && socket.trim() !== '' ? socket.trim() : null,
+    autostart: bool(cfg.get('autostart'), DEFAULTS.autostart),
+    streaming: false,
+  };
+}
+
+/** Params of the `workspace/didChangeConfiguration` notification. */
+export function didChangeConfigurationParams(s: ServerSettings): { settings: { completiond: ServerSettings } } {
+  return { settings: { completiond: { ...s } } };
+}
+
+export function sameSettings(a: ServerSettings | undefined, b: ServerSettings): boolean {
+  return a !== undefined && JSON.stringify(a) === JSON.stringify(b);
+}
+
+export interface Launch {
+  command: string;
+  args: string[];
+}
+
+/** Expand `~`, `${userHome}` and `${workspaceFolder}` in a configured path. */
+export function expandPath(p: string, vars: { home?: string; workspaceFolder?: string }): string {
+  let out = p.trim();
+  if (vars.home) {
+    if (out === '~' || out.startsWith('~/')) out = vars.home + out.slice(1);
+    out = out.split('${userHome}').join(vars.home);
+  }
+  if (vars.workspaceFolder) out = out.split('${workspaceFolder}').join(vars.workspaceFolder);
+  return out;
+}
+
+export function readLaunch(cfg: ConfigReader, vars: { home?: string; workspaceFolder?: string } = {}): Launch {
+  const raw = cfg.get<string>('serverPath');
+  const command = typeof raw === 'string' && raw.trim() !== '' ? raw : 'completiond-lsp';
+  const args = cfg.get<unknown>('serverArgs');
+  return {
+    command: expandPath(command, vars),
+    args: Array.isArray(args) ? args.filter((a): a is string => typeof a === 'string').map((a) => expandPath(a, vars)) : [],
+  };
+}

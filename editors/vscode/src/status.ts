@@ -1,0 +1,120 @@
+/**
+ * The status bar item's text and tooltip, from the server's `completiond/status` notification
+ * (params: state, message, target, draft, device, lastLatencyMs, meanAccepted) and the client's
+ * own state. Pure module: unit-tested without VS Code.
+ */
+
+export type ServerState = 'loading' | 'ready' | 'error';
+
+export interface ServerStatus {
+  state: ServerState;
+  message: string;
+  target: string;
+  draft: string | null;
+  device: string;
+  lastLatencyMs: number | null;
+  meanAccepted: number | null;
+}
+
+/** What the extension knows about the server process itself. */
+export type ClientState = 'starting' | 'running' | 'stopped' | 'missing' | 'failed';
+
+export interface StatusView {
+  client: ClientState;
+  server?: ServerStatus;
+  /** Round trip of the last inline completion request as measured in the editor. */
+  clientLatencyMs?: number | null;
+}
+
+export type Severity = 'normal' | 'warning' | 'error';
+
+export interface StatusRender {
+  text: string;
+  tooltip: string;
+  severity: Severity;
+}
+
+const num = (v: unknown): number | null => (typeof v === 'number' && Number.isFinite(v) ? v : null);
+const str = (v: unknown, fallback = ''): string => (typeof v === 'string' ? v : fallback);
+
+/** Accept whatever the server sent; unknown or missing fields get neutral values. */
+export function normalizeStatus(params: unknown): ServerStatus {
+  const p = (params && typeof params === 'object' ? params : {}) as Record<string, unknown>;
+  const state = p.state === 'loading' || p.state === 'ready' || p.state === 'error' ? p.state : 'ready';
+  return {
+    state,
+    message: str(p.message),
+    target: str(p.target),
+    draft: typeof p.draft === 'string' && p.draft !== '' ? p.draft : null,
+    device: str(p.device),
+    lastLatencyMs: num(p.lastLatencyMs),
+    meanAccepted: num(p.meanAccepted),
+  };
+}
+
+/** "google/gemma-3-270m" -> "gemma-3-270m"; "/x/y/model-Q4_K_M.gguf" -> "model-Q4_K_M". */
+export function shortModelName(spec: string): string {
+  const s = spec.trim().replace(/[\\/]+$/, '');
+  if (s === '') return '';
+  const base = s.split(/[\\/]/).pop() ?? s;
+  return base.replace(/\.(gguf|safetensors|bin|pt)$/i, '');
+}
+
+export function formatLatency(ms: number | null | undefined): string {
+  if (ms === null || ms === undefined || !Number.isFinite(ms)) return '–';
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  return `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
+}
+
+export function formatAccepted(mean: number | null | undefined): string {
+  if (mean === null || mean === undefined || !Number.isFinite(mean)) return '–';
+  return mean.toFixed(1);
+}
+
+const CLICK = 'Click to show the completiond log.';
+
+export function renderStatus(view: StatusView): StatusRender {
+  switch (view.client) {
+    case 'missing':
+      return {
+        text: '$(warning) completiond',
+        tooltip: 'completiond-lsp was not found: `pip install completiond` or set completiond.serverPath.\n' + CLICK,
+        severity: 'warning',
+      };
+    case 'failed':
+      return { text: '$(error) completiond', tooltip: 'The language server failed to start.\n' + CLICK, severity: 'error' };
+    case 'stopped':
+      return { text: '$(circle-slash) completiond', tooltip: 'The language server is stopped.\n' + CLICK, severity: 'warning' };
+    case 'starting':
+      return { text: '$(sync~spin) completiond', tooltip: 'Starting the language server…\n' + CLICK, severity: 'normal' };
+  }
+  const s = view.server;
+  if (!s) return { text: '$(sync~spin) completiond', tooltip: 'Waiting for the model…\n' + CLICK, severity: 'normal' };
+
+  const model = shortModelName(s.target) || 'completiond';
+  const latency = s.lastLatencyMs ?? view.clientLatencyMs ?? null;
+  const lines = [
+    `completiond — ${s.state}${s.message ? `: ${s.message}` : ''}`,
+    `Target: ${s.target || '–'}`,
+    `Draft: ${s.draft ?? 'none'}`,
+    `Device: ${s.device || '–'}`,
+    `Last completion: ${formatLatency(latency)}`,
+    `Mean accepted tokens per pass: ${s.meanAccepted === null ? '–' : s.meanAccepted.toFixed(2)}`,
+  ];
+  if (view.clientLatencyMs !== undefined && view.clientLatencyMs !== null && s.lastLatencyMs !== null) {
+    lines.push(`Round trip in the editor: ${formatLatency(view.clientLatencyMs)}`);
+  }
+  const tooltip = lines.join('\n') + '\n\n' + CLICK;
+
+  if (s.state === 'loading') {
+    return { text: `$(sync~spin) ${model}: loading…`, tooltip, severity: 'normal' };
+  }
+  if (s.state === 'error') {
+    return { text: `$(error) ${model}`, tooltip, severity: 'error' };
+  }
+  const parts = [model];
+  if (s.device) parts.push(s.device);
+  if (latency !== null) parts.push(formatLatency(latency));
+  if (s.meanAccepted !== null) parts.push(`${formatAccepted(s.meanAccepted)} tok/pass`);
+  return { text: `$(zap) ${parts.join(' · ')}`, tooltip, severity: 'normal' };
+}

@@ -1,0 +1,89 @@
+import { strict as assert } from 'node:assert';
+import { test } from 'node:test';
+
+import {
+  DEFAULTS,
+  ConfigReader,
+  didChangeConfigurationParams,
+  expandPath,
+  readLaunch,
+  readServerSettings,
+  sameSettings,
+} from '../../src/settings';
+
+const reader = (values: Record<string, unknown>): ConfigReader => ({
+  get: <T>(key: string) => values[key] as T | undefined,
+});
+
+test('defaults when nothing is set', () => {
+  assert.deepEqual(readServerSettings(reader({})), {
+    mode: 'combined',
+    maxTokens: 64,
+    multiline: false,
+    debounceMs: 75,
+    socket: null,
+    autostart: true,
+    streaming: false,
+  });
+  assert.deepEqual(readServerSettings(reader({})), { ...DEFAULTS });
+});
+
+test('settings map to initializationOptions with the contract key names', () => {
+  const s = readServerSettings(
+    reader({ mode: 'pld', maxTokens: 128, multiline: true, debounceMs: 0, socket: '/run/c.sock', autostart: false }),
+  );
+  assert.deepEqual(s, {
+    mode: 'pld',
+    maxTokens: 128,
+    multiline: true,
+    debounceMs: 0,
+    socket: '/run/c.sock',
+    autostart: false,
+    streaming: false,
+  });
+  assert.deepEqual(Object.keys(s).sort(), ['autostart', 'debounceMs', 'maxTokens', 'mode', 'multiline', 'socket', 'streaming']);
+});
+
+test('malformed values fall back or are clamped', () => {
+  const s = readServerSettings(
+    reader({ mode: 'turbo', maxTokens: -5, multiline: 'yes', debounceMs: 1e9, socket: '   ', autostart: null }),
+  );
+  assert.equal(s.mode, 'combined');
+  assert.equal(s.maxTokens, 1);
+  assert.equal(s.multiline, false);
+  assert.equal(s.debounceMs, 5000);
+  assert.equal(s.socket, null);
+  assert.equal(s.autostart, true);
+  assert.equal(readServerSettings(reader({ maxTokens: 12.6 })).maxTokens, 13);
+  assert.equal(readServerSettings(reader({ maxTokens: Number.NaN })).maxTokens, 64);
+  assert.equal(readServerSettings(reader({ socket: ' /tmp/x.sock ' })).socket, '/tmp/x.sock');
+});
+
+test('didChangeConfiguration params nest the settings under "completiond"', () => {
+  const s = readServerSettings(reader({ mode: 'ar' }));
+  const p = didChangeConfigurationParams(s);
+  assert.deepEqual(p, { settings: { completiond: s } });
+  assert.notEqual(p.settings.completiond, s, 'a copy, not the same object');
+});
+
+test('sameSettings detects real changes only', () => {
+  const a = readServerSettings(reader({}));
+  assert.equal(sameSettings(undefined, a), false);
+  assert.equal(sameSettings(a, readServerSettings(reader({}))), true);
+  assert.equal(sameSettings(a, readServerSettings(reader({ maxTokens: 65 }))), false);
+});
+
+test('server launch: default command, args, path expansion', () => {
+  assert.deepEqual(readLaunch(reader({})), { command: 'completiond-lsp', args: [] });
+  assert.deepEqual(readLaunch(reader({ serverPath: '  ' })), { command: 'completiond-lsp', args: [] });
+  assert.deepEqual(
+    readLaunch(reader({ serverPath: '${workspaceFolder}/.venv/bin/completiond-lsp', serverArgs: ['--x', 3, '~/y'] }), {
+      home: '/home/u',
+      workspaceFolder: '/ws',
+    }),
+    { command: '/ws/.venv/bin/completiond-lsp', args: ['--x', '/home/u/y'] },
+  );
+  assert.equal(expandPath('~', { home: '/h' }), '/h');
+  assert.equal(expandPath('~user/x', { home: '/h' }), '~user/x');
+  assert.equal(expandPath('${userHome}/bin/c', { home: '/h' }), '/h/bin/c');
+});

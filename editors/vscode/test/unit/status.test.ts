@@ -1,0 +1,83 @@
+import { strict as assert } from 'node:assert';
+import { test } from 'node:test';
+
+import { formatAccepted, formatLatency, normalizeStatus, renderStatus, shortModelName } from '../../src/status';
+
+const ready = normalizeStatus({
+  state: 'ready',
+  message: '',
+  target: 'google/gemma-3-270m',
+  draft: '/home/u/.cache/completiond/draft',
+  device: 'cpu',
+  lastLatencyMs: 84.4,
+  meanAccepted: 2.375,
+});
+
+test('ready status shows model, device, latency and mean accepted tokens per pass', () => {
+  const r = renderStatus({ client: 'running', server: ready });
+  assert.equal(r.text, '$(zap) gemma-3-270m · cpu · 84 ms · 2.4 tok/pass');
+  assert.equal(r.severity, 'normal');
+  assert.match(r.tooltip, /Target: google\/gemma-3-270m/);
+  assert.match(r.tooltip, /Draft: \/home\/u\/\.cache\/completiond\/draft/);
+  assert.match(r.tooltip, /Mean accepted tokens per pass: 2\.38/);
+  assert.match(r.tooltip, /Click to show the completiond log/);
+});
+
+test('before the first completion only model and device are shown', () => {
+  const s = { ...ready, lastLatencyMs: null, meanAccepted: null };
+  assert.equal(renderStatus({ client: 'running', server: s }).text, '$(zap) gemma-3-270m · cpu');
+  // the editor's own round trip stands in when the server does not report a latency
+  assert.equal(renderStatus({ client: 'running', server: s, clientLatencyMs: 1500 }).text, '$(zap) gemma-3-270m · cpu · 1.50 s');
+});
+
+test('loading and error states', () => {
+  const loading = renderStatus({ client: 'running', server: { ...ready, state: 'loading', message: 'converting GGUF' } });
+  assert.equal(loading.text, '$(sync~spin) gemma-3-270m: loading…');
+  assert.match(loading.tooltip, /loading: converting GGUF/);
+  const error = renderStatus({ client: 'running', server: { ...ready, state: 'error', message: 'daemon unreachable' } });
+  assert.equal(error.severity, 'error');
+  assert.equal(error.text, '$(error) gemma-3-270m');
+  assert.match(error.tooltip, /daemon unreachable/);
+});
+
+test('client states without a server status', () => {
+  assert.equal(renderStatus({ client: 'starting' }).text, '$(sync~spin) completiond');
+  assert.equal(renderStatus({ client: 'running' }).text, '$(sync~spin) completiond');
+  const missing = renderStatus({ client: 'missing' });
+  assert.equal(missing.severity, 'warning');
+  assert.match(missing.tooltip, /pip install completiond/);
+  assert.match(missing.tooltip, /completiond\.serverPath/);
+  assert.equal(renderStatus({ client: 'failed' }).severity, 'error');
+  assert.equal(renderStatus({ client: 'stopped', server: ready }).text, '$(circle-slash) completiond');
+});
+
+test('normalizeStatus tolerates partial or bad params', () => {
+  assert.deepEqual(normalizeStatus(undefined), {
+    state: 'ready',
+    message: '',
+    target: '',
+    draft: null,
+    device: '',
+    lastLatencyMs: null,
+    meanAccepted: null,
+  });
+  const s = normalizeStatus({ state: 'weird', draft: '', lastLatencyMs: 'fast', meanAccepted: Number.NaN });
+  assert.equal(s.state, 'ready');
+  assert.equal(s.draft, null);
+  assert.equal(s.lastLatencyMs, null);
+  assert.equal(s.meanAccepted, null);
+  assert.equal(renderStatus({ client: 'running', server: s }).text, '$(zap) completiond');
+});
+
+test('shortModelName and number formats', () => {
+  assert.equal(shortModelName('google/gemma-3-270m'), 'gemma-3-270m');
+  assert.equal(shortModelName('/x/y/gemma-3-270m-it-Q4_K_M.gguf'), 'gemma-3-270m-it-Q4_K_M');
+  assert.equal(shortModelName('C:\\models\\tiny\\'), 'tiny');
+  assert.equal(shortModelName('default'), 'default');
+  assert.equal(shortModelName(''), '');
+  assert.equal(formatLatency(null), '–');
+  assert.equal(formatLatency(999.6), '1000 ms');
+  assert.equal(formatLatency(12345), '12.3 s');
+  assert.equal(formatAccepted(3), '3.0');
+  assert.equal(formatAccepted(undefined), '–');
+});
