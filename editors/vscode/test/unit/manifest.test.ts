@@ -27,6 +27,6 @@ test('commands and activation', () => {
   assert.ok(!ids.includes('completiond.rewrite'), 'completiond.rewrite is the server command; the client registers it');
   const rewrite = manifest.contributes.commands.find((c: { command: string }) => c.command === 'completiond.rewriteSelection');
   assert.equal(`${rewrite.category}: ${rewrite.title}`, 'completiond: Rewrite selection…');
-  assert.equal(manifest.main, './out/src/extension.js');
-  assert.ok(fs.existsSync(path.join(__dirname, '..', '..', 'src', 'extension.js')), 'compiled entry point exists');
+  assert.equal(manifest.main, './dist/extension.js');
+  assert.ok(fs.existsSync(path.join(__dirname, '..', '..', 'src', 'extension.js')), 'tsc output exists');
 });
