@@ -53,6 +53,9 @@ def build_parser() -> Parser:
     c.add_argument("--workspace", default=None, help="directory whose files feed prompt lookup")
     c.add_argument("--json", action="store_true", help="print one JSON object")
 
+    from . import daemon_cli  # serve / status / stop
+
+    daemon_cli.add_parsers(sub, model_flags)
     return parser
 
 
@@ -137,7 +140,3 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

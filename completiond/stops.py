@@ -21,9 +21,16 @@ def indent_width(line: str) -> int:
 class StopRules:
     multiline: bool = False
     cursor_indent: int = 0  # indentation width of the line the cursor is on
+    line_rules: bool = True  # False: only stop_strings end the text (rewrites)
+    stop_strings: tuple[str, ...] = ()
 
     def cut(self, text: str) -> int | None:
-        return self._cut_multiline(text) if self.multiline else self._cut_single(text)
+        cuts = [i for i in (text.find(s) for s in self.stop_strings) if i >= 0]
+        if self.line_rules:
+            line_cut = self._cut_multiline(text) if self.multiline else self._cut_single(text)
+            if line_cut is not None:
+                cuts.append(line_cut)
+        return min(cuts) if cuts else None
 
     @staticmethod
     def _cut_single(text: str) -> int | None:

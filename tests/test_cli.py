@@ -88,7 +88,7 @@ def test_bad_input_one_line_exit_2(capsys, tmp_path, src, case, monkeypatch):
 def test_console_script_error_has_no_traceback(src):
     """The installed entry point itself (a real process)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    p = subprocess.run([sys.executable, "-m", "completiond.cli", "complete", str(src), "--line", "1", "--col",
+    p = subprocess.run([sys.executable, "-m", "completiond", "complete", str(src), "--line", "1", "--col",
                         "1", "--target", "/no/such/model"], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 2
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
