@@ -223,7 +223,7 @@ async function rewriteSelection(): Promise<void> {
 
 export async function activate(context: vscode.ExtensionContext): Promise<void> {
   log = vscode.window.createOutputChannel('completiond', { log: true });
-  statusItem = vscode.window.createStatusBarItem('completiond.status', vscode.StatusBarAlignment.Right, 100);
+  statusItem = vscode.window.createStatusBarItem('status', vscode.StatusBarAlignment.Right, 100);
   statusItem.name = 'completiond';
   statusItem.command = 'completiond.showLog';
   context.subscriptions.push(

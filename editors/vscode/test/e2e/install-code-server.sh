@@ -41,6 +41,13 @@ done
 cd "$DIR"
 [ -f package.json ] || echo '{"name":"e2e-code-server","private":true}' > package.json
 echo "install-code-server: npm install code-server@$CS_VERSION (builds native modules; several minutes)" >&2
-TMPDIR="$TMP" npm_config_unsafe_perm=true npm install --unsafe-perm --no-audit --no-fund \
-  "code-server@$CS_VERSION" >&2
+# Fetch without scripts, then run the two packages' install scripts explicitly (npm only runs
+# them on a fresh install, so a half-finished earlier attempt would otherwise never be repaired).
+npm install --ignore-scripts --no-audit --no-fund "code-server@$CS_VERSION" >&2
+# npm_config_yes: node-pty's post-install runs `npx node-gyp`, which would wait for a "yes".
+TMPDIR="$TMP" npm_config_yes=true npm_config_unsafe_perm=true npm rebuild --unsafe-perm argon2 code-server >&2
+if [ ! -e "$DIR/node_modules/code-server/lib/vscode/node_modules/@vscode/ripgrep/bin/rg" ]; then
+  echo "install-code-server: code-server's postinstall did not finish (see the npm log above)" >&2
+  exit 1
+fi
 echo "$BIN"
