@@ -10,7 +10,7 @@
 #                             '{"completiond.serverArgs": ["--target", "/tmp/tiny"], "completiond.maxTokens": 8}'
 #   CODE_SERVER               code-server executable (default: .e2e/code-server, installed on first use)
 #   CHROMIUM                  Chromium executable (default /usr/bin/chromium)
-#   E2E_UNTIL                 last stage to run: open|activate|ready|inline|word (default word = all)
+#   E2E_UNTIL                 last stage: open|activate|ready|inline|word|settings|rewrite (default: all)
 #   E2E_SCREENSHOT            ghost-text screenshot (default <repo>/benchmarks/results/vscode-inline.png)
 #   E2E_KEEP=1                keep the temporary directory (user data, logs, workspace)
 # Debian packages needed: chromium ripgrep (and for installing code-server: build-essential python3
@@ -106,6 +106,8 @@ say "installed the extension: $("$CODE_SERVER" "${CS_ARGS[@]}" --list-extensions
 
 # ---- start code-server on a free loopback port --------------------------------------------------
 PORT="$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
+# test/e2e/fake-lsp.py (if used as COMPLETIOND_LSP) records what it receives here
+export FAKE_LSP_LOG="$TMP/fake-lsp.jsonl"
 "$CODE_SERVER" "${CS_ARGS[@]}" --bind-addr "127.0.0.1:$PORT" --auth none \
   --disable-telemetry --disable-update-check --disable-workspace-trust \
   --disable-getting-started-override --ignore-last-opened "$WORKSPACE" \
@@ -121,6 +123,8 @@ curl -fsS "$URL/healthz" >/dev/null
 say "code-server at $URL (pid $CS_PID)"
 
 # ---- drive it -------------------------------------------------------------------------------------
-E2E_URL="$URL" E2E_WORKSPACE="$WORKSPACE" E2E_FILE=sample.py E2E_PROFILE="$PROFILE" \
+E2E_URL="$URL" E2E_WORKSPACE="$WORKSPACE" E2E_USER_DATA="$USER_DATA" \
+E2E_FAKE_LSP_LOG="$FAKE_LSP_LOG" \
+ E2E_FILE=sample.py E2E_PROFILE="$PROFILE" \
 E2E_ARTIFACTS="$ARTIFACTS" E2E_SCREENSHOT="${E2E_SCREENSHOT:-$REPO/benchmarks/results/vscode-inline.png}" \
 CHROMIUM="$CHROMIUM" node "$EXT/test/e2e/run.mjs"

@@ -6,14 +6,20 @@
 //   ready     the language server reported `ready` (completiond/status) — needs completiond-lsp
 //   inline    type at the end of a line, ghost text appears, screenshot, Tab accepts, file checked
 //   word      (E2E_ACCEPT_WORD=1) on a new suggestion, Ctrl+Right accepts the next word only
+//   settings  a completiond.* change in the Settings editor reaches the server live
+//             (workspace/didChangeConfiguration; checked in the extension's log, and in the fake
+//             server's message log when E2E_FAKE_LSP_LOG is set)
+//   rewrite   select line 1, "completiond: Rewrite selection…" from the command palette with an
+//             instruction; the server's edit lands in the file (E2E_REWRITE=0 skips)
 //
 // Started by test/e2e.sh, which provides code-server and these variables:
 //   E2E_URL, E2E_WORKSPACE, E2E_FILE (relative to the workspace), E2E_PROFILE (fresh Chromium
 //   profile), E2E_ARTIFACTS (screenshots of every stage), E2E_SCREENSHOT (the ghost-text
-//   screenshot), CHROMIUM (default /usr/bin/chromium), E2E_UNTIL (open|activate|ready|inline|word),
-//   E2E_TIMEOUT_MS (wait for the server and for a suggestion; default 120000).
+//   screenshot), CHROMIUM (default /usr/bin/chromium), E2E_UNTIL (last stage; default rewrite),
+//   E2E_TIMEOUT_MS (wait for the server and for a suggestion; default 120000), E2E_USER_DATA
+//   (code-server's user data dir: the extension's log is read from it), E2E_FAKE_LSP_LOG.
 import { chromium } from 'playwright-core';
-import { mkdirSync, readFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 
 const env = process.env;
@@ -23,10 +29,10 @@ const FILE = env.E2E_FILE ?? 'sample.py';
 const PROFILE = env.E2E_PROFILE;
 const ARTIFACTS = env.E2E_ARTIFACTS ?? path.join(process.cwd(), '.e2e', 'artifacts');
 const SCREENSHOT = env.E2E_SCREENSHOT;
-const UNTIL = env.E2E_UNTIL ?? 'word';
+const UNTIL = env.E2E_UNTIL ?? 'rewrite';
 const TIMEOUT = Number(env.E2E_TIMEOUT_MS ?? 120000);
 const ACCEPT_WORD = (env.E2E_ACCEPT_WORD ?? '1') === '1';
-const STAGES = ['open', 'activate', 'ready', 'inline', 'word'];
+const STAGES = ['open', 'activate', 'ready', 'inline', 'word', 'settings', 'rewrite'];
 if (!URL_ || !WORKSPACE || !PROFILE) {
   console.error('run.mjs: E2E_URL, E2E_WORKSPACE and E2E_PROFILE must be set (use test/e2e.sh)');
   process.exit(2);
@@ -63,12 +69,7 @@ async function main() {
   const page = context.pages()[0] ?? (await context.newPage());
   page.setDefaultTimeout(60000);
   page.on('pageerror', (e) => log(`page error: ${e.message}`));
-  const shot = async (name) => {
-    const file = path.join(ARTIFACTS, `${name}.png`);
-    await page.screenshot({ path: file });
-    log(`screenshot ${file}`);
-    return file;
-  };
+  const shot = (name) => screenshot(page, name);
   let stage = 'open';
   const done = async (name) => {
     log(`stage ${name}: ok`);
@@ -143,28 +144,69 @@ async function main() {
 
     // ---- word: VS Code's own accept-next-word on our item --------------------------------------
     stage = 'word';
-    if (!ACCEPT_WORD) {
-      log('E2E_ACCEPT_WORD=0: skipping');
+    if (ACCEPT_WORD) {
+      await goToEndOfFile(page);
+      await page.keyboard.press('Enter');
+      const typed2 = env.E2E_TYPE2 ?? 'pri';
+      await page.keyboard.type(typed2, { delay: 60 });
+      const before = await saveAndRead(page);
+      const ghost2 = await waitForGhost(page, TIMEOUT);
+      log(`ghost text: ${JSON.stringify(ghost2)}`);
+      await page.keyboard.press('Control+ArrowRight');
+      await page.waitForTimeout(300);
+      const after = await saveAndRead(page);
+      const inserted = insertedText(before, after);
+      log(`accept-next-word inserted ${JSON.stringify(inserted)}`);
+      if (inserted === '' || !ghost2.startsWith(inserted)) {
+        throw new StageError(`Ctrl+Right inserted ${JSON.stringify(inserted)}, not a prefix of ${JSON.stringify(ghost2)}`);
+      }
+      await page.keyboard.press('Escape');
+      await shot('5-accept-word');
+      if (await done('word')) return 0;
+    } else log('E2E_ACCEPT_WORD=0: skipping stage word');
+
+    // ---- settings: live change -> workspace/didChangeConfiguration ----------------------------
+    stage = 'settings';
+    await checkLiveSettings(page);
+    await page.keyboard.press('Control+W'); // close the Settings editor; sample.py is active again
+    if (await done('settings')) return 0;
+
+    // ---- rewrite: the command with an instruction, the server applies the edit -----------------
+    stage = 'rewrite';
+    if ((env.E2E_REWRITE ?? '1') !== '1') {
+      log('E2E_REWRITE=0: skipping stage rewrite');
       return 0;
     }
-    await goToEndOfFile(page);
+    const original = await saveAndRead(page);
+    await page.locator('.editor-instance .monaco-editor .view-lines').first().click();
+    await page.keyboard.press('Control+Home');
+    await page.keyboard.press('Shift+End');
+    await page.keyboard.press('F1');
+    const palette = page.locator('.quick-input-widget input');
+    await palette.waitFor({ state: 'visible', timeout: 15000 });
+    await palette.fill('>completiond: Rewrite selection');
+    await page.locator('.quick-input-list .monaco-list-row[aria-label*="Rewrite selection"]').first().waitFor({ timeout: 15000 });
     await page.keyboard.press('Enter');
-    const typed2 = env.E2E_TYPE2 ?? 'pri';
-    await page.keyboard.type(typed2, { delay: 60 });
-    const before = await saveAndRead(page);
-    const ghost2 = await waitForGhost(page, TIMEOUT);
-    log(`ghost text: ${JSON.stringify(ghost2)}`);
-    await page.keyboard.press('Control+ArrowRight');
-    await page.waitForTimeout(300);
-    const after = await saveAndRead(page);
-    const inserted = insertedText(before, after);
-    log(`accept-next-word inserted ${JSON.stringify(inserted)}`);
-    if (inserted === '' || !ghost2.startsWith(inserted)) {
-      throw new StageError(`Ctrl+Right inserted ${JSON.stringify(inserted)}, not a prefix of ${JSON.stringify(ghost2)}`);
+    await page.locator('.quick-input-widget .quick-input-title', { hasText: 'Rewrite selection' }).waitFor({ timeout: 15000 });
+    await shot('7-rewrite-input');
+    await page.keyboard.type(env.E2E_INSTRUCTION ?? 'make the docstring shorter', { delay: 20 });
+    await page.keyboard.press('Enter');
+    const rewriteDeadline = Date.now() + TIMEOUT;
+    let rewritten = original;
+    while (rewritten === original) {
+      const notes = await notifications(page);
+      if (/rewrite failed|did not apply|returned no rewrite|not running/.test(notes)) throw new StageError(`rewrite: ${notes}`);
+      if (Date.now() > rewriteDeadline) throw new StageError(`the file did not change within ${TIMEOUT} ms of the rewrite`);
+      await page.waitForTimeout(1000);
+      rewritten = await saveAndRead(page);
     }
-    await page.keyboard.press('Escape');
-    await shot('5-accept-word');
-    await done('word');
+    const firstLine = rewritten.split('\n')[0];
+    log(`line 1 after the rewrite: ${JSON.stringify(firstLine)}`);
+    if (rewritten.split('\n').slice(-4).join('\n') !== original.split('\n').slice(-4).join('\n')) {
+      throw new StageError('the rewrite changed text outside the selection');
+    }
+    await shot('8-rewritten');
+    await done('rewrite');
     return 0;
   } catch (err) {
     log(`stage ${stage}: FAILED: ${err instanceof Error ? err.message : String(err)}`);
@@ -176,6 +218,81 @@ async function main() {
   } finally {
     await context.close();
   }
+}
+
+/** Change completiond.maxTokens in the Settings editor, as a user would, and see it reach the server. */
+async function checkLiveSettings(page) {
+  // (code-server does not notice settings.json being written behind its back, so use the UI.)
+  const value = 17;
+  await page.keyboard.press('F1');
+  const palette = page.locator('.quick-input-widget input');
+  await palette.waitFor({ state: 'visible', timeout: 15000 });
+  await palette.fill('>Preferences: Open User Settings');
+  await page.locator('.quick-input-list .monaco-list-row[aria-label^="Preferences: Open User Settings,"], .quick-input-list .monaco-list-row[aria-label^="Preferences: Open User Settings "]').first().waitFor({ timeout: 15000 });
+  await page.keyboard.press('Enter');
+  await page.locator('.settings-editor').waitFor({ timeout: 30000 });
+  await page.waitForTimeout(500);
+  await page.keyboard.type('completiond.maxTokens', { delay: 10 });
+  // wait for the search to filter the list down to our setting, or we would edit another one
+  const input = page.locator('.settings-editor .setting-item-number').filter({ hasText: 'Max Tokens' }).locator('input');
+  await input.waitFor({ state: 'visible', timeout: 30000 });
+  await input.click();
+  await page.keyboard.press('Control+A');
+  await page.keyboard.type(String(value), { delay: 30 });
+  await page.keyboard.press('Tab');
+  log(`Settings editor: completiond.maxTokens = ${value}`);
+  await page.waitForTimeout(1500);
+  await screenshot(page, '6-settings');
+  const needle = `"maxTokens":${value}`;
+  const deadline = Date.now() + 30000;
+  for (;;) {
+    const logText = extensionLog();
+    const line = logText.split('\n').find((l) => l.includes('settings changed') && l.includes(needle));
+    if (line) {
+      log(`extension: ${line.trim()}`);
+      break;
+    }
+    if (Date.now() > deadline) throw new StageError(`the extension did not send the new settings (${needle}) within 30 s`);
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  const fakeLog = env.E2E_FAKE_LSP_LOG;
+  if (fakeLog && existsSync(fakeLog)) {
+    const msgs = readFileSync(fakeLog, 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    const init = msgs.find((m) => m.method === 'initialize');
+    const keys = Object.keys(init?.params?.initializationOptions ?? {}).sort().join(',');
+    if (keys !== 'autostart,debounceMs,maxTokens,mode,multiline,socket,streaming') {
+      throw new StageError(`initializationOptions keys: ${keys}`);
+    }
+    const change = msgs.filter((m) => m.method === 'workspace/didChangeConfiguration').pop();
+    if (change?.params?.settings?.completiond?.maxTokens !== value) {
+      throw new StageError(`the server got no didChangeConfiguration with maxTokens ${value}: ${JSON.stringify(change)}`);
+    }
+    log(`server: initializationOptions ${JSON.stringify(init.params.initializationOptions)}`);
+    log(`server: didChangeConfiguration ${JSON.stringify(change.params)}`);
+  }
+}
+
+/** The extension's output channel as VS Code writes it under the user data dir. */
+function extensionLog() {
+  const root = env.E2E_USER_DATA ? path.join(env.E2E_USER_DATA, 'logs') : undefined;
+  if (!root || !existsSync(root)) return '';
+  const found = [];
+  const walk = (dir) => {
+    for (const e of readdirSync(dir, { withFileTypes: true })) {
+      const p = path.join(dir, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (e.name === 'completiond.log') found.push(p);
+    }
+  };
+  walk(root);
+  return found.map((f) => readFileSync(f, 'utf8')).join('\n');
+}
+
+async function screenshot(page, name) {
+  const file = path.join(ARTIFACTS, `${name}.png`);
+  await page.screenshot({ path: file });
+  log(`screenshot ${file}`);
+  return file;
 }
 
 async function statusText(page) {
