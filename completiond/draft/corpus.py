@@ -47,21 +47,42 @@ def windows(tokenizer, files: list[Path], seq_len: int) -> Iterator[tuple[str, l
 
 @torch.inference_mode()
 def label(target, out_dir: Path, max_tokens: int, seq_len: int = 512, shard_tokens: int = 65536,
-          top_k: int = 8, seed: int = 0, holdout_every: int = 20) -> None:
+          top_k: int = 8, seed: int = 0, holdout_every: int = 20, vocab_size: int = 16384) -> None:
     """Label windows with the target's top-k predictions; one .npz per shard, resumable.
 
     Every `holdout_every`-th file goes to the held-out split (shards named heldout_*), never trained on.
+    The target's output layer is evaluated only over the draft's vocabulary (the ids the draft can
+    express; what it is trained on is renormalised over them anyway): 16k of 262k rows of a layer
+    that costs more than the rest of the target, so labelling runs ~2x faster.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     files = stdlib_files(seed)
     splits = {"train": [f for i, f in enumerate(files) if i % holdout_every], "heldout": files[::holdout_every]}
     (out_dir / "files.json").write_text(json.dumps({k: [str(f) for f in v] for k, v in splits.items()}, indent=0))
+    vocab = draft_vocab(target.tokenizer, splits["train"], out_dir / "vocab.npy", vocab_size - 1)
     budgets = {"train": max_tokens, "heldout": max(shard_tokens, max_tokens // holdout_every)}
     for split, split_files in splits.items():
-        _label_split(target, out_dir, split, split_files, budgets[split], seq_len, shard_tokens, top_k)
+        _label_split(target, out_dir, split, split_files, budgets[split], seq_len, shard_tokens, top_k, vocab)
 
 
-def _label_split(target, out_dir, split, files, max_tokens, seq_len, shard_tokens, top_k) -> None:
+def draft_vocab(tokenizer, files: list[Path], path: Path, size: int, specials=(0, 1, 2, 3)) -> np.ndarray:
+    """The target ids the draft can express: specials, then the most frequent ids of the training files."""
+    if path.exists():
+        return np.load(path)
+    counts = np.zeros(len(tokenizer), dtype=np.int64)
+    for f in tqdm(files, desc="counting token ids", unit="file"):
+        try:
+            ids = tokenizer.encode(f.read_text(encoding="utf-8"), add_special_tokens=False)
+        except (UnicodeDecodeError, OSError):
+            continue
+        counts += np.bincount(ids, minlength=len(counts))
+    order = [int(i) for i in np.argsort(-counts, kind="stable") if counts[i] > 0 and i not in specials]
+    vocab = np.array((list(specials) + order)[:size], dtype=np.int64)
+    np.save(path, vocab)
+    return vocab
+
+
+def _label_split(target, out_dir, split, files, max_tokens, seq_len, shard_tokens, top_k, vocab) -> None:
     model, tok = target.model, target.tokenizer
     bar = tqdm(total=max_tokens, desc=f"labelling {split}", unit="tok", smoothing=0.05)
     shard, buf, n_total = 0, [], 0
@@ -71,7 +92,7 @@ def _label_split(target, out_dir, split, files, max_tokens, seq_len, shard_token
         if n < shard_tokens:
             continue
         n_total += n
-        _write_shard(model, out_dir / f"{split}_{shard:05d}.npz", buf, top_k, seq_len, target.device)
+        _write_shard(model, out_dir / f"{split}_{shard:05d}.npz", buf, top_k, seq_len, target.device, vocab)
         bar.update(n)
         shard, buf = shard + 1, []
         if n_total >= max_tokens:
@@ -80,7 +101,8 @@ def _label_split(target, out_dir, split, files, max_tokens, seq_len, shard_token
 
 
 @torch.inference_mode()
-def _write_shard(model, path: Path, buf, top_k: int, seq_len: int, device) -> None:
+def _write_shard(model, path: Path, buf, top_k: int, seq_len: int, device, vocab: np.ndarray | None = None
+                 ) -> None:
     if path.exists():
         return  # resumed run: this shard is done
     n = len(buf)
@@ -88,11 +110,19 @@ def _write_shard(model, path: Path, buf, top_k: int, seq_len: int, device) -> No
     lengths = np.zeros(n, dtype=np.int32)
     top_ids = np.zeros((n, seq_len, top_k), dtype=np.int32)
     top_lp = np.zeros((n, seq_len, top_k), dtype=np.float16)
+    rows = torch.as_tensor(vocab, device=device) if vocab is not None else None
+    head = model.get_output_embeddings().weight
     for i, (_, seq) in enumerate(buf):
         x = torch.tensor([seq], device=device)
-        logits = model(x).logits[0].float()  # [T, V]
+        hidden = model.model(input_ids=x).last_hidden_state[0]  # [T, H]
+        logits = (hidden @ (head if rows is None else head[rows]).T).float()  # [T, V or len(vocab)]
+        cap = getattr(model.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
         lp = torch.log_softmax(logits, -1)
         v, j = lp.topk(top_k, -1)
+        if rows is not None:
+            j = rows[j]
         ids[i, :len(seq)] = seq
         lengths[i] = len(seq)
         top_ids[i, :len(seq)] = j.cpu().numpy()

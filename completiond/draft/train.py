@@ -139,7 +139,8 @@ def train(corpus: Path, out: Path, cfg: TrainConfig, target_embed_fn=None, speci
         step = ck["step"]
         log = ck["log"]
     else:
-        keep = choose_vocab(data, cfg.vocab, specials or [0, 1, 2, 3])
+        vocab_file = corpus / "vocab.npy"  # the ids the labels were computed over (corpus.draft_vocab)
+        keep = np.load(vocab_file) if vocab_file.exists() else choose_vocab(data, cfg.vocab, specials or [0, 1, 2, 3])
         model = make_model(cfg, target_embed_fn() if target_embed_fn else None, keep, bos, eos)
         step, log, ck = 0, [], None
     unk = cfg.vocab - 1

@@ -1,0 +1,112 @@
+"""The LSP server's connection to `completiond serve`: connect or start it, re-sync after a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from completiond import protocol as P
+from completiond.client import Client
+from completiond.models import cache_root
+
+log = logging.getLogger("completiond.lsp")
+
+
+class DaemonUnavailable(Exception):
+    pass
+
+
+class DaemonLink:
+    """One connection to the daemon, re-established on demand (after a daemon restart, say).
+
+    `documents()` returns the open documents [(uri, text, version, language_id)] so that a fresh
+    connection starts with the same view of the editor as the old one had.
+    """
+
+    def __init__(self, documents: Callable[[], list[tuple[str, str, int, str]]],
+                 on_status: Callable[[str, str, dict], None]):
+        self.documents = documents
+        self.on_status = on_status
+        self.client: Client | None = None
+        self.info: dict = {}
+        self.socket: Path = P.socket_path()
+        self.autostart = True
+        self.roots: list[str] = []
+        self.encoding = "utf-16"
+        self.serve_args: list[str] = []  # --target/--draft/... for an autostarted daemon
+        self.start_timeout = 300.0
+        self._lock = asyncio.Lock()
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self.client is not None and not self.client.closed.is_set()
+
+    async def get(self) -> Client:
+        if self.connected:
+            return self.client
+        async with self._lock:
+            if not self.connected:
+                await self._connect()
+            return self.client
+
+    async def _connect(self) -> None:
+        try:
+            client = await Client.connect(self.socket)
+        except (FileNotFoundError, ConnectionRefusedError):
+            if not self.autostart:
+                self.on_status("error", f"no daemon on {self.socket} and autostart is off", {})
+                raise DaemonUnavailable(f"no completiond daemon on {self.socket} (autostart is off)") from None
+            client = await self._start()
+        self.info = await client.request("initialize", {"client": "completiond-lsp", "protocol": 1,
+                                                        "workspace_roots": self.roots,
+                                                        "position_encoding": self.encoding}, timeout=60)
+        for uri, text, version, lang in self.documents():
+            await client.notify("document/open", {"uri": uri, "text": text, "version": version,
+                                                  "language_id": lang})
+        self.client = client
+        self.on_status("ready", f"completiond: {self.info.get('target')} on {self.info.get('device')}", self.info)
+
+    async def _start(self) -> Client:
+        """Start a daemon in its own session (it outlives this editor) and wait for its socket."""
+        log_file = cache_root() / "daemon.log"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "completiond", "serve", "--socket", str(self.socket), *self.serve_args]
+        self.on_status("loading", "completiond: starting the daemon and loading models", {})
+        log.info("starting daemon: %s", " ".join(cmd))
+        with open(log_file, "ab") as out:
+            self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          start_new_session=True, env=os.environ.copy())
+        deadline = asyncio.get_running_loop().time() + self.start_timeout
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.1)
+            try:
+                return await Client.connect(self.socket)
+            except (FileNotFoundError, ConnectionRefusedError):
+                pass
+            code = self._proc.poll()
+            if code is not None:
+                tail = log_file.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+                if "already running" in tail[0]:  # another editor started one meanwhile
+                    continue
+                self.on_status("error", f"completiond daemon exited ({code}): {tail[0]}", {})
+                raise DaemonUnavailable(f"daemon exited with {code}: {tail[0]} (log: {log_file})")
+        self.on_status("error", "completiond daemon did not start in time", {})
+        raise DaemonUnavailable(f"daemon did not open {self.socket} within {self.start_timeout:.0f} s")
+
+    async def notify(self, method: str, params: dict) -> None:
+        """Forward a document notification if connected (a later reconnect re-sends every document)."""
+        if self.connected:
+            try:
+                await self.client.notify(method, params)
+            except (ConnectionError, OSError):
+                pass
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()

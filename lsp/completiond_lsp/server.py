@@ -1,0 +1,261 @@
+"""completiond-lsp: the language server editors talk to (pygls 2.x, stdio).
+
+LSP methods:
+  textDocument/inlineCompletion   ghost text from the daemon's `complete` (latest request per document
+                                  wins; $/cancelRequest cancels the daemon request too)
+  textDocument/didOpen|didChange|didClose   forwarded to the daemon (incremental, same encoding)
+  workspace/executeCommand completiond.rewrite   rewrite a range, applied with workspace/applyEdit
+  textDocument/codeAction         offers that rewrite for a selection
+  workspace/didChangeConfiguration   settings apply live
+Custom notifications to the client: `completiond/status` (loading / ready / error, last latency,
+mean accepted tokens per pass) and, for clients that set `streaming` in initializationOptions,
+`completiond/partial` {uri, version, position, text} with the text so far while it streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, fields
+from typing import Any
+
+from lsprotocol import types
+from pygls.exceptions import JsonRpcInvalidParams
+from pygls.lsp.server import LanguageServer
+
+from completiond import __version__
+from completiond.client import DaemonError
+
+from .daemon_link import DaemonLink, DaemonUnavailable
+
+log = logging.getLogger("completiond.lsp")
+REWRITE = "completiond.rewrite"
+
+
+@dataclass
+class Settings:
+    """initializationOptions / settings.completiond (camelCase on the wire)."""
+    mode: str = "combined"
+    maxTokens: int = 64
+    multiline: bool = True
+    debounceMs: int = 50
+    socket: str | None = None
+    autostart: bool = True
+    streaming: bool = False
+    target: str | None = None  # for an autostarted daemon
+    draft: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+
+    def update(self, values: Any) -> None:
+        if not isinstance(values, dict):
+            return
+        for f in fields(self):
+            if f.name in values and values[f.name] is not None:
+                setattr(self, f.name, values[f.name])
+
+
+class CompletiondServer(LanguageServer):
+    def __init__(self) -> None:
+        super().__init__("completiond-lsp", __version__)
+        self.settings = Settings()
+        self.link = DaemonLink(self._open_documents, self._status)
+        self.inflight: dict[str, asyncio.Task] = {}  # uri -> the inline-completion task in flight
+        self.last_status: dict = {}
+
+    def _open_documents(self) -> list[tuple[str, str, int, str]]:
+        return [(d.uri, d.source, d.version or 0, d.language_id or "")
+                for d in self.workspace.text_documents.values()]
+
+    def _status(self, state: str, message: str, info: dict) -> None:
+        self.last_status = {"state": state, "message": message, "target": info.get("target", ""),
+                            "draft": info.get("draft"), "device": info.get("device", ""),
+                            "lastLatencyMs": self.last_status.get("lastLatencyMs"),
+                            "meanAccepted": self.last_status.get("meanAccepted")}
+        self.protocol.notify("completiond/status", self.last_status)
+        level = types.MessageType.Error if state == "error" else types.MessageType.Info
+        self.window_log_message(types.LogMessageParams(type=level, message=message))
+
+    def apply_settings(self) -> None:
+        from pathlib import Path
+
+        from completiond import protocol as P
+
+        s = self.settings
+        self.link.socket = Path(s.socket) if s.socket else P.socket_path()
+        self.link.autostart = bool(s.autostart)
+        self.link.serve_args = [arg for key in ("target", "draft", "dtype", "device")
+                                if getattr(s, key) for arg in (f"--{key}", str(getattr(s, key)))]
+
+
+server = CompletiondServer()
+
+
+@server.feature(types.INITIALIZE)
+def initialize(ls: CompletiondServer, params: types.InitializeParams) -> None:
+    ls.settings.update(params.initialization_options)
+    ls.apply_settings()
+    roots = [f.uri for f in params.workspace_folders or []] or ([params.root_uri] if params.root_uri else [])
+    ls.link.roots = [r[7:] if r.startswith("file://") else r for r in roots]
+    ls.link.encoding = str(ls.workspace.position_encoding or "utf-16")
+
+
+@server.feature(types.INITIALIZED)
+async def initialized(ls: CompletiondServer, params: types.InitializedParams) -> None:
+    try:
+        await ls.link.get()  # start / connect now, so the first completion does not wait for model loading
+    except (DaemonUnavailable, OSError, DaemonError, asyncio.TimeoutError) as e:
+        log.warning("daemon not available yet: %s", e)
+
+
+@server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+def did_change_configuration(ls: CompletiondServer, params: types.DidChangeConfigurationParams) -> None:
+    settings = params.settings
+    if isinstance(settings, dict):
+        ls.settings.update(settings.get("completiond", settings))
+        ls.apply_settings()
+
+
+@server.feature(types.TEXT_DOCUMENT_DID_OPEN)
+async def did_open(ls: CompletiondServer, params: types.DidOpenTextDocumentParams) -> None:
+    d = params.text_document
+    await ls.link.notify("document/open", {"uri": d.uri, "text": d.text, "version": d.version,
+                                           "language_id": d.language_id})
+
+
+@server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+async def did_change(ls: CompletiondServer, params: types.DidChangeTextDocumentParams) -> None:
+    changes = []
+    for ch in params.content_changes:
+        if isinstance(ch, types.TextDocumentContentChangePartial):
+            changes.append({"range": ls.protocol._converter.unstructure(ch.range), "text": ch.text})
+        else:
+            changes.append({"text": ch.text})
+    await ls.link.notify("document/change", {"uri": params.text_document.uri,
+                                             "version": params.text_document.version, "changes": changes})
+
+
+@server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+async def did_close(ls: CompletiondServer, params: types.DidCloseTextDocumentParams) -> None:
+    await ls.link.notify("document/close", {"uri": params.text_document.uri})
+
+
+async def daemon_request(ls: CompletiondServer, method: str, params: dict, partial: str, on_partial) -> dict:
+    """Send a streaming request to the daemon; cancel it there if this task is cancelled."""
+    try:
+        client = await ls.link.get()
+    except (DaemonUnavailable, OSError) as e:
+        raise JsonRpcInvalidParams(f"completiond daemon unavailable: {e}") from None
+    msgid, fut = client.send_request(method, params)
+    unsubscribe = client.on(partial, lambda p: on_partial(p["text"]) if p.get("id") == msgid else None)
+    try:
+        try:
+            return await fut
+        except DaemonError as e:
+            if "version" not in e.message or "uri" not in params:
+                raise
+            # out of sync (an edit the daemon refused): send the editor's full text, then try once more
+            doc = ls.workspace.get_text_document(params["uri"])
+            await client.notify("document/open", {"uri": doc.uri, "text": doc.source, "version": doc.version or 0,
+                                                  "language_id": doc.language_id or ""})
+            unsubscribe()
+            msgid, fut = client.send_request(method, params)
+            unsubscribe = client.on(partial, lambda p: on_partial(p["text"]) if p.get("id") == msgid else None)
+            return await fut
+    except asyncio.CancelledError:
+        if not client.closed.is_set():
+            client.send_request("cancel", {"id": msgid})  # the daemon stops within one forward pass
+        raise
+    except DaemonError as e:
+        raise JsonRpcInvalidParams(e.message) from None
+    except ConnectionError:
+        raise JsonRpcInvalidParams("the completiond daemon went away; it is restarted on the next request") \
+            from None
+    finally:
+        unsubscribe()
+
+
+@server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
+async def inline_completion(ls: CompletiondServer, params: types.InlineCompletionParams
+                            ) -> types.InlineCompletionList | None:
+    uri, pos = params.text_document.uri, params.position
+    if (old := ls.inflight.get(uri)) is not None and not old.done():
+        old.cancel()  # a newer request for this document: the older one is stale
+    me = asyncio.current_task()
+    ls.inflight[uri] = me
+    try:
+        if ls.settings.debounceMs > 0:
+            await asyncio.sleep(ls.settings.debounceMs / 1000)  # cancelled here while the user types fast
+        try:
+            doc = ls.workspace.get_text_document(uri)
+            version = doc.version
+        except Exception:
+            version = None
+        so_far: list[str] = []
+
+        def on_partial(text: str) -> None:
+            so_far.append(text)
+            if ls.settings.streaming:
+                ls.protocol.notify("completiond/partial", {
+                    "uri": uri, "version": version, "position": {"line": pos.line, "character": pos.character},
+                    "text": "".join(so_far)})
+
+        req = {"uri": uri, "position": {"line": pos.line, "character": pos.character}, "mode": ls.settings.mode,
+               "max_tokens": int(ls.settings.maxTokens), "multiline": bool(ls.settings.multiline)}
+        if version is not None:
+            req["version"] = version
+        res = await daemon_request(ls, "complete", req, "complete/partial", on_partial)
+        ls.last_status.update({"state": "ready", "lastLatencyMs": res["ms_total"],
+                               "meanAccepted": res["mean_accepted"]})
+        ls.protocol.notify("completiond/status", ls.last_status)
+        if res["cancelled"] or not res["text"]:
+            return types.InlineCompletionList(items=[])
+        return types.InlineCompletionList(items=[types.InlineCompletionItem(
+            insert_text=res["text"], range=types.Range(start=pos, end=pos))])
+    finally:
+        if ls.inflight.get(uri) is me:
+            del ls.inflight[uri]
+
+
+@server.command(REWRITE)
+async def rewrite(ls: CompletiondServer, args: Any) -> dict:
+    """Arguments: [{uri, range, instruction}]; applies the edit and returns {applied, text}."""
+    arg = args[0] if isinstance(args, list) and args else args
+    if not isinstance(arg, dict) or not isinstance(arg.get("uri"), str) or not isinstance(arg.get("range"), dict) \
+            or not isinstance(arg.get("instruction"), str):
+        raise JsonRpcInvalidParams("completiond.rewrite takes [{uri, range, instruction}]")
+    res = await daemon_request(ls, "rewrite", {"uri": arg["uri"], "range": arg["range"],
+                                               "instruction": arg["instruction"]}, "rewrite/partial", lambda t: None)
+    rng = ls.protocol._converter.structure(arg["range"], types.Range)
+    edit = types.WorkspaceEdit(changes={arg["uri"]: [types.TextEdit(range=rng, new_text=res["text"])]})
+    applied = await ls.workspace_apply_edit_async(types.ApplyWorkspaceEditParams(edit=edit, label="completiond rewrite"))
+    return {"applied": bool(applied.applied), "text": res["text"]}
+
+
+@server.feature(types.TEXT_DOCUMENT_CODE_ACTION,
+                types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.RefactorRewrite]))
+def code_action(ls: CompletiondServer, params: types.CodeActionParams) -> list[types.CodeAction]:
+    r = params.range
+    if r.start == r.end:
+        return []
+    arg = {"uri": params.text_document.uri, "range": ls.protocol._converter.unstructure(r),
+           "instruction": "Rewrite this code to be clearer and simpler, keeping its behaviour"}
+    return [types.CodeAction(title="Rewrite selection with completiond", kind=types.CodeActionKind.RefactorRewrite,
+                             command=types.Command(title="Rewrite selection", command=REWRITE, arguments=[arg]))]
+
+
+def main() -> None:
+    import argparse
+    import os
+
+    p = argparse.ArgumentParser(prog="completiond-lsp", description="completiond language server (stdio)")
+    p.add_argument("--log-file", default=os.environ.get("COMPLETIOND_LSP_LOG"))
+    p.add_argument("--log-level", default="WARNING")
+    a = p.parse_args()
+    logging.basicConfig(level=a.log_level.upper(), filename=a.log_file,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    server.start_io()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""completiond-lsp end to end: a pygls client over stdio, the real server, a real daemon (tiny model)."""
+
+import asyncio
+import sys
+
+import pytest
+from lsprotocol import types
+from pygls.lsp.client import LanguageClient
+
+from daemon_util import start_daemon, stop_daemon
+
+SRC = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
+URI = "file:///w/m.py"
+
+
+class Client(LanguageClient):
+    def __init__(self):
+        super().__init__("test-client", "1")
+        self.partials, self.statuses, self.edits = [], [], []
+
+        @self.feature("completiond/partial")
+        def partial(params):
+            self.partials.append(params._asdict())  # pygls hands custom params over as namedtuples
+
+        @self.feature("completiond/status")
+        def status(params):
+            self.statuses.append(params._asdict())
+
+        @self.feature(types.WORKSPACE_APPLY_EDIT)
+        def apply_edit(params: types.ApplyWorkspaceEditParams):
+            self.edits.append(params.edit)
+            return types.ApplyWorkspaceEditResult(applied=True)
+
+        @self.feature(types.WINDOW_LOG_MESSAGE)
+        def log_message(params):
+            pass
+
+
+@pytest.fixture(scope="module")
+def daemon_sock(tmp_path_factory, tiny_dir):
+    sock = tmp_path_factory.mktemp("lsp") / "d.sock"
+    proc = start_daemon(sock, tiny_dir)
+    yield sock
+    stop_daemon(proc)
+
+
+async def start_lsp(options: dict) -> tuple[Client, types.InitializeResult]:
+    client = Client()
+    await client.start_io(sys.executable, "-m", "completiond_lsp.server")
+    caps = types.ClientCapabilities(general=types.GeneralClientCapabilities(
+        position_encodings=[types.PositionEncodingKind.Utf16]))
+    result = await client.initialize_async(types.InitializeParams(
+        capabilities=caps, root_uri=None, initialization_options=options))
+    client.initialized(types.InitializedParams())
+    return client, result
+
+
+async def stop_lsp(client: Client) -> None:
+    await client.shutdown_async(None)
+    client.exit(None)
+    await client.stop()
+
+
+def did_open(client, text=SRC, uri=URI):
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+
+
+def inline(client, line, char, uri=URI, msg_id=None):
+    params = types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line=line, character=char),
+        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic))
+    return client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id=msg_id)
+
+
+def options(sock, **kw):
+    return {"socket": str(sock), "autostart": False, "debounceMs": 0, "streaming": True, "maxTokens": 16, **kw}
+
+
+async def test_capabilities_and_streamed_completion(daemon_sock):
+    client, init = await start_lsp(options(daemon_sock))
+    try:
+        caps = init.capabilities
+        assert caps.inline_completion_provider is not None
+        assert "completiond.rewrite" in caps.execute_command_provider.commands
+        assert caps.code_action_provider
+        did_open(client)
+        res = await asyncio.wait_for(inline(client, 8, 14), 60)
+        assert len(res.items) == 1
+        item = res.items[0]
+        assert item.range.start == types.Position(line=8, character=14)
+        assert client.partials and client.partials[-1]["text"] == item.insert_text
+        assert client.partials[-1]["uri"] == URI
+        assert any(s.get("state") == "ready" for s in client.statuses)
+        assert client.statuses[-1]["lastLatencyMs"] is not None
+    finally:
+        await stop_lsp(client)
+
+
+async def test_incremental_utf16_edits_match_direct_daemon(daemon_sock):
+    from completiond.client import Client as RpcClient
+
+    client, _ = await start_lsp(options(daemon_sock))
+    try:
+        did_open(client, text="s = '😀'\n")
+        # insert "é = 1\nt" after the emoji (UTF-16 character 7), then replace "1" by "22"
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=URI, version=2),
+            content_changes=[types.TextDocumentContentChangePartial(
+                range=types.Range(start=types.Position(line=0, character=7), end=types.Position(line=0, character=7)),
+                text="é = 1\nt")]))
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=URI, version=3),
+            content_changes=[types.TextDocumentContentChangePartial(
+                range=types.Range(start=types.Position(line=0, character=11), end=types.Position(line=0, character=12)),
+                text="22")]))
+        via_lsp = await asyncio.wait_for(inline(client, 1, 1), 60)
+        with pytest.raises(Exception):  # inside the surrogate pair: an error, not a wrong answer
+            await asyncio.wait_for(inline(client, 0, 6), 60)
+    finally:
+        await stop_lsp(client)
+    # the same final text sent directly to the daemon completes identically (greedy is deterministic)
+    rpc = await RpcClient.connect(daemon_sock)
+    await rpc.request("document/open", {"uri": URI, "text": "s = '😀é = 22\nt'\n", "version": 1})
+    direct = await rpc.request("complete", {"uri": URI, "position": {"line": 1, "character": 1}, "max_tokens": 16})
+    await rpc.close()
+    assert (via_lsp.items[0].insert_text if via_lsp.items else "") == direct["text"]
+
+
+async def test_cancel_request_and_latest_wins(daemon_sock):
+    client, _ = await start_lsp(options(daemon_sock, maxTokens=2000, mode="ar"))
+    try:
+        did_open(client, text=SRC.rstrip("\n"))
+        first = inline(client, 8, 14, msg_id="long-1")
+        for _ in range(600):
+            if client.partials:
+                break
+            await asyncio.sleep(0.05)
+        client.protocol.notify("$/cancelRequest", types.CancelParams(id="long-1"))
+        with pytest.raises(Exception) as e:
+            await asyncio.wait_for(first, 30)
+        assert "cancel" in str(e.value).lower()
+        # latest wins: a second request for the same document supersedes the first
+        older = inline(client, 8, 14)
+        await asyncio.sleep(0.3)
+        newer = inline(client, 8, 10)
+        done = await asyncio.wait_for(asyncio.gather(older, newer, return_exceptions=True), 60)
+        assert isinstance(done[0], Exception) or done[0].items == []
+        assert not isinstance(done[1], Exception)
+    finally:
+        await stop_lsp(client)
+
+
+async def test_rewrite_command_applies_edit_and_bad_params(daemon_sock):
+    client, _ = await start_lsp(options(daemon_sock))
+    try:
+        did_open(client)
+        rng = {"start": {"line": 0, "character": 0}, "end": {"line": 2, "character": 0}}
+        out = await asyncio.wait_for(client.workspace_execute_command_async(types.ExecuteCommandParams(
+            command="completiond.rewrite", arguments=[{"uri": URI, "range": rng, "instruction": "rename to plus"}])),
+            60)
+        assert out["applied"] is True
+        edit = client.edits[-1].changes[URI][0]
+        assert edit.range.start.line == 0 and edit.range.end.line == 2 and edit.new_text == out["text"]
+        actions = await client.text_document_code_action_async(types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=URI), range=types.Range(
+                start=types.Position(line=0, character=0), end=types.Position(line=1, character=0)),
+            context=types.CodeActionContext(diagnostics=[])))
+        # pygls' client decodes the CodeAction | Command union as a Command whose `command` holds the rest
+        assert actions and actions[0].title == "Rewrite selection with completiond"
+        assert "'command': 'completiond.rewrite'" in str(actions[0].command)
+        for bad in ([], [{"uri": URI}], ["nope"]):
+            with pytest.raises(Exception):
+                await client.workspace_execute_command_async(types.ExecuteCommandParams(
+                    command="completiond.rewrite", arguments=bad))
+        with pytest.raises(Exception):  # unknown document
+            await asyncio.wait_for(inline(client, 0, 0, uri="file:///nowhere.py"), 30)
+        with pytest.raises(Exception):  # position past the end of the document
+            await asyncio.wait_for(inline(client, 99, 0), 30)
+        assert (await asyncio.wait_for(inline(client, 8, 14), 60)) is not None  # still serving
+    finally:
+        await stop_lsp(client)
+
+
+async def test_autostart_and_survive_daemon_restart(tmp_path, tiny_dir):
+    import os
+    import signal
+
+    sock = tmp_path / "auto.sock"
+    opts = options(sock, autostart=True, target=str(tiny_dir), draft="self:1", dtype="float32")
+    client, _ = await start_lsp(opts)
+    try:
+        did_open(client)
+        first = await asyncio.wait_for(inline(client, 8, 14), 180)
+        assert sock.exists()
+        # kill the daemon the server started; the next request starts a new one and re-sends the document
+        from completiond.client import Client as RpcClient
+        rpc = await RpcClient.connect(sock)
+        pid = (await rpc.request("status", {}))["pid"]
+        await rpc.close()
+        os.kill(pid, signal.SIGKILL)
+        await asyncio.sleep(0.5)
+        second = None
+        for _ in range(3):  # the first try may see the dead connection
+            try:
+                second = await asyncio.wait_for(inline(client, 8, 14), 180)
+                break
+            except Exception:
+                await asyncio.sleep(0.5)
+        assert second is not None and [i.insert_text for i in second.items] == [i.insert_text for i in first.items]
+        rpc = await RpcClient.connect(sock)
+        st = await rpc.request("status", {})
+        assert st["pid"] != pid and st["documents"] == 1
+        await rpc.request("shutdown", {})
+        await rpc.close()
+    finally:
+        await stop_lsp(client)
