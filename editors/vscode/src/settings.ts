@@ -20,6 +20,11 @@ export interface ServerSettings {
   debounceMs: number;
   socket: string | null;
   autostart: boolean;
+  /** Models and placement for a daemon the server autostarts (null: the daemon's defaults). */
+  target: string | null;
+  draft: string | null;
+  dtype: string | null;
+  device: string | null;
   /** VS Code's inline completion API is not incremental: the server answers once per request. */
   streaming: false;
 }
@@ -31,13 +36,30 @@ export const DEFAULTS: Readonly<ServerSettings> = Object.freeze({
   debounceMs: 75,
   socket: null,
   autostart: true,
+  target: null,
+  draft: null,
+  dtype: null,
+  device: null,
   streaming: false,
 });
 
 /** Settings that change how the server process is launched: changing them restarts it. */
 export const LAUNCH_KEYS = ['serverPath', 'serverArgs'] as const;
 /** Settings forwarded to the running server without a restart. */
-export const LIVE_KEYS = ['mode', 'maxTokens', 'multiline', 'debounceMs', 'socket', 'autostart'] as const;
+export const LIVE_KEYS = [
+  'mode',
+  'maxTokens',
+  'multiline',
+  'debounceMs',
+  'socket',
+  'autostart',
+  'target',
+  'draft',
+  'dtype',
+  'device',
+] as const;
+const DTYPES = ['auto', 'bfloat16', 'float16', 'float32'];
+const DEVICES = ['auto', 'cpu', 'cuda'];
 
 /** The subset of `vscode.WorkspaceConfiguration` this module needs (scoped to `completiond`). */
 export interface ConfigReader {
@@ -49,6 +71,12 @@ function intIn(value: unknown, fallback: number, min: number, max: number): numb
   return Math.min(max, Math.max(min, Math.round(value)));
 }
 
+function strOrNull(value: unknown, allowed?: string[]): string | null {
+  if (typeof value !== 'string' || value.trim() === '') return null;
+  const v = value.trim();
+  return allowed && !allowed.includes(v) ? null : v;
+}
+
 function bool(value: unknown, fallback: boolean): boolean {
   return typeof value === 'boolean' ? value : fallback;
 }
@@ -56,14 +84,17 @@ function bool(value: unknown, fallback: boolean): boolean {
 /** Read and sanitise the settings; anything missing or malformed falls back to its default. */
 export function readServerSettings(cfg: ConfigReader): ServerSettings {
   const mode = cfg.get<string>('mode');
-  const socket = cfg.get<string | null>('socket');
   return {
     mode: (MODES as readonly string[]).includes(mode ?? '') ? (mode as Mode) : DEFAULTS.mode,
     maxTokens: intIn(cfg.get('maxTokens'), DEFAULTS.maxTokens, 1, 1024),
     multiline: bool(cfg.get('multiline'), DEFAULTS.multiline),
     debounceMs: intIn(cfg.get('debounceMs'), DEFAULTS.debounceMs, 0, 5000),
-    socket: typeof socket === 'string' && socket.trim() !== '' ? socket.trim() : null,
+    socket: strOrNull(cfg.get('socket')),
     autostart: bool(cfg.get('autostart'), DEFAULTS.autostart),
+    target: strOrNull(cfg.get('target')),
+    draft: strOrNull(cfg.get('draft')),
+    dtype: strOrNull(cfg.get('dtype'), DTYPES),
+    device: strOrNull(cfg.get('device'), DEVICES),
     streaming: false,
   };
 }

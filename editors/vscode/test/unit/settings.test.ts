@@ -23,6 +23,10 @@ test('defaults when nothing is set', () => {
     debounceMs: 75,
     socket: null,
     autostart: true,
+    target: null,
+    draft: null,
+    dtype: null,
+    device: null,
     streaming: false,
   });
   assert.deepEqual(readServerSettings(reader({})), { ...DEFAULTS });
@@ -30,7 +34,19 @@ test('defaults when nothing is set', () => {
 
 test('settings map to initializationOptions with the contract key names', () => {
   const s = readServerSettings(
-    reader({ mode: 'pld', maxTokens: 128, multiline: true, debounceMs: 0, socket: '/run/c.sock', autostart: false }),
+    reader({
+      mode: 'pld',
+      maxTokens: 128,
+      multiline: true,
+      debounceMs: 0,
+      socket: '/run/c.sock',
+      autostart: false,
+      target: '/models/tiny',
+      draft: 'none',
+      dtype: 'float32',
+      device: 'cpu',
+      serverPath: '/x/completiond-lsp',
+    }),
   );
   assert.deepEqual(s, {
     mode: 'pld',
@@ -39,9 +55,26 @@ test('settings map to initializationOptions with the contract key names', () => 
     debounceMs: 0,
     socket: '/run/c.sock',
     autostart: false,
+    target: '/models/tiny',
+    draft: 'none',
+    dtype: 'float32',
+    device: 'cpu',
     streaming: false,
   });
-  assert.deepEqual(Object.keys(s).sort(), ['autostart', 'debounceMs', 'maxTokens', 'mode', 'multiline', 'socket', 'streaming']);
+  // the contract's keys, plus the optional daemon model keys; nothing else (no serverPath)
+  assert.deepEqual(Object.keys(s).sort(), [
+    'autostart',
+    'debounceMs',
+    'device',
+    'draft',
+    'dtype',
+    'maxTokens',
+    'mode',
+    'multiline',
+    'socket',
+    'streaming',
+    'target',
+  ]);
 });
 
 test('malformed values fall back or are clamped', () => {
@@ -57,6 +90,9 @@ test('malformed values fall back or are clamped', () => {
   assert.equal(readServerSettings(reader({ maxTokens: 12.6 })).maxTokens, 13);
   assert.equal(readServerSettings(reader({ maxTokens: Number.NaN })).maxTokens, 64);
   assert.equal(readServerSettings(reader({ socket: ' /tmp/x.sock ' })).socket, '/tmp/x.sock');
+  assert.equal(readServerSettings(reader({ dtype: 'int3', device: 'tpu', target: '' })).dtype, null);
+  assert.equal(readServerSettings(reader({ device: 'tpu' })).device, null);
+  assert.equal(readServerSettings(reader({ target: '  ' })).target, null);
 });
 
 test('didChangeConfiguration params nest the settings under "completiond"', () => {
