@@ -16,7 +16,6 @@ import {
   LanguageClientOptions,
   ServerOptions,
   State,
-  TransportKind,
 } from 'vscode-languageclient/node';
 
 import { describeRewriteResult, rewriteParams, validateInstruction } from './rewrite';
@@ -85,7 +84,8 @@ async function startClient(): Promise<void> {
   const serverOptions: ServerOptions = {
     command: resolved,
     args: launch.args,
-    transport: TransportKind.stdio,
+    // No `transport`: with TransportKind.stdio the client would append `--stdio` to the command
+    // line; completiond-lsp speaks stdio by default and takes no such flag.
     options: { cwd: pathVars().workspaceFolder, env: process.env },
   };
   const clientOptions: LanguageClientOptions = {

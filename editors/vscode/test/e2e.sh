@@ -54,9 +54,19 @@ cleanup() {
     kill "$CS_PID" 2>/dev/null || true
     wait "$CS_PID" 2>/dev/null || true
   fi
+  # the daemon the server autostarted outlives the editor by design: stop it (our socket only)
+  local sock
+  sock="$(node -e 'try{const s=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8"))["completiond.socket"];if(s)console.log(s)}catch{}' "$USER_DATA/User/settings.json" 2>/dev/null || true)"
+  if [ -n "$sock" ] && [ -S "$sock" ] && [ "$sock" = "${E2E_DAEMON_SOCKET:-}" ]; then
+    if command -v completiond >/dev/null; then timeout 30 completiond stop --socket "$sock" >/dev/null 2>&1 || true
+    else timeout 30 python3 -m completiond stop --socket "$sock" >/dev/null 2>&1 || true; fi
+    [ -S "$sock" ] && say "warning: the daemon on $sock may still be running"
+  fi
   if [ "$rc" -ne 0 ]; then
     echo "---- code-server log (tail) ----"; tail -n 30 "$TMP/code-server.log" 2>/dev/null || true
-    for f in $(find "$USER_DATA/logs" -iname '*completiond*.log' 2>/dev/null); do
+    for f in $(find "$USER_DATA/logs" -iname '*completiond*.log' 2>/dev/null) "$TMP"/*.log; do
+      [ -f "$f" ] || continue
+      case "$f" in */code-server.log) continue ;; esac
       echo "---- $f (tail) ----"; tail -n 40 "$f"
     done
   fi
@@ -67,6 +77,7 @@ trap cleanup EXIT
 
 cp "$EXT/test/e2e/workspace/sample.py" "$WORKSPACE/sample.py"
 
+export E2E_DAEMON_SOCKET="$TMP/daemon.sock"
 node - "$USER_DATA/User/settings.json" <<'EOF'
 const fs = require('fs');
 const settings = {
@@ -87,6 +98,8 @@ const settings = {
   'editor.inlineSuggest.enabled': true,
   'files.autoSave': 'off',
   'completiond.serverPath': process.env.COMPLETIOND_LSP || 'completiond-lsp',
+  // a daemon of our own (autostarted by the server), not the user's; stopped at the end
+  'completiond.socket': process.env.E2E_DAEMON_SOCKET,
   'completiond.trace.server': 'messages',
 };
 const extra = process.env.COMPLETIOND_E2E_SETTINGS;

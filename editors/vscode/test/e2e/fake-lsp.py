@@ -136,4 +136,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:]:  # like the real server: no --stdio or other stray flags
+        sys.exit(f"fake-lsp: unrecognized arguments: {' '.join(sys.argv[1:])}")
     main()
