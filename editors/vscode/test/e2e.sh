@@ -6,8 +6,9 @@
 #
 # Environment:
 #   COMPLETIOND_LSP           server command written as completiond.serverPath (default completiond-lsp)
-#   COMPLETIOND_E2E_SETTINGS  JSON object merged into the VS Code user settings.json, e.g.
-#                             '{"completiond.serverArgs": ["--target", "/tmp/tiny"], "completiond.maxTokens": 8}'
+#   COMPLETIOND_E2E_SETTINGS  JSON object merged into the settings (completiond.* keys into the remote
+#                             "Machine" settings.json, others into the User one), e.g.
+#                             '{"completiond.target": "/tmp/tiny", "completiond.draft": "none", "completiond.maxTokens": 8}'
 #   CODE_SERVER               code-server executable (default: .e2e/code-server, installed on first use)
 #   CHROMIUM                  Chromium executable (default /usr/bin/chromium)
 #   E2E_UNTIL                 last stage: open|activate|ready|inline|word|settings|rewrite (default: all)
@@ -48,6 +49,10 @@ ARTIFACTS="$EXT/.e2e/artifacts"
 mkdir -p "$USER_DATA/User" "$EXTENSIONS" "$WORKSPACE" "$PROFILE" "$ARTIFACTS"
 rm -f "$ARTIFACTS"/*.png
 CS_PID=""
+machine_socket() {  # completiond.socket as configured for this run
+  node -e 'try{const s=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8"))["completiond.socket"];if(s)console.log(s)}catch{}' \
+    "$USER_DATA/Machine/settings.json" 2>/dev/null || true
+}
 cleanup() {
   local rc=$?
   if [ -n "$CS_PID" ] && kill -0 "$CS_PID" 2>/dev/null; then
@@ -56,7 +61,7 @@ cleanup() {
   fi
   # the daemon the server autostarted outlives the editor by design: stop it (our socket only)
   local sock
-  sock="$(node -e 'try{const s=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8"))["completiond.socket"];if(s)console.log(s)}catch{}' "$USER_DATA/User/settings.json" 2>/dev/null || true)"
+  sock="$(machine_socket)"
   if [ -n "$sock" ] && [ -S "$sock" ] && [ "$sock" = "${E2E_DAEMON_SOCKET:-}" ]; then
     if command -v completiond >/dev/null; then timeout 30 completiond stop --socket "$sock" >/dev/null 2>&1 || true
     else timeout 30 python3 -m completiond stop --socket "$sock" >/dev/null 2>&1 || true; fi
@@ -78,10 +83,11 @@ trap cleanup EXIT
 cp "$EXT/test/e2e/workspace/sample.py" "$WORKSPACE/sample.py"
 
 export E2E_DAEMON_SOCKET="$TMP/daemon.sock"
-node - "$USER_DATA/User/settings.json" <<'EOF'
+mkdir -p "$USER_DATA/Machine"
+node - "$USER_DATA/User/settings.json" "$USER_DATA/Machine/settings.json" <<'EOF'
 const fs = require('fs');
-const settings = {
-  // a quiet workbench: nothing may steal focus or the Tab key from the editor
+// User settings: a quiet workbench; nothing may steal focus or the Tab key from the editor.
+const user = {
   'workbench.startupEditor': 'none',
   'workbench.tips.enabled': false,
   'workbench.enableExperiments': false,
@@ -97,6 +103,10 @@ const settings = {
   'editor.wordBasedSuggestions': 'off',
   'editor.inlineSuggest.enabled': true,
   'files.autoSave': 'off',
+};
+// Remote ("Machine") settings: code-server is a remote window, where settings of scope
+// machine-overridable (serverPath, socket, target, ...) are read from here, not from User.
+const machine = {
   'completiond.serverPath': process.env.COMPLETIOND_LSP || 'completiond-lsp',
   // a daemon of our own (autostarted by the server), not the user's; stopped at the end
   'completiond.socket': process.env.E2E_DAEMON_SOCKET,
@@ -106,10 +116,11 @@ const extra = process.env.COMPLETIOND_E2E_SETTINGS;
 if (extra) {
   const parsed = JSON.parse(extra);
   if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) throw new Error('COMPLETIOND_E2E_SETTINGS must be a JSON object');
-  Object.assign(settings, parsed);
+  for (const [k, v] of Object.entries(parsed)) (k.startsWith('completiond.') ? machine : user)[k] = v;
 }
-fs.writeFileSync(process.argv[2], JSON.stringify(settings, null, 2));
-console.log('settings.json: ' + JSON.stringify(Object.fromEntries(Object.entries(settings).filter(([k]) => k.startsWith('completiond.')))));
+fs.writeFileSync(process.argv[2], JSON.stringify(user, null, 2));
+fs.writeFileSync(process.argv[3], JSON.stringify(machine, null, 2));
+console.log('Machine settings.json: ' + JSON.stringify(machine));
 EOF
 
 printf 'bind-addr: 127.0.0.1:0\nauth: none\ncert: false\n' > "$TMP/code-server.yaml"
@@ -137,7 +148,7 @@ say "code-server at $URL (pid $CS_PID)"
 
 # ---- drive it -------------------------------------------------------------------------------------
 E2E_URL="$URL" E2E_WORKSPACE="$WORKSPACE" E2E_USER_DATA="$USER_DATA" \
-E2E_FAKE_LSP_LOG="$FAKE_LSP_LOG" \
+E2E_FAKE_LSP_LOG="$FAKE_LSP_LOG" E2E_EXPECT_SOCKET="$(machine_socket)" \
  E2E_FILE=sample.py E2E_PROFILE="$PROFILE" \
 E2E_ARTIFACTS="$ARTIFACTS" E2E_SCREENSHOT="${E2E_SCREENSHOT:-$REPO/benchmarks/results/vscode-inline.png}" \
 CHROMIUM="$CHROMIUM" node "$EXT/test/e2e/run.mjs"

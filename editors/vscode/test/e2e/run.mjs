@@ -17,7 +17,8 @@
 //   profile), E2E_ARTIFACTS (screenshots of every stage), E2E_SCREENSHOT (the ghost-text
 //   screenshot), CHROMIUM (default /usr/bin/chromium), E2E_UNTIL (last stage; default rewrite),
 //   E2E_TIMEOUT_MS (wait for the server and for a suggestion; default 120000), E2E_USER_DATA
-//   (code-server's user data dir: the extension's log is read from it), E2E_FAKE_LSP_LOG.
+//   (code-server's user data dir: the extension's log is read from it), E2E_FAKE_LSP_LOG,
+//   E2E_EXPECT_SOCKET (the configured completiond.socket, checked after a live settings change).
 import { chromium } from 'playwright-core';
 import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
@@ -250,6 +251,11 @@ async function checkLiveSettings(page) {
     const line = logText.split('\n').find((l) => l.includes('settings changed') && l.includes(needle));
     if (line) {
       log(`extension: ${line.trim()}`);
+      // the other settings must survive the change (e.g. the daemon socket must not fall back to null)
+      const sent = JSON.parse(line.slice(line.indexOf('{')));
+      if (env.E2E_EXPECT_SOCKET && sent.socket !== env.E2E_EXPECT_SOCKET) {
+        throw new StageError(`after the change the extension sent socket ${JSON.stringify(sent.socket)}, not ${env.E2E_EXPECT_SOCKET}`);
+      }
       break;
     }
     if (Date.now() > deadline) throw new StageError(`the extension did not send the new settings (${needle}) within 30 s`);
@@ -264,8 +270,9 @@ async function checkLiveSettings(page) {
       throw new StageError(`initializationOptions keys: ${keys}`);
     }
     const change = msgs.filter((m) => m.method === 'workspace/didChangeConfiguration').pop();
-    if (change?.params?.settings?.completiond?.maxTokens !== value) {
-      throw new StageError(`the server got no didChangeConfiguration with maxTokens ${value}: ${JSON.stringify(change)}`);
+    const want = { ...init.params.initializationOptions, maxTokens: value };
+    if (JSON.stringify(change?.params?.settings?.completiond) !== JSON.stringify(want)) {
+      throw new StageError(`the server got no didChangeConfiguration with ${JSON.stringify(want)}: ${JSON.stringify(change)}`);
     }
     log(`server: initializationOptions ${JSON.stringify(init.params.initializationOptions)}`);
     log(`server: didChangeConfiguration ${JSON.stringify(change.params)}`);
