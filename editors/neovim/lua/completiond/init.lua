@@ -1,0 +1,219 @@
+--- completiond for Neovim: starts completiond-lsp for the configured filetypes and shows its
+--- inline completions as ghost text (namespace 'completiond').
+---
+---   require('completiond').setup({ ... })   -- options: lua/completiond/config.lua
+local api = vim.api
+local config = require('completiond.config')
+local suggest = require('completiond.suggest')
+
+local M = {}
+
+M.name = 'completiond'
+---@type table? merged options, set by setup()
+M.config = nil
+---@type table<integer, table> last `completiond/status` per client id
+M.status = {}
+
+local function on_status(_, params, ctx)
+  if type(params) ~= 'table' then
+    return
+  end
+  local prev = M.status[ctx.client_id]
+  M.status[ctx.client_id] = params
+  if params.state == 'error' and (not prev or prev.message ~= params.message) then
+    vim.notify('completiond: ' .. tostring(params.message), vim.log.levels.WARN)
+  end
+  api.nvim_exec_autocmds('User', { pattern = 'CompletiondStatus', modeline = false, data = params })
+end
+
+local function wanted(bufnr)
+  local cfg = M.config
+  if not cfg or vim.bo[bufnr].buftype ~= '' or api.nvim_buf_get_name(bufnr) == '' then
+    return false
+  end
+  local ft = vim.bo[bufnr].filetype
+  if vim.tbl_contains(cfg.exclude_filetypes, ft) then
+    return false
+  end
+  return vim.tbl_contains(cfg.filetypes, '*') and ft ~= '' or vim.tbl_contains(cfg.filetypes, ft)
+end
+
+local function root_dir(bufnr)
+  local fname = api.nvim_buf_get_name(bufnr)
+  return vim.fs.root(bufnr, M.config.root_markers) or vim.fs.dirname(vim.fs.normalize(fname))
+end
+
+local function map(bufnr, lhs, fn, fallback_key)
+  if not lhs then
+    return
+  end
+  vim.keymap.set('i', lhs, function()
+    if suggest.visible(bufnr) then
+      return '<Cmd>lua require("completiond")._key("' .. fn .. '")<CR>'
+    end
+    return fallback_key or lhs
+  end, { buffer = bufnr, expr = true, replace_keycodes = true, desc = 'completiond: ' .. fn })
+end
+
+--- Called from the insert-mode mappings (through <Cmd>, so the buffer may change).
+function M._key(fn)
+  if fn == 'dismiss' then
+    suggest.dismiss()
+  else
+    suggest.accept(fn)
+  end
+end
+
+local function set_keys(bufnr)
+  local keys = M.config.keys
+  if M.config.renderer == 'native' then
+    if keys.accept then
+      vim.keymap.set('i', keys.accept, function()
+        if not vim.lsp.inline_completion.get() then
+          return keys.accept
+        end
+      end, { buffer = bufnr, expr = true, replace_keycodes = true, desc = 'completiond: accept' })
+    end
+    return
+  end
+  map(bufnr, keys.accept, 'all')
+  map(bufnr, keys.accept_word, 'word')
+  map(bufnr, keys.accept_line, 'line')
+  map(bufnr, keys.dismiss, 'dismiss')
+end
+
+--- Start (or reuse) the language server for bufnr and attach the ghost-text renderer.
+---@param bufnr? integer
+---@return integer? client_id
+function M.attach(bufnr)
+  bufnr = bufnr or api.nvim_get_current_buf()
+  if not wanted(bufnr) then
+    return nil
+  end
+  local cfg = M.config
+  local client_id = vim.lsp.start({
+    name = M.name,
+    cmd = cfg.cmd,
+    root_dir = root_dir(bufnr),
+    init_options = config.init_options(cfg),
+    handlers = {
+      ['completiond/partial'] = suggest.on_partial,
+      ['completiond/status'] = on_status,
+    },
+  }, { bufnr = bufnr })
+  if not client_id then
+    return nil
+  end
+  if cfg.renderer == 'native' then
+    vim.lsp.inline_completion.enable(true, { bufnr = bufnr })
+  else
+    suggest.attach(bufnr, client_id)
+  end
+  set_keys(bufnr)
+  return client_id
+end
+
+--- The completiond client attached to bufnr (or any), if one runs.
+function M.client(bufnr)
+  local clients = vim.lsp.get_clients({ name = M.name, bufnr = bufnr })
+  return clients[1]
+end
+
+--- The suggestion shown in the current buffer (text still to insert), or nil.
+function M.visible()
+  return suggest.visible()
+end
+
+--- Whether a completion request for the current buffer is debouncing or in flight.
+function M.busy()
+  return suggest.busy()
+end
+
+--- Accept the shown suggestion: 'all' (default), 'word' or 'line'. Returns false if none is shown.
+function M.accept(what)
+  return suggest.accept(what or 'all')
+end
+
+function M.dismiss()
+  return suggest.dismiss()
+end
+
+--- Turn automatic suggestions on or off (all buffers).
+function M.enable(on)
+  suggest.enabled = on ~= false
+  if not suggest.enabled then
+    for bufnr in pairs(suggest.states) do
+      suggest.reset(bufnr)
+    end
+  end
+end
+
+function M.toggle()
+  M.enable(not suggest.enabled)
+  vim.notify('completiond ' .. (suggest.enabled and 'enabled' or 'disabled'))
+end
+
+--- A short status for a statusline: state of the server and the last latency.
+function M.statusline()
+  local client = M.client(api.nvim_get_current_buf())
+  local s = client and M.status[client.id]
+  if not s then
+    return ''
+  end
+  if s.state == 'ready' and s.lastLatencyMs then
+    return ('completiond %dms'):format(s.lastLatencyMs)
+  end
+  return 'completiond ' .. tostring(s.state)
+end
+
+--- Rewrite lines line1..line2 (1-based, inclusive) of the current buffer following instruction.
+function M.rewrite(line1, line2, instruction)
+  local bufnr = api.nvim_get_current_buf()
+  local client = M.client(bufnr)
+  if not client then
+    vim.notify('completiond: no language server attached to this buffer', vim.log.levels.ERROR)
+    return
+  end
+  local last = api.nvim_buf_get_lines(bufnr, line2 - 1, line2, true)[1]
+  local range = {
+    start = { line = line1 - 1, character = 0 },
+    ['end'] = { line = line2 - 1,
+                character = vim.lsp.util.character_offset(bufnr, line2 - 1, #last, client.offset_encoding) },
+  }
+  local params = { command = 'completiond.rewrite',
+                   arguments = { { uri = vim.uri_from_bufnr(bufnr), range = range, instruction = instruction } } }
+  local request = vim.fn.has('nvim-0.11') == 1 and function(...) return client:request(...) end or client.request
+  request('workspace/executeCommand', params, function(err, result)
+    if err then
+      vim.notify('completiond rewrite: ' .. tostring(err.message), vim.log.levels.ERROR)
+    elseif result and result.applied == false then
+      vim.notify('completiond rewrite: the edit was not applied', vim.log.levels.WARN)
+    end
+  end, bufnr)
+end
+
+function M.setup(opts)
+  M.config = config.merge(opts)
+  suggest.cfg = M.config
+  if M.config.renderer == 'native' and not (vim.lsp.inline_completion and vim.lsp.inline_completion.enable) then
+    vim.notify('completiond: renderer "native" needs Neovim >= 0.12; using extmarks', vim.log.levels.WARN)
+    M.config.renderer = 'extmark'
+  end
+  api.nvim_set_hl(0, 'CompletiondGhost', { link = 'Comment', default = true })
+  local group = api.nvim_create_augroup('completiond', { clear = true })
+  api.nvim_create_autocmd('FileType', {
+    group = group,
+    callback = function(ev) M.attach(ev.buf) end,
+  })
+  api.nvim_create_autocmd('ColorScheme', {
+    group = group,
+    callback = function() api.nvim_set_hl(0, 'CompletiondGhost', { link = 'Comment', default = true }) end,
+  })
+  for _, bufnr in ipairs(api.nvim_list_bufs()) do
+    if api.nvim_buf_is_loaded(bufnr) and vim.bo[bufnr].filetype ~= '' then
+      M.attach(bufnr)
+    end
+  end
+end
+
+return M
