@@ -56,6 +56,12 @@ def build_parser() -> Parser:
     from . import daemon_cli  # serve / status / stop
 
     daemon_cli.add_parsers(sub, model_flags)
+    from .draft import cli as draft_cli
+
+    draft_cli.add_parser(sub)
+    from .bench import cli as bench_cli
+
+    bench_cli.add_parser(sub, model_flags)
     return parser
 
 

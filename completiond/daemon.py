@@ -231,6 +231,7 @@ class Daemon:
         seed = P.get(params, "seed", int, default=None)
         multiline = P.get(params, "multiline", bool, default=True)
         deadline = P.get(params, "deadline_ms", (int, float), default=None, check=lambda d: d > 0)
+        reuse = P.get(params, "reuse_prefix", bool, default=True)
         self._check_version(doc, params)
         try:
             offset = offset_at(doc.text, line, char, conn.encoding)
@@ -242,7 +243,7 @@ class Daemon:
         def make() -> Request:
             prompt = build_prompt(tok, text, offset, multiline=multiline)
             return Request(prompt=prompt.ids, mode=mode, max_tokens=max_tokens, seed=seed, stops=prompt.stops,
-                           sampling=Sampling(temperature, top_p), deadline_ms=deadline)
+                           sampling=Sampling(temperature, top_p), deadline_ms=deadline, reuse_prefix=reuse)
 
         res = await self._run(conn, msgid, doc.uri, make, "complete/partial")
         return _result(res)

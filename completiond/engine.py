@@ -42,6 +42,7 @@ class Request:
     stops: StopRules = field(default_factory=StopRules)
     deadline_ms: float | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
+    reuse_prefix: bool = True  # False: prefill the whole prompt (benchmarks measure what reuse saves)
 
 
 @dataclass
@@ -176,6 +177,10 @@ class Engine:
             if req.cancel.is_set():
                 raise Cancelled()
 
+        if not req.reuse_prefix:
+            self.runner.reset()
+            if self.draft is not None:
+                self.draft.runner.reset()
         out = Output(self.target.tokenizer, req.prompt, req.stops, self.eos, req.max_tokens)
         passes = accepted = 0
         by_depth: list[int] = []

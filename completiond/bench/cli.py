@@ -1,0 +1,129 @@
+"""`completiond bench`: latency of every mode (and peers) on a real repository, side by side, one run.
+
+    completiond bench --repo pypi:toolz==1.0.0 --positions 40 --modes ar,pld,draft,combined \\
+        --peers hf-plain,hf-prompt-lookup,hf-assisted,llama.cpp --json out.json --plot out.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+PEERS = ("hf-plain", "hf-prompt-lookup", "hf-assisted", "llama.cpp")
+
+
+def add_parser(sub, model_flags) -> None:
+    b = sub.add_parser("bench", help="benchmark modes and peers on a repository")
+    b.add_argument("--repo", required=True, help="a directory, or pypi:NAME==VERSION (sdist fetched with pip)")
+    b.add_argument("--positions", type=int, default=40)
+    b.add_argument("--modes", default="ar,pld,draft,combined")
+    b.add_argument("--cursor", default="both", choices=["line-start", "mid-line", "both"])
+    b.add_argument("--max-tokens", type=int, default=64)
+    b.add_argument("--single-line", action="store_true", help="stop at the end of the line (default: multi-line)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--peers", default="", help=f"comma list of {', '.join(PEERS)} (or 'all')")
+    b.add_argument("--replay", type=int, default=0, metavar="LINES",
+                   help="also replay typing LINES lines through a real daemon (keystroke latency)")
+    b.add_argument("--edits", type=int, default=0, metavar="N", help="also run N rewrite (edit) tasks")
+    b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--json", default=None, metavar="OUT")
+    b.add_argument("--plot", default=None, metavar="OUT.png")
+    model_flags(b)
+    b.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    import torch
+
+    from ..cli import UsageError
+    from ..engine import MODES, Engine
+    from ..models import ModelError, load, load_draft
+    from .modes import run_modes
+    from .peers import llama_cpp_available, run_llama_cpp, run_transformers
+    from .report import plot, summarize_modes, summarize_peers
+    from .repo import resolve_repo, sample_positions
+
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        raise UsageError(f"--modes takes a comma list of {', '.join(MODES)}")
+    peers = list(PEERS) if a.peers == "all" else [p.strip() for p in a.peers.split(",") if p.strip()]
+    if any(p not in PEERS for p in peers):
+        raise UsageError(f"--peers takes a comma list of {', '.join(PEERS)}")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    try:
+        root, label = resolve_repo(a.repo)
+        target = load(a.target, "target", a.device, a.dtype)
+        draft = load_draft(a.draft, target) if {"draft", "combined"} & set(modes) or "hf-assisted" in peers else None
+    except (ValueError, ModelError) as e:
+        raise UsageError(str(e)) from None
+    positions = sample_positions(root, a.positions, a.cursor, a.seed)
+    if not positions:
+        raise UsageError(f"no code positions found in {root}")
+    engine = Engine(target, draft)
+    costs = engine.calibrate()
+    prepared = run_modes(engine, root, positions, modes, a.max_tokens, multiline=not a.single_line)
+    peer_rows = run_transformers(engine, prepared, [p for p in peers if p.startswith("hf-")]) if peers else {}
+    if "llama.cpp" in peers:
+        if llama_cpp_available():
+            peer_rows.update(run_llama_cpp(engine, prepared, torch.get_num_threads()))
+        else:
+            print("completiond bench: llama-cpp-python is not installed; skipping llama.cpp "
+                  "(pip install 'completiond[peers]')", file=sys.stderr)
+    summary = {
+        "repo": label, "machine": machine(target), "date": datetime.date.today().isoformat(),
+        "command": "completiond " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
+        "positions": len(prepared), "target": target.name, "draft": draft.name if draft else None,
+        "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
+        "max_tokens": a.max_tokens, "pass_cost_ms": {str(k): round(v, 2) for k, v in costs.items()},
+        "modes": summarize_modes(prepared, modes), "peers": summarize_peers(prepared, peer_rows),
+    }
+    if a.replay:
+        from .replay import replay
+
+        summary["keystroke_replay"] = replay(a, root, positions[: a.replay])
+    if a.edits:
+        from .edits import run_edits
+
+        summary["edits"] = run_edits(engine, root, a.edits, a.seed)
+    text = json.dumps(summary, indent=2)
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(text + "\n")
+    if a.plot:
+        plot(summary, Path(a.plot))
+    print(table(summary))
+    return 0
+
+
+def machine(target) -> str:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    dev = torch.cuda.get_device_name() if target.device.type == "cuda" else f"{os.cpu_count()} cores, {cpu}"
+    return f"{dev}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def table(summary: dict) -> str:
+    lines = [f"{summary['repo']}: {summary['positions']} positions, {summary['machine']}",
+             f"{'engine':<26}{'p50 ms':>9}{'p95 ms':>9}{'ttft p50':>10}{'tok/s':>8}{'acc/pass':>9}"
+             f"{'vs ar':>7}{'same':>7}{'exact':>7}{'edit sim':>9}"]
+    for name, r in {**summary["modes"], **summary["peers"]}.items():
+        lines.append(f"{name:<26}{r['p50_ms']:>9.1f}{r['p95_ms']:>9.1f}{r.get('p50_first_token_ms', float('nan')):>10.1f}"
+                     f"{r['tokens_per_s']:>8.1f}{r.get('mean_accepted', float('nan')):>9.2f}{r['speedup_vs_ar']:>7.2f}"
+                     f"{r['identical_rate']:>7.2f}{r.get('exact_match', float('nan')):>7.2f}"
+                     f"{r.get('edit_similarity', float('nan')):>9.2f}")
+    return "\n".join(lines)

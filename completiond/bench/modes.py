@@ -1,0 +1,123 @@
+"""Run completiond's modes on benchmark positions, side by side on one engine.
+
+Each position starts from the same warm state, as in an editor session: the KV caches already hold
+the prompt up to its last WARM_GAP tokens (earlier keystrokes), so each run prefills those few
+tokens and then decodes. Modes run in turn at every position; `ar` first, and every other mode's
+output is compared token by token with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..engine import Engine, Request, Result
+from ..prompt import build_prompt
+from .repo import Position, edit_similarity, first_line, read_text_file, source_files
+
+WARM_GAP = 8
+
+
+@dataclass
+class Run:
+    position: int
+    mode: str
+    result: Result
+    exact: bool
+    similarity: float
+    identical: bool = True
+    divergence: dict | None = None
+
+
+@dataclass
+class Prepared:
+    prompt: list[int]
+    doc_text: str
+    stops: object
+    reference: str
+    file: Path
+    runs: dict = field(default_factory=dict)
+
+
+def prepare(engine: Engine, root: Path, positions: list[Position], multiline: bool, max_prompt: int
+            ) -> list[Prepared]:
+    tok = engine.target.tokenizer
+    out = []
+    for p in positions:
+        text = read_text_file(p.file) or ""
+        doc, offset = p.document(text)
+        pr = build_prompt(tok, doc, offset, multiline=multiline, max_tokens=max_prompt)
+        out.append(Prepared(pr.ids, doc, pr.stops, p.reference, p.file))
+    return out
+
+
+def index_repo(engine: Engine, root: Path) -> dict[Path, list[int]]:
+    tok = engine.target.tokenizer
+    return {f: tok.encode(read_text_file(f) or "", add_special_tokens=False) for f in source_files(root)}
+
+
+def warm(engine: Engine, prompt: list[int]) -> int:
+    """Caches hold prompt[:cut]; return cut."""
+    cut = max(1, len(prompt) - WARM_GAP)
+    engine.runner.extend(prompt[:cut])
+    engine.runner.rollback(cut)
+    if engine.draft is not None:
+        ids = engine.draft._to_model(prompt[:cut])
+        engine.draft.runner.extend(ids)
+        engine.draft.runner.rollback(cut)
+    return cut
+
+
+def run_modes(engine: Engine, root: Path, positions: list[Position], modes: list[str], max_tokens: int,
+              multiline: bool = True, max_prompt: int = 2048, progress: bool = True) -> list[Prepared]:
+    """Every mode at every position; returns the prepared positions with their runs."""
+    files = index_repo(engine, root)
+    prepared = prepare(engine, root, positions, multiline, max_prompt)
+    current = None
+    order = sorted(range(len(prepared)), key=lambda i: str(prepared[i].file))
+    modes = ["ar"] + [m for m in modes if m != "ar"]
+    bar = tqdm(total=len(order) * len(modes), desc="positions x modes", disable=not progress)
+    for i in order:
+        pp = prepared[i]
+        if pp.file != current:  # workspace = every other file of the repository
+            for f, ids in files.items():
+                if f == pp.file:
+                    engine.index.remove_file(str(f))
+                else:
+                    engine.index.set_file(str(f), ids)
+            engine.index.rebuild()
+            current = pp.file
+        engine.index.set_open("bench://current", engine.target.tokenizer.encode(pp.doc_text,
+                                                                                add_special_tokens=False))
+        for mode in modes:
+            cut = warm(engine, pp.prompt)
+            res = engine.complete(Request(prompt=pp.prompt, mode=mode, max_tokens=max_tokens, stops=pp.stops))
+            line = first_line(res.text)
+            run = Run(i, mode, res, exact=line == pp.reference, similarity=edit_similarity(line, pp.reference))
+            if mode != "ar":
+                ar = pp.runs["ar"].result
+                run.identical = res.token_ids == ar.token_ids
+                if not run.identical:
+                    run.divergence = divergence(engine, pp.prompt, cut, ar.token_ids, res.token_ids)
+            pp.runs[mode] = run
+            bar.update(1)
+    bar.close()
+    return prepared
+
+
+@torch.inference_mode()
+def divergence(engine: Engine, prompt: list[int], cut: int, ar: list[int], other: list[int]) -> dict:
+    """Where two greedy outputs part, and the target's logit gap there (plain one-sequence forward)."""
+    i = next((k for k, (a, b) in enumerate(zip(ar, other)) if a != b), min(len(ar), len(other)))
+    if i >= len(ar) or i >= len(other):
+        return {"index": i, "reason": "one output stopped earlier (stop rule at a different token count)"}
+    engine.runner.rollback(cut)
+    logits = engine.runner.extend(prompt + ar[:i])
+    top2 = logits.topk(2)
+    tok = engine.target.tokenizer
+    return {"index": i, "ar_token": tok.decode([ar[i]]), "other_token": tok.decode([other[i]]),
+            "logit_gap": round(float(logits[ar[i]] - logits[other[i]]), 5),
+            "top2_gap": round(float(top2.values[0] - top2.values[1]), 5)}

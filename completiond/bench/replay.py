@@ -1,0 +1,93 @@
+"""Keystroke replay through a real daemon: type lines character by character, a completion request
+per keystroke (the newer cancels the older), and measure time to the first streamed token.
+
+Run twice, with prefix reuse (the daemon's default: only the new tokens are prefilled) and without
+(each request prefills its whole prompt), on the same lines at the same typing rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..client import Client
+from .repo import Position, read_text_file
+
+CHAR_INTERVAL_S = 0.12  # ~100 words per minute
+
+
+async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: bool, max_tokens: int) -> dict:
+    doc, offset = pos.document(text)
+    await client.request("document/open", {"uri": uri, "text": doc, "version": 0})
+    line, col = pos.line, pos.col
+    ttft, superseded, version = [], 0, 0
+    pending: list[tuple[float, asyncio.Future, dict]] = []
+    firsts: dict[int, float] = {}
+    unsubscribe = client.on("complete/partial", lambda p: firsts.setdefault(p["id"], time.perf_counter()))
+    for ch in pos.reference:
+        version += 1
+        await client.request("document/change", {"uri": uri, "version": version, "changes": [{
+            "range": {"start": {"line": line, "character": col}, "end": {"line": line, "character": col}},
+            "text": ch}]})
+        col += len(ch.encode("utf-16-le")) // 2
+        t0 = time.perf_counter()
+        msgid, fut = client.send_request("complete", {"uri": uri, "position": {"line": line, "character": col},
+                                                      "max_tokens": max_tokens, "reuse_prefix": reuse})
+        pending.append((t0, fut, {"id": msgid}))
+        await asyncio.sleep(CHAR_INTERVAL_S)
+    results = await asyncio.gather(*(f for _, f, _ in pending), return_exceptions=True)
+    unsubscribe()
+    for (t0, _, meta), res in zip(pending, results):
+        if meta["id"] in firsts:
+            ttft.append((firsts[meta["id"]] - t0) * 1000)
+        elif isinstance(res, dict) and res.get("cancelled"):
+            superseded += 1
+    await client.request("document/close", {"uri": uri})
+    return {"ttft": ttft, "superseded": superseded, "requests": len(pending)}
+
+
+def replay(a, root: Path, positions: list[Position]) -> dict:
+    """Start a daemon with the bench's model flags, replay the lines twice (reuse on / off)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sock = Path(tmp) / "bench.sock"
+        cmd = [sys.executable, "-m", "completiond", "serve", "--socket", str(sock), "--target", a.target,
+               "--draft", a.draft, "--dtype", a.dtype, "--device", a.device, "--log-level", "WARNING"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+        try:
+            deadline = time.time() + 600
+            while not sock.exists():
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("the benchmark daemon did not start")
+                time.sleep(0.2)
+            return asyncio.run(_replay(sock, positions, a.max_tokens))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+async def _replay(sock: Path, positions: list[Position], max_tokens: int) -> dict:
+    client = await Client.connect(sock)
+    await client.request("initialize", {"client": "bench", "protocol": 1})
+    out = {"char_interval_ms": CHAR_INTERVAL_S * 1000, "lines": len(positions)}
+    for reuse in (True, False):
+        ttft, superseded, requests = [], 0, 0
+        for i, pos in enumerate(positions):
+            text = read_text_file(pos.file) or ""
+            r = await _type_line(client, f"bench://replay/{i}/{reuse}", pos, text, reuse, max_tokens)
+            ttft += r["ttft"]
+            superseded += r["superseded"]
+            requests += r["requests"]
+        key = "with_prefix_reuse" if reuse else "without_prefix_reuse"
+        out[key] = {"p50_first_token_ms": round(float(np.percentile(ttft, 50)), 1) if ttft else None,
+                    "p95_first_token_ms": round(float(np.percentile(ttft, 95)), 1) if ttft else None,
+                    "requests": requests, "answered_with_tokens": len(ttft),
+                    "cancelled_before_first_token": superseded}
+    await client.close()
+    return out

@@ -1,0 +1,61 @@
+"""`completiond bench` on a small local repository with a tiny model: the JSON other tools read."""
+
+import json
+import shutil
+
+from completiond import cli
+from completiond.bench.repo import code_lines, edit_similarity, sample_positions
+
+import tiny
+
+MODE_KEYS = {"p50_ms", "p95_ms", "p50_first_token_ms", "p95_first_token_ms", "tokens_per_s", "mean_accepted",
+             "speedup_vs_ar", "identical_rate", "exact_match", "edit_similarity"}
+
+
+def make_repo(root):
+    for name in ("textwrap.py", "string.py", "bisect.py"):
+        shutil.copy(tiny.STDLIB / name, root / name)
+    (root / "notes.txt").write_text("not python\n")
+    return root
+
+
+def test_positions_are_code_lines(tmp_path):
+    repo = make_repo(tmp_path)
+    text = (repo / "bisect.py").read_text()
+    lines = text.splitlines()
+    for i in code_lines(text):
+        assert lines[i].strip() and not lines[i].strip().startswith("#")
+        assert '"""' not in lines[i]
+    pos = sample_positions(repo, 10, "both", seed=1)
+    assert {p.kind for p in pos} == {"line-start", "mid-line"}
+    for p in pos:
+        line = p.file.read_text().splitlines()[p.line]
+        assert line[p.col:].rstrip() == p.reference
+        doc, offset = p.document(p.file.read_text())
+        assert p.reference not in doc[offset:offset + len(p.reference) + 1] or not p.reference.strip()
+    assert edit_similarity("abc", "abc") == 1.0 and edit_similarity("abc", "abd") == 1 - 1 / 3
+
+
+def test_bench_json_shape(tmp_path, capsys, tiny_dir):
+    (tmp_path / "repo").mkdir()
+    repo = make_repo(tmp_path / "repo")
+    out = tmp_path / "b.json"
+    code = cli.main(["bench", "--repo", str(repo), "--positions", "6", "--modes", "ar,pld,combined",
+                     "--peers", "hf-plain,hf-prompt-lookup", "--max-tokens", "12", "--target", str(tiny_dir),
+                     "--draft", "self:1", "--dtype", "float32", "--json", str(out), "--plot",
+                     str(tmp_path / "b.png"), "--edits", "2"])
+    assert code == 0
+    res = json.loads(out.read_text())
+    for key in ("repo", "machine", "date", "command", "positions", "modes", "peers"):
+        assert key in res
+    assert set(res["modes"]) == {"ar", "pld", "combined"}
+    for mode, row in res["modes"].items():
+        assert MODE_KEYS <= row.keys()
+        for rate in ("identical_rate", "exact_match", "edit_similarity"):
+            assert 0.0 <= row[rate] <= 1.0
+        assert row["identical_rate"] == 1.0  # fp32: speculation is lossless
+    assert res["modes"]["ar"]["speedup_vs_ar"] == 1.0
+    assert set(res["peers"]) == {"hf-plain", "hf-prompt-lookup"}
+    assert res["peers"]["hf-plain"]["identical_rate"] == 1.0  # transformers' greedy agrees with ours
+    assert res["edits"]["pld"]["identical_rate"] == 1.0
+    assert (tmp_path / "b.png").stat().st_size > 10_000
