@@ -1,7 +1,7 @@
 """`completiond train-draft label | train | export`: the reproducible recipe for the default draft.
 
     completiond train-draft label  --out data/draft-corpus --tokens 1000000   # target labels (resumable)
-    completiond train-draft train  --corpus data/draft-corpus --out data/draft-train --steps 1200
+    completiond train-draft train  --corpus data/draft-corpus --out data/draft-train --steps 1000
     completiond train-draft export --ckpt data/draft-train/checkpoint.pt       # -> completiond/draft/weights
 """
 
@@ -28,11 +28,11 @@ def add_parser(sub) -> None:
     tr = steps.add_parser("train", help="train (or resume) the draft on labelled shards")
     tr.add_argument("--corpus", default="data/draft-corpus")
     tr.add_argument("--out", default="data/draft-train")
-    tr.add_argument("--steps", type=int, default=1200)
+    tr.add_argument("--steps", type=int, default=1000)
     tr.add_argument("--batch", type=int, default=8)
     tr.add_argument("--lr", type=float, default=2e-3)
-    tr.add_argument("--layers", type=int, default=6)
-    tr.add_argument("--hidden", type=int, default=256)
+    tr.add_argument("--layers", type=int, default=4)
+    tr.add_argument("--hidden", type=int, default=320)
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--no-bf16", action="store_true", help="train in fp32 (slower on CPUs with bf16 support)")
     tr.set_defaults(func=cmd_train)
@@ -59,8 +59,8 @@ def cmd_train(a: argparse.Namespace) -> int:
     from ..models import load
     from .train import TrainConfig, train
 
-    cfg = TrainConfig(steps=a.steps, batch=a.batch, lr=a.lr, layers=a.layers, hidden=a.hidden, seed=a.seed,
-                      bf16_autocast=not a.no_bf16)
+    cfg = TrainConfig(steps=a.steps, batch=a.batch, lr=a.lr, layers=a.layers, hidden=a.hidden,
+                      heads=a.hidden // 64, intermediate=4 * a.hidden, seed=a.seed, bf16_autocast=not a.no_bf16)
 
     def target_embed() -> torch.Tensor:
         return load("default", "target", "cpu", "float32").model.get_input_embeddings().weight.detach()
