@@ -193,6 +193,9 @@ function M.rewrite(line1, line2, instruction)
 end
 
 function M.setup(opts)
+  if not vim.g.loaded_completiond then
+    vim.cmd.runtime('plugin/completiond.lua') -- the commands, when the plugin was put on 'rtp' late
+  end
   M.config = config.merge(opts)
   suggest.cfg = M.config
   if M.config.renderer == 'native' and not (vim.lsp.inline_completion and vim.lsp.inline_completion.enable) then

