@@ -65,6 +65,7 @@ cleanup() {
   if [ -n "$sock" ] && [ -S "$sock" ] && [ "$sock" = "${E2E_DAEMON_SOCKET:-}" ]; then
     if command -v completiond >/dev/null; then timeout 30 completiond stop --socket "$sock" >/dev/null 2>&1 || true
     else timeout 30 python3 -m completiond stop --socket "$sock" >/dev/null 2>&1 || true; fi
+    for _ in $(seq 1 20); do [ -S "$sock" ] || break; sleep 0.5; done
     [ -S "$sock" ] && say "warning: the daemon on $sock may still be running"
   fi
   if [ "$rc" -ne 0 ]; then

@@ -233,7 +233,11 @@ async function checkLiveSettings(page) {
   await page.keyboard.press('Enter');
   await page.locator('.settings-editor').waitFor({ timeout: 30000 });
   await page.waitForTimeout(500);
-  await page.keyboard.type('completiond.maxTokens', { delay: 10 });
+  await page.keyboard.type('completiond.maxTokens', { delay: 10 }); // the search box has the focus
+  // code-server is a remote window: edit the Remote settings, where e2e.sh put completiond.*
+  // (a User value would be overridden by them); the search stays when switching tabs
+  const remoteTab = page.locator('.settings-tabs-widget .action-label', { hasText: 'Remote' });
+  if (await remoteTab.count()) await remoteTab.first().click();
   // wait for the search to filter the list down to our setting, or we would edit another one
   const input = page.locator('.settings-editor .setting-item-number').filter({ hasText: 'Max Tokens' }).locator('input');
   await input.waitFor({ state: 'visible', timeout: 30000 });
