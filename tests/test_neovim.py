@@ -7,6 +7,7 @@ server suggested, read from the extmarks in namespace `completiond`.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sys
 
@@ -168,6 +169,33 @@ def test_ghost_text_streams_in_at_the_cursor(nvim, workspace):
     assert nvim.exec_lua("return require('completiond').visible()") == g["text"]
     # what is shown is exactly what the server suggests for this buffer and cursor
     assert nvim.exec_lua(SERVER_SUGGESTION) == g["text"]
+
+
+def test_positions_with_non_ascii_text(nvim, workspace, daemon_sock):
+    """Neovim negotiates UTF-8 offsets; the suggestion must be the daemon's at the same place as
+    asked directly over the socket in UTF-16."""
+    lines = ["s = 'héllo wörld 日本語 😀'", "t = s + '😀 ü"]
+    s = insert_at_end(nvim, workspace / "utf.py", lines)
+    assert (s["ghost"]["row"], s["ghost"]["col"]) == (1, len(lines[1].encode()))
+
+    async def direct():
+        from completiond.client import Client
+        c = await Client.connect(daemon_sock)
+        try:
+            await c.request("initialize", {"client": "test", "protocol": 1, "workspace_roots": [],
+                                           "position_encoding": "utf-16"}, timeout=30)
+            await c.notify("document/open", {"uri": "file:///direct/utf.py", "text": "\n".join(lines),
+                                             "version": 1, "language_id": "python"})
+            utf16 = len(lines[1].encode("utf-16-le")) // 2
+            res = await c.request("complete", {"uri": "file:///direct/utf.py",
+                                               "position": {"line": 1, "character": utf16},
+                                               "max_tokens": MAX_TOKENS, "mode": "combined", "multiline": True},
+                                  timeout=30)
+            return res["text"]
+        finally:
+            await c.close()
+
+    assert asyncio.run(direct()) == s["ghost"]["text"]
 
 
 def test_tab_accepts_exactly_the_suggestion(nvim, workspace):
