@@ -102,6 +102,19 @@ def snap(n) -> dict:
     return n.exec_lua(SNAPSHOT)
 
 
+def screen(n) -> list[str]:
+    """The text on Neovim's screen grid (rows of the window), after a redraw."""
+    n.command("redraw!")
+    return n.exec_lua("""
+local rows = {}
+for r = 1, vim.o.lines - 2 do
+  local s = {}
+  for c = 1, vim.o.columns do s[#s + 1] = vim.fn.screenstring(r, c) end
+  rows[r] = table.concat(s):gsub('%s+$', '')
+end
+return rows""")
+
+
 def keys(text: str) -> str:
     """Literal text as nvim_input keys."""
     return text.replace("<", "<lt>")
@@ -169,6 +182,8 @@ def test_ghost_text_streams_in_at_the_cursor(nvim, workspace):
     assert nvim.exec_lua("return require('completiond').visible()") == g["text"]
     # what is shown is exactly what the server suggests for this buffer and cursor
     assert nvim.exec_lua(SERVER_SUGGESTION) == g["text"]
+    # on screen: the suggestion right after the cursor, on the cursor's line
+    assert screen(nvim)[3] == (PY[3] + g["text"])[:80].rstrip()
 
 
 def test_positions_with_non_ascii_text(nvim, workspace, daemon_sock):
@@ -213,6 +228,10 @@ def test_tab_accepts_a_multiline_suggestion(nvim, workspace):
     s = insert_at_end(nvim, workspace / "multi.py", MULTILINE)
     text = s["ghost"]["text"]
     assert "\n" in text, f"expected a multi-line suggestion from the tiny model, got {text!r}"
+    # on screen: the first line after the cursor, the others as virtual lines below it
+    shown = screen(nvim)
+    first, *rest = text.split("\n")
+    assert shown[5:6 + len(rest)] == [(MULTILINE[5] + first).rstrip()] + [r.rstrip() for r in rest]
     nvim.input("<Tab>")
     want = inserted(MULTILINE, s["row"], s["col"], text)
     after = wait_for(lambda: (lambda t: t if t["lines"] == want else None)(snap(nvim)), timeout=5,
@@ -328,3 +347,29 @@ def test_checkhealth(nvim, daemon_sock):
     assert "completiond" in text and "ERROR" not in text, text
     assert f"daemon listening on {daemon_sock}" in text
     assert "OK Neovim" in text
+
+
+def test_native_renderer_option(daemon_sock, workspace):
+    """renderer = 'native' hands the suggestion to Neovim 0.12's vim.lsp.inline_completion."""
+    n = pynvim.attach("child", argv=[NVIM, "--embed", "--headless", "--clean", "-n"])
+    try:
+        if not n.exec_lua("return vim.lsp.inline_completion ~= nil"):
+            pytest.skip("this Neovim has no vim.lsp.inline_completion")
+        n.exec_lua(SETUP + "require('completiond').setup(vim.tbl_extend('force', require('completiond').config,"
+                   " { renderer = 'native' }))",
+                   str(PLUGIN_ROOT), sys.executable, str(daemon_sock), DEBOUNCE_MS, MAX_TOKENS)
+        open_buffer(n, workspace / "native.py", PY)
+        n.input("GA")
+        ns = "vim.api.nvim_create_namespace('nvim.lsp.inline_completion')"
+        mark = wait_for(lambda: n.exec_lua(f"return vim.api.nvim_buf_get_extmarks(0, {ns}, 0, -1, {{ details = true }})[1]"),
+                        timeout=30, what="native inline completion")
+        text = mark[3]["virt_text"][0][0]
+        assert (mark[1], mark[2]) == (3, len(PY[3]))
+        assert n.exec_lua(SERVER_SUGGESTION) == text
+        n.input("<Tab>")
+        wait_for(lambda: n.current.buffer[3] == PY[3] + text, timeout=5, what="accepted text")
+    finally:
+        try:
+            n.command("qa!", async_=True)
+        finally:
+            n.close()

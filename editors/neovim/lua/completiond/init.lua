@@ -91,6 +91,14 @@ function M.attach(bufnr)
     return nil
   end
   local cfg = M.config
+  if vim.fn.executable(cfg.cmd[1]) ~= 1 then
+    if not M._warned_cmd then
+      M._warned_cmd = true
+      vim.notify(('completiond: %s not found (see :checkhealth completiond)'):format(cfg.cmd[1]),
+        vim.log.levels.WARN)
+    end
+    return nil
+  end
   local client_id = vim.lsp.start({
     name = M.name,
     cmd = cfg.cmd,

@@ -107,10 +107,15 @@ local function on_text(st, full)
   render(st)
 end
 
+local schedule
+
 local function send(st)
   local client = vim.lsp.get_client_by_id(st.client_id)
   if not client or api.nvim_get_current_buf() ~= st.bufnr or not in_insert() then
     return
+  end
+  if not client.initialized then
+    return schedule(st) -- still starting: try again after another debounce
   end
   drop(st)
   snapshot(st)
@@ -146,7 +151,7 @@ local function send(st)
 end
 
 --- Ask again once the user pauses for debounce_ms.
-local function schedule(st)
+function schedule(st)
   stop_timer(st)
   local timer = assert(vim.uv.new_timer())
   st.timer = timer
@@ -330,7 +335,8 @@ function M.attach(bufnr, client_id)
   api.nvim_create_autocmd('InsertEnter', {
     group = group, buffer = bufnr, callback = function() M.on_insert_enter(bufnr) end,
   })
-  api.nvim_create_autocmd({ 'InsertLeave', 'BufLeave' }, {
+  -- the popup menu changes text without TextChangedI: hide the ghost until typing resumes
+  api.nvim_create_autocmd({ 'InsertLeave', 'BufLeave', 'TextChangedP' }, {
     group = group, buffer = bufnr, callback = function() M.reset(bufnr) end,
   })
   api.nvim_create_autocmd({ 'BufWipeout', 'BufUnload' }, {
