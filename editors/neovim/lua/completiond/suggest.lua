@@ -260,8 +260,16 @@ end
 
 --- The suggestion shown in the current buffer (the text still to insert), or nil.
 function M.visible(bufnr)
-  local st = M.states[bufnr or api.nvim_get_current_buf()]
-  return st and st.text or nil
+  bufnr = bufnr or api.nvim_get_current_buf()
+  local st = M.states[bufnr]
+  if not st or not st.text or api.nvim_get_current_buf() ~= bufnr then
+    return nil
+  end
+  local row, col = cursor()
+  if api.nvim_buf_get_changedtick(bufnr) ~= st.tick or row ~= st.row or col ~= st.col then
+    return nil -- shown for a buffer state that has moved on (its autocmd has not run yet)
+  end
+  return st.text
 end
 
 --- Whether a request for bufnr is waiting for its debounce or its answer.
