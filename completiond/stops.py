@@ -49,7 +49,10 @@ class StopRules:
         stop_indent = self.cursor_indent
         offset = len(lines[0]) + 1
         first_body = True
-        for line in lines[1:-1] + ([lines[-1]] if lines[-1].strip() else []):
+        later = lines[1:]
+        if later and not later[-1].strip():
+            later = later[:-1]  # the line being generated has no indentation to judge yet
+        for line in later:
             if line.strip():
                 width = indent_width(line)
                 if first_body and width > stop_indent:

@@ -52,6 +52,7 @@ def test_multiline_stops():
     text = "\n    a = 1\n    return a\n\ndef g():\n"
     assert text[:body.cut(text)] == "\n    a = 1\n    return a"
     inner = StopRules(multiline=True, cursor_indent=4)
+    assert inner.cut("assert") is None and inner.cut("assert x\n") is None  # the cursor's own line goes on
     text = "x = 1\n    y = 2\n  z"
     assert text[:inner.cut(text)] == "x = 1\n    y = 2"
     assert inner.cut("x = 1\n    y = (2,\n        3)\n") is None
