@@ -24,8 +24,9 @@ class Ewma:
 
 
 class Adaptive:
-    def __init__(self, max_nodes: int = 64):
+    def __init__(self, max_nodes: int = 64, always: bool = False):
         self.max_nodes = max_nodes
+        self.always = always  # verify every proposed node and always run the draft (tests, experiments)
         self._cost: dict[int, Ewma] = {}
         self.draft_step_ms = Ewma(0.0, alpha=0.2)
 
@@ -55,6 +56,8 @@ class Adaptive:
 
     def best_size(self, values: list[float]) -> int:
         """How many nodes (beyond the root) of a best-first tree to verify; values[0] is the root."""
+        if self.always:
+            return min(len(values) - 1, self.max_nodes)
         best_n, best_rate, gain = 0, 1.0 / self.cost(1), 1.0
         for n in range(1, min(len(values), self.max_nodes + 1)):
             gain += values[n]
@@ -65,4 +68,6 @@ class Adaptive:
 
     def draft_worth(self, first_accept: float) -> bool:
         """Is one more draft step worth its cost? (expected target passes saved vs draft time)"""
+        if self.always:
+            return True
         return first_accept * self.cost(1) > self.draft_step_ms.value

@@ -121,13 +121,13 @@ class Engine:
     """Target (+ optional draft) resident, with a token index for prompt lookup. One request at a time."""
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, index: TokenIndex | None = None,
-                 capacity: int = 4096, max_nodes: int = 64, max_candidate_len: int = 16):
+                 capacity: int = 4096, max_nodes: int = 64, max_candidate_len: int = 16, always_speculate: bool = False):
         self.target = target
         self.runner = Runner(target, capacity)
         self.index = index or TokenIndex()
         self.lookup = PromptLookup(self.index)
         self.draft = DraftModel(draft, capacity) if draft is not None else None
-        self.adaptive = Adaptive(max_nodes)
+        self.adaptive = Adaptive(max_nodes, always=always_speculate)
         self.max_candidate_len = max_candidate_len
         self.eos = target.eos_ids()
         self.lock = threading.Lock()
@@ -235,8 +235,8 @@ class Engine:
         for p in proposers:
             if p is self.draft and not self._draft_pays():
                 continue
-            min_value = 0.02
-            if p is self.draft and self.draft.step_ms.value > 0:
+            min_value = 0.0 if self.adaptive.always else 0.02
+            if p is self.draft and self.draft.step_ms.value > 0 and not self.adaptive.always:
                 min_value = max(min_value, self.draft.step_ms.value / self.adaptive.cost(1))
             candidates += p.propose(context, Limits(max_len=max_len, min_value=min_value))
         tree = build_tree(root, candidates, self.adaptive.max_nodes)

@@ -17,6 +17,7 @@ from .kvcache import TreeKVCache
 from .models import LoadedModel
 
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
+REFINE = 8  # top logits recomputed in float32 when the model runs in bf16/fp16
 
 
 class Cancelled(Exception):
@@ -27,6 +28,7 @@ class Runner:
     def __init__(self, lm: LoadedModel, capacity: int = 4096):
         self.lm = lm
         self.model = lm.model
+        self.base = getattr(lm.model, lm.model.base_model_prefix)  # the decoder without its output layer
         self.device = lm.device
         cfg = lm.model.config
         self.window: int | None = getattr(cfg, "sliding_window", None)
@@ -73,19 +75,40 @@ class Runner:
         anc = _ancestors(parents, self.device)  # [n, n] bool: node j is an ancestor-or-self of node i
         self.cache.reserve(n)
         mask = self._masks(anc, pos, L)
-        out = self.model(
+        out = self.base(
             input_ids=torch.tensor([list(ids)], device=self.device),
             position_ids=pos[None],
             attention_mask=mask,
             cache=self.cache,
             use_cache=True,
-            logits_to_keep=torch.tensor(list(logits_at), dtype=torch.long, device=self.device),
         )
         self._pass_ids = list(ids)
-        logits = out.logits[0].float()
+        logits = self._logits(out.last_hidden_state[0, list(logits_at)])
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.last_pass_ms = (time.perf_counter() - t0) * 1000
+        return logits
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits [n, V] from final hidden states [n, H].
+
+        In bf16/fp16 the output layer rounds logits to steps of 0.125 near 20, so the top tokens
+        often tie exactly, and a tie may break one way in a one-token pass and the other way in a
+        tree pass. The top REFINE candidates are therefore recomputed in float32 (a few rows of the
+        output layer): argmax and sampling then depend on the hidden state, not on rounding.
+        """
+        head = self.model.get_output_embeddings()
+        logits = head(hidden).float()
+        if hidden.dtype != torch.float32 and len(hidden):
+            top = logits.topk(REFINE, dim=-1).indices  # [n, k]
+            rows = head.weight[top].float()  # [n, k, H]
+            exact = (rows @ hidden.float()[:, :, None]).squeeze(-1)
+            if getattr(head, "bias", None) is not None:
+                exact = exact + head.bias[top].float()
+            logits.scatter_(1, top, exact)
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
         return logits
 
     @torch.inference_mode()
