@@ -194,9 +194,12 @@ async function main() {
     await page.keyboard.press('Enter');
     const rewriteDeadline = Date.now() + TIMEOUT;
     let rewritten = original;
+    // done when the text changed, or when the extension reports an applied edit (a real model may
+    // rewrite the selection into the same text)
     while (rewritten === original) {
       const notes = await notifications(page);
       if (/rewrite failed|did not apply|returned no rewrite|not running/.test(notes)) throw new StageError(`rewrite: ${notes}`);
+      if (/rewrote the selection/.test(notes)) break;
       if (Date.now() > rewriteDeadline) throw new StageError(`the file did not change within ${TIMEOUT} ms of the rewrite`);
       await page.waitForTimeout(1000);
       rewritten = await saveAndRead(page);
