@@ -46,7 +46,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from ..models import ModelError, load, load_draft
     from .modes import run_modes
     from .peers import llama_cpp_available, run_llama_cpp, run_transformers
-    from .report import plot, summarize_modes, summarize_peers
+    from .report import details, plot, summarize_modes, summarize_peers
     from .repo import resolve_repo, sample_positions
 
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
@@ -83,6 +83,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
         "max_tokens": a.max_tokens, "pass_cost_ms": {str(k): round(v, 2) for k, v in costs.items()},
         "modes": summarize_modes(prepared, modes), "peers": summarize_peers(prepared, peer_rows),
+        "details": details(prepared, positions, root),
     }
     if a.replay:
         from .replay import replay

@@ -45,6 +45,22 @@ def summarize_modes(prepared: list[Prepared], modes: list[str]) -> dict:
     return out
 
 
+def details(prepared: list[Prepared], positions, root) -> list[dict]:
+    """One row per position: where, the reference line, ar's text, and each mode's numbers."""
+    rows = []
+    for pp, pos in zip(prepared, positions):
+        rows.append({
+            "file": str(pos.file.relative_to(root)), "line": pos.line + 1, "col": pos.col + 1, "kind": pos.kind,
+            "reference": pos.reference, "prompt_tokens": len(pp.prompt),
+            "ar_text": pp.runs["ar"].result.text if "ar" in pp.runs else None,
+            "modes": {m: {"ms_total": round(r.result.ms_total, 1), "ms_first_token": round(r.result.ms_first_token, 1),
+                          "tokens": len(r.result.token_ids), "passes": r.result.target_passes,
+                          "identical": r.identical, "stopped_by": r.result.stopped_by}
+                      for m, r in pp.runs.items()},
+        })
+    return rows
+
+
 def summarize_peers(prepared: list[Prepared], peer_rows: dict[str, list[dict]]) -> dict:
     out = {}
     for name, rows in peer_rows.items():
