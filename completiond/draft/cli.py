@@ -42,6 +42,15 @@ def add_parser(sub) -> None:
     ex.add_argument("--corpus", default="data/draft-corpus")
     ex.add_argument("--extra", default="", help="markdown appended to the model card (measured acceptance)")
     ex.set_defaults(func=cmd_export)
+    ev = steps.add_parser("eval", help="draft vs target on held-out code: cost, agreement, acceptance by length")
+    ev.add_argument("--repo", default="pypi:toolz==1.0.0", help="held-out code (not in the training corpus)")
+    ev.add_argument("--draft", default="default")
+    ev.add_argument("--positions", type=int, default=24)
+    ev.add_argument("--lengths", default="1,2,4,8")
+    ev.add_argument("--max-tokens", type=int, default=48)
+    ev.add_argument("--json", default=None)
+    ev.add_argument("--plot", default=None)
+    ev.set_defaults(func=cmd_eval)
 
 
 def cmd_label(a: argparse.Namespace) -> int:
@@ -66,6 +75,48 @@ def cmd_train(a: argparse.Namespace) -> int:
         return load("default", "target", "cpu", "float32").model.get_input_embeddings().weight.detach()
 
     train(Path(a.corpus), Path(a.out), cfg, target_embed_fn=target_embed)
+    return 0
+
+
+def cmd_eval(a: argparse.Namespace) -> int:
+    import datetime
+    import shlex
+
+    import torch
+
+    from ..bench.repo import read_text_file, resolve_repo, sample_positions, source_files
+    from ..models import load, load_draft
+    from ..prompt import build_prompt
+    from .evaluate import agreement, by_draft_length, pass_cost, plot
+
+    target = load("default")
+    draft = load_draft(a.draft, target)
+    root, label = resolve_repo(a.repo)
+    files = source_files(root)
+    texts = [read_text_file(f) or "" for f in files]
+    context = target.tokenizer.encode("\n".join(texts), add_special_tokens=False)[:1000]
+    draft_ctx = draft.from_target[torch.tensor(context)].tolist() if draft.from_target is not None else context
+    positions = sample_positions(root, a.positions, "both", 0)
+    prompts = []
+    for p in positions:
+        doc, offset = p.document(read_text_file(p.file) or "")
+        prompts.append(build_prompt(target.tokenizer, doc, offset, multiline=True))
+    result = {
+        "repo": label, "date": datetime.date.today().isoformat(), "draft": draft.name, "target": target.name,
+        "command": "completiond " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
+        "target_pass_ms": round(pass_cost(target, context), 2), "draft_pass_ms": round(pass_cost(draft, draft_ctx), 2),
+        "agreement": round(agreement(target, draft, texts), 4),
+        "by_draft_length": by_draft_length(target, draft, prompts, [int(k) for k in a.lengths.split(",")],
+                                           a.max_tokens),
+    }
+    result["cost_ratio"] = round(result["target_pass_ms"] / result["draft_pass_ms"], 2)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(text + "\n")
+    if a.plot:
+        plot(result, Path(a.plot))
     return 0
 
 
