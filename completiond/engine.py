@@ -75,14 +75,14 @@ class Output:
     def __init__(self, tokenizer, prompt: list[int], stops: StopRules, eos: set[int], max_tokens: int):
         self.tok = tokenizer
         self.tail = prompt[-4:]  # decoded with the completion so leading spaces survive detokenization
-        self.tail_text = self._decode(self.tail)
+        self.tail_text = self.decode(self.tail)
         self.stops, self.eos, self.max_tokens = stops, eos, max_tokens
         self.ids: list[int] = []
         self.text = ""
         self.emitted = 0
         self.stopped_by = ""
 
-    def _decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int]) -> str:
         if self.tok is None:
             return "".join(f"<{i}>" for i in ids)
         return self.tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -96,8 +96,8 @@ class Output:
                 break
             self.ids.append(t)
             added.append(t)
-            full = self._decode(self.tail + self.ids)
-            text = full[len(self.tail_text):] if full.startswith(self.tail_text) else self._decode(self.ids)
+            full = self.decode(self.tail + self.ids)
+            text = full[len(self.tail_text):] if full.startswith(self.tail_text) else self.decode(self.ids)
             cut = self.stops.cut(text)
             if cut is not None:
                 self.text, self.stopped_by = text[:cut], "stop_rule"
@@ -219,7 +219,7 @@ class Engine:
         self.stats["requests"] += 1
         self.stats["passes"] += passes
         self.stats["accepted"] += accepted
-        tokens = [out._decode([t]) for t in out.ids]
+        tokens = [out.decode([t]) for t in out.ids]
         return Result(text=out.text, token_ids=list(out.ids), tokens=tokens, mode=req.mode, target_passes=passes,
                       mean_accepted=accepted / passes if passes else 0.0, ms_first_token=ms_first,
                       ms_total=(time.perf_counter() - t0) * 1000, stopped_by=out.stopped_by, cancelled=cancelled,

@@ -1,6 +1,6 @@
 """`completiond train-draft label | train | export`: the reproducible recipe for the default draft.
 
-    completiond train-draft label  --out data/draft-corpus --tokens 1000000   # target labels (resumable)
+    completiond train-draft label  --out data/draft-corpus --tokens 1100000   # target labels (resumable)
     completiond train-draft train  --corpus data/draft-corpus --out data/draft-train --steps 1000
     completiond train-draft export --ckpt data/draft-train/checkpoint.pt       # -> completiond/draft/weights
 """
@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
     steps = p.add_subparsers(dest="step", required=True, parser_class=type(p))
     lab = steps.add_parser("label", help="label stdlib code with the default target's top-k predictions")
     lab.add_argument("--out", default="data/draft-corpus")
-    lab.add_argument("--tokens", type=int, default=1_000_000, help="training tokens to label")
+    lab.add_argument("--tokens", type=int, default=1_100_000, help="training tokens to label")
     lab.add_argument("--seq-len", type=int, default=512)
     lab.add_argument("--seed", type=int, default=0)
     lab.add_argument("--dtype", default="auto")
