@@ -143,9 +143,11 @@ class Engine:
             self.runner.extend([i * 7919 % v for i in range(context)])
             out = {}
             for n in sizes:
-                for _ in range(2):
+                times = []
+                for _ in range(3):  # the first pass of a new shape pays one-time kernel set-up: dropped
                     self.runner.forward([i * 104729 % v for i in range(n)], [-1] + list(range(n - 1)), range(n))
-                    self.adaptive.observe_pass(n, self.runner.last_pass_ms)
+                    times.append(self.runner.last_pass_ms)
+                self.adaptive.observe_pass(n, min(times[1:]))
                 out[n] = self.adaptive.cost(n)
             self.runner.reset()
             return out
