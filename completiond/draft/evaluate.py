@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..bench.modes import warm
 from ..engine import Engine, Request
 from ..models import LoadedModel
 from ..runner import Runner
@@ -62,12 +63,14 @@ def agreement(target: LoadedModel, draft: LoadedModel, texts: list[str], max_tok
 
 def by_draft_length(target: LoadedModel, draft: LoadedModel, prompts: list, lengths: list[int],
                     max_tokens: int) -> dict:
-    """draft mode with exactly k draft tokens per pass vs ar, on the same prompts."""
+    """draft mode with exactly k draft tokens per pass vs ar, on the same prompts, each run from a
+    warm cache (the prompt but its last few tokens, as in an editor session: see bench.modes.warm)."""
     out = {}
     ar_engine = Engine(target, None)
     ar_ms = ar_tokens = 0.0
     ar_ids = []
     for p in tqdm(prompts, desc="ar"):
+        warm(ar_engine, p.ids)
         r = ar_engine.complete(Request(prompt=p.ids, mode="ar", max_tokens=max_tokens, stops=p.stops))
         ar_ms += r.ms_total
         ar_tokens += len(r.token_ids)
@@ -78,6 +81,7 @@ def by_draft_length(target: LoadedModel, draft: LoadedModel, prompts: list, leng
         same = 0
         depth = [0] * k
         for p, ref in tqdm(list(zip(prompts, ar_ids)), desc=f"draft k={k}"):
+            warm(engine, p.ids)
             r = engine.complete(Request(prompt=p.ids, mode="draft", max_tokens=max_tokens, stops=p.stops))
             ms += r.ms_total
             tokens += len(r.token_ids)
