@@ -99,8 +99,11 @@ def run_llama_cpp(engine: Engine, prepared: list[Prepared], threads: int) -> dic
     gguf = str(default_gguf_path())
     out: dict[str, list[dict]] = {}
     tok = engine.target.tokenizer
+    n_ctx = max(len(pp.prompt) + len(pp.runs["ar"].result.token_ids) for pp in prepared) + 64
     for name, draft in (("llama.cpp", None), ("llama.cpp-prompt-lookup", LlamaPromptLookupDecoding(num_pred_tokens=10))):
-        llm = Llama(model_path=gguf, n_ctx=4096, n_threads=threads, n_batch=512, verbose=False, draft_model=draft)
+        # with a draft model llama-cpp-python keeps every position's logits: it needs logits_all=True
+        llm = Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_batch=512, verbose=False, draft_model=draft,
+                    logits_all=draft is not None)
         rows = []
         for pp in prepared:
             n = len(pp.runs["ar"].result.token_ids)
@@ -111,7 +114,7 @@ def run_llama_cpp(engine: Engine, prepared: list[Prepared], threads: int) -> dic
             llm.eval(pp.prompt[:cut])  # warm: its cache holds the same prefix as ours
             t0 = time.perf_counter()
             gen = []
-            for t in llm.generate(pp.prompt, temp=0.0, top_k=1, reset=False):
+            for t in llm.generate(pp.prompt, temp=0.0, top_k=1):  # reuses the cached prefix itself
                 gen.append(int(t))
                 if len(gen) >= n:
                     break
