@@ -1,6 +1,7 @@
 """`completiond train-draft label | train | export`: the reproducible recipe for the default draft.
 
     completiond train-draft label  --out data/draft-corpus --tokens 1100000   # target labels (resumable)
+    completiond train-draft label  --source site-packages --tokens 1100000    # + installed packages' code
     completiond train-draft train  --corpus data/draft-corpus --out data/draft-train --steps 1000
     completiond train-draft export --ckpt data/draft-train/checkpoint.pt       # -> completiond/draft/weights
 """
@@ -22,6 +23,7 @@ def add_parser(sub) -> None:
     lab.add_argument("--tokens", type=int, default=1_100_000, help="training tokens to label")
     lab.add_argument("--seq-len", type=int, default=512)
     lab.add_argument("--seed", type=int, default=0)
+    lab.add_argument("--source", default="stdlib", choices=["stdlib", "site-packages"])
     lab.add_argument("--dtype", default="auto")
     lab.add_argument("--device", default="auto")
     lab.set_defaults(func=cmd_label)
@@ -58,7 +60,7 @@ def cmd_label(a: argparse.Namespace) -> int:
     from .corpus import label
 
     target = load("default", "target", a.device, a.dtype)
-    label(target, Path(a.out), max_tokens=a.tokens, seq_len=a.seq_len, seed=a.seed)
+    label(target, Path(a.out), max_tokens=a.tokens, seq_len=a.seq_len, seed=a.seed, source=a.source)
     return 0
 
 

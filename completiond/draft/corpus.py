@@ -1,7 +1,8 @@
-"""The draft's training corpus: Python standard-library source, labelled with the target's predictions.
+"""The draft's training corpus: Python source every machine has, labelled with the target's predictions.
 
-Step 1 of the draft recipe (`completiond train-draft label`). Files come from the running
-interpreter's standard library (every machine has it), in a seeded order; each file is tokenized
+Step 1 of the draft recipe (`completiond train-draft label --source stdlib|site-packages`). Files
+come from the running interpreter's standard library or its installed packages (minus the
+repositories the benchmarks use), in a seeded order; each file is tokenized
 with the target's tokenizer and cut into windows of `seq_len` tokens that start with BOS. The target
 runs one prefill per window and we keep, for every position, its top-k next-token ids and
 log-probabilities. Shards are written one at a time, so a stopped run resumes at the next shard.
@@ -20,12 +21,17 @@ import torch
 from tqdm import tqdm
 
 SKIP_PARTS = {"site-packages", "dist-packages", "idlelib", "turtledemo", "__pycache__", "lib2to3"}
+# Never train on what the benchmarks measure (they download these from PyPI).
+BENCHMARK_PACKAGES = {"toolz", "cytoolz", "tlz", "boltons", "completiond", "completiond_lsp"}
 
 
-def stdlib_files(seed: int = 0) -> list[Path]:
-    """Every .py file of this interpreter's standard library, in a seeded order."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py") if not (SKIP_PARTS & set(p.relative_to(root).parts)))
+def source_files(source: str = "stdlib", seed: int = 0) -> list[Path]:
+    """Every .py file of the standard library or of the installed packages, in a seeded order."""
+    key = {"stdlib": "stdlib", "site-packages": "purelib"}[source]
+    root = Path(sysconfig.get_paths()[key])
+    skip = SKIP_PARTS - ({"site-packages"} if source == "site-packages" else set()) | BENCHMARK_PACKAGES
+    files = sorted(p for p in root.rglob("*.py") if not (skip & set(p.relative_to(root).parts))
+                   and p.stat().st_size < 512 * 1024)
     random.Random(seed).shuffle(files)
     return files
 
@@ -47,7 +53,8 @@ def windows(tokenizer, files: list[Path], seq_len: int) -> Iterator[tuple[str, l
 
 @torch.inference_mode()
 def label(target, out_dir: Path, max_tokens: int, seq_len: int = 512, shard_tokens: int = 65536,
-          top_k: int = 8, seed: int = 0, holdout_every: int = 20, vocab_size: int = 16384) -> None:
+          top_k: int = 8, seed: int = 0, holdout_every: int = 20, vocab_size: int = 16384,
+          source: str = "stdlib") -> None:
     """Label windows with the target's top-k predictions; one .npz per shard, resumable.
 
     Every `holdout_every`-th file goes to the held-out split (shards named heldout_*), never trained on.
@@ -56,13 +63,17 @@ def label(target, out_dir: Path, max_tokens: int, seq_len: int = 512, shard_toke
     that costs more than the rest of the target, so labelling runs ~2x faster.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = stdlib_files(seed)
+    files = source_files(source, seed)
     splits = {"train": [f for i, f in enumerate(files) if i % holdout_every], "heldout": files[::holdout_every]}
-    (out_dir / "files.json").write_text(json.dumps({k: [str(f) for f in v] for k, v in splits.items()}, indent=0))
+    infix = "" if source == "stdlib" else f"{source}_"
+    (out_dir / f"files{'_' + source if infix else ''}.json").write_text(
+        json.dumps({k: [str(f) for f in v] for k, v in splits.items()}, indent=0))
+    # the vocabulary comes from the first source labelled (stdlib in the recipe) and is then kept
     vocab = draft_vocab(target.tokenizer, splits["train"], out_dir / "vocab.npy", vocab_size - 1)
     budgets = {"train": max_tokens, "heldout": max(shard_tokens, max_tokens // holdout_every)}
     for split, split_files in splits.items():
-        _label_split(target, out_dir, split, split_files, budgets[split], seq_len, shard_tokens, top_k, vocab)
+        _label_split(target, out_dir, f"{split}_{infix}", split_files, budgets[split], seq_len, shard_tokens,
+                     top_k, vocab)
 
 
 def draft_vocab(tokenizer, files: list[Path], path: Path, size: int, specials=(0, 1, 2, 3)) -> np.ndarray:
@@ -84,7 +95,7 @@ def draft_vocab(tokenizer, files: list[Path], path: Path, size: int, specials=(0
 
 def _label_split(target, out_dir, split, files, max_tokens, seq_len, shard_tokens, top_k, vocab) -> None:
     model, tok = target.model, target.tokenizer
-    bar = tqdm(total=max_tokens, desc=f"labelling {split}", unit="tok", smoothing=0.05)
+    bar = tqdm(total=max_tokens, desc=f"labelling {split.rstrip('_')}", unit="tok", smoothing=0.05)
     shard, buf, n_total = 0, [], 0
     for path, ids in windows(tok, files, seq_len):
         buf.append((path, ids))
@@ -92,7 +103,7 @@ def _label_split(target, out_dir, split, files, max_tokens, seq_len, shard_token
         if n < shard_tokens:
             continue
         n_total += n
-        _write_shard(model, out_dir / f"{split}_{shard:05d}.npz", buf, top_k, seq_len, target.device, vocab)
+        _write_shard(model, out_dir / f"{split}{shard:05d}.npz", buf, top_k, seq_len, target.device, vocab)
         bar.update(n)
         shard, buf = shard + 1, []
         if n_total >= max_tokens:
