@@ -28,7 +28,6 @@ class Adaptive:
         self.max_nodes = max_nodes
         self.always = always  # verify every proposed node and always run the draft (tests, experiments)
         self._cost: dict[int, Ewma] = {}
-        self.draft_step_ms = Ewma(0.0, alpha=0.2)
 
     @property
     def calibrated(self) -> bool:
@@ -65,9 +64,3 @@ class Adaptive:
             if rate > best_rate:
                 best_n, best_rate = n, rate
         return best_n
-
-    def draft_worth(self, first_accept: float) -> bool:
-        """Is one more draft step worth its cost? (expected target passes saved vs draft time)"""
-        if self.always:
-            return True
-        return first_accept * self.cost(1) > self.draft_step_ms.value

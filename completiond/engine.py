@@ -234,8 +234,8 @@ class Engine:
             return TokenTree.root_only(root)
         context = self.runner.tokens + [root]
         candidates = []
-        for p in proposers:
-            if p is self.draft and not self._draft_pays():
+        for p in proposers:  # prompt lookup first: whether the draft pays depends on what it found
+            if p is self.draft and not self._draft_pays(candidates):
                 continue
             min_value = 0.0 if self.adaptive.always else 0.02
             if p is self.draft and self.draft.step_ms.value > 0 and not self.adaptive.always:
@@ -244,10 +244,20 @@ class Engine:
         tree = build_tree(root, candidates, self.adaptive.max_nodes)
         return _truncate(tree, self.adaptive.best_size(tree.value))
 
-    def _draft_pays(self) -> bool:
-        """Skip the draft while its measured first-token acceptance does not pay for its steps;
-        still probe every 8th pass so the estimate can recover."""
-        if self.adaptive.draft_worth(self.draft.first_accept.value) or self.draft.step_ms.value == 0:
+    def _draft_pays(self, found: list) -> bool:
+        """Run the draft when what it should add beats what it costs.
+
+        Its tokens matter where the candidates already found fail at their first token (1 - p);
+        there it brings about a / (1 - a) accepted tokens (a: its measured first-token acceptance),
+        each saving about one target pass, for about as many draft steps plus one. A skipped draft
+        is still probed every 8th time so that its estimate can recover.
+        """
+        if self.adaptive.always or self.draft.step_ms.value == 0:
+            return True
+        p = max((c.probs[0] for c in found), default=0.0)
+        a = min(self.draft.first_accept.value, 0.9)
+        expected = a / (1 - a)
+        if (1 - p) * expected * self.adaptive.cost(1) > (1 + expected) * self.draft.step_ms.value:
             return True
         self._draft_skips += 1
         return self._draft_skips % 8 == 0
