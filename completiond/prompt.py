@@ -79,7 +79,11 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     line_start = prefix.rfind("\n") + 1
     stops = StopRules(multiline=multiline, cursor_indent=indent_width(prefix[line_start:] + suffix.split("\n", 1)[0]))
     head = "".join(context or [])
-    prefix = _stable_cut(prefix, max_chars=max_tokens * 4 - len(head))
+    full_prefix = prefix
+    # Character budgets shrink in fixed steps, and each cut falls on a 64-line boundary: while the
+    # user types, the prompt's start (and so the reusable KV-cache prefix) does not move.
+    budget = max(0, max_tokens * 4 - len(head))
+    prefix = _stable_cut(full_prefix, budget)
     bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
     enc = lambda s: tokenizer.encode(s, add_special_tokens=False) if s else []  # noqa: E731
     fim = fim_tokens(tokenizer) if use_fim and suffix.strip() else None
@@ -91,22 +95,23 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
         return bos + enc(head + prefix)
 
     ids = assemble(prefix)
-    while len(ids) > max_tokens + len(bos) + 4:  # still too long: drop more lines from the front
-        shorter = _stable_cut(prefix, max_chars=int(len(prefix) * 0.75))
-        if len(shorter) >= len(prefix):
-            ids = ids[:len(bos)] + ids[-max_tokens:]
-            break
-        prefix = shorter
+    while len(ids) > max_tokens + len(bos) + 4 and budget > 0:  # dense text: a smaller budget
+        budget = int(budget * 0.8)
+        prefix = _stable_cut(full_prefix, budget)
         ids = assemble(prefix)
+    if len(ids) > max_tokens + len(bos) + 4:  # a single enormous line: keep its tail
+        ids = ids[:len(bos)] + ids[-max_tokens:]
     return Prompt(ids=ids, prefix=prefix, suffix=suffix, stops=stops)
 
 
 def _stable_cut(prefix: str, max_chars: int) -> str:
-    """Drop whole 64-line steps from the front until at most max_chars remain."""
+    """Drop whole lines from the front, in steps of 64 lines (else 8, else 1), until at most
+    max_chars remain; cuts land on fixed line numbers, so typing at the end rarely moves them."""
     if len(prefix) <= max_chars:
         return prefix
     starts = line_starts(prefix)
-    for k in range(CUT_STEP, len(starts), CUT_STEP):
-        if len(prefix) - starts[k] <= max_chars:
-            return prefix[starts[k]:]
+    for step in (CUT_STEP, 8, 1):
+        for k in range(step, len(starts), step):
+            if len(prefix) - starts[k] <= max_chars:
+                return prefix[starts[k]:]
     return prefix[-max_chars:] if max_chars > 0 else ""

@@ -37,6 +37,11 @@ def test_prompt_prefix_and_stable_cut():
     p2 = build_prompt(tok, text2, offset + 2, max_tokens=512)
     assert p2.prefix.startswith(p.prefix[:200])
     assert p2.ids[:50] == p.ids[:50]
+    # dense code (few characters per token) needs a second, smaller cut: that one is stable too
+    dense = "".join(f"x{i}=f(a,b)[{i}]+g({i})\n" for i in range(3000))
+    firsts = {tuple(build_prompt(tok, dense + "y" * k, len(dense) + k, max_tokens=512).ids[:20]) for k in range(8)}
+    assert len(firsts) == 1
+    assert len(build_prompt(tok, dense, len(dense), max_tokens=512).ids) <= 512 + 4
 
 
 def test_single_line_stop():
