@@ -113,12 +113,11 @@ class Daemon:
                 for obj in objs:
                     await self.dispatch(conn, obj)
                 await _drain(writer)
-        except (ConnectionError, OSError):
+        except (ConnectionError, OSError, asyncio.CancelledError):  # cancelled: the daemon is stopping
             pass
         finally:
             self.drop(conn)
             try:
-                await _drain(writer)
                 writer.close()
             except (ConnectionError, OSError, RuntimeError):
                 pass
@@ -401,7 +400,7 @@ def _result(res: Result) -> dict:
     return {"text": res.text, "tokens": res.tokens, "token_ids": res.token_ids, "target_passes": res.target_passes,
             "mean_accepted": round(res.mean_accepted, 4), "ms_first_token": round(res.ms_first_token, 2),
             "ms_total": round(res.ms_total, 2), "cancelled": res.cancelled, "stopped_by": res.stopped_by,
-            "mode": res.mode}
+            "mode": res.mode, "prompt_tokens": res.prompt_tokens, "reused_tokens": res.reused_tokens}
 
 
 async def _drain(writer: asyncio.StreamWriter) -> None:

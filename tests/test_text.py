@@ -44,6 +44,19 @@ def test_prompt_prefix_and_stable_cut():
     assert len(build_prompt(tok, dense, len(dense), max_tokens=512).ids) <= 512 + 4
 
 
+def test_fim_prompt_when_the_tokenizer_has_fim_tokens():
+    import copy
+
+    tok = copy.deepcopy(tiny.tokenizer())
+    tok.add_special_tokens({"additional_special_tokens": ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]})
+    pre, suf, mid = tok.convert_tokens_to_ids(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"])
+    text = "def f(x):\n    return x\n"
+    p = build_prompt(tok, text, text.index("return"))
+    assert p.ids[1] == pre and p.ids[-1] == mid and suf in p.ids
+    assert tok.decode(p.ids[p.ids.index(suf) + 1:-1]) == "return x\n"
+    assert build_prompt(tiny.tokenizer(), text, 4).ids[1] != pre  # no FIM tokens: plain prefix
+
+
 def test_single_line_stop():
     s = StopRules(multiline=False)
     assert s.cut("foo(x)") is None
