@@ -91,8 +91,8 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     stops = StopRules(multiline=multiline, cursor_indent=indent_width(prefix[line_start:] + suffix.split("\n", 1)[0]))
     head = "".join(context or [])
     full_prefix = prefix
-    # Character budgets shrink in fixed steps, and each cut falls on a 64-line boundary: while the
-    # user types, the prompt's start (and so the reusable KV-cache prefix) does not move.
+    # Character budgets shrink in fixed steps, and cuts fall on fixed line numbers (_stable_cut): while
+    # the user types, the prompt's start (and so the reusable KV-cache prefix) does not move.
     budget = max(0, max_tokens * 4 - len(head))
     prefix = _stable_cut(full_prefix, budget)
     bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []

@@ -54,7 +54,8 @@ def test_fim_prompt_when_the_tokenizer_has_fim_tokens():
     p = build_prompt(tok, text, text.index("return"))
     assert p.ids[1] == pre and p.ids[-1] == mid and suf in p.ids
     assert tok.decode(p.ids[p.ids.index(suf) + 1:-1]) == "return x\n"
-    assert build_prompt(tiny.tokenizer(), text, 4).ids[1] != pre  # no FIM tokens: plain prefix
+    plain = tiny.tokenizer()  # no FIM tokens: BOS + the prefix alone, the suffix left out
+    assert build_prompt(plain, text, 4).ids == [plain.bos_token_id] + plain.encode(text[:4], add_special_tokens=False)
 
 
 def test_single_line_stop():

