@@ -2,7 +2,8 @@
 
 Every layer has K/V buffers of shape [1, kv_heads, capacity, head_dim]. Slots [0, length) hold the
 committed sequence, slot i = position i. A forward pass writes its n new tokens (a chain, a token
-tree, or both) at slots [length, length + n) without committing them; afterwards `keep` moves the
+tree, or both) at slots [length, length + n) without committing them (an appended pass writes after
+the uncommitted nodes of earlier passes, `pending`, and may attend to them); afterwards `keep` moves the
 accepted nodes down to [length, length + a) and advances `length`. Everything else is forgotten by
 not advancing. Sliding-window layers keep every position too (no ring buffer), so rollback never has
 to restore evicted entries; the runner hands them only the last `window` keys and masks by position.
@@ -21,6 +22,7 @@ class TreeKVCache(Cache):
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.length = 0  # committed tokens
+        self.pending = 0  # uncommitted slots after `length` that the pass in flight may attend to
         # First slot each layer sees in the pass in flight (the runner sets it; sliding layers skip old keys).
         self.key_start: list[int] = []
 
@@ -32,7 +34,7 @@ class TreeKVCache(Cache):
 
     def reserve(self, n: int) -> None:
         """Make room for n uncommitted slots after `length` (buffers double when full)."""
-        need = self.length + n
+        need = self.length + self.pending + n
         if need <= self.capacity:
             return
         new_cap = max(need, 2 * self.capacity)
@@ -49,9 +51,10 @@ class TreeKVCache(Cache):
             self.k.append(key_states.new_zeros(shape))
             self.v.append(value_states.new_zeros((*shape[:3], value_states.shape[3])))
         n = key_states.shape[2]
-        end = self.length + n
-        self.k[layer_idx][:, :, self.length:end] = key_states
-        self.v[layer_idx][:, :, self.length:end] = value_states
+        begin = self.length + self.pending
+        end = begin + n
+        self.k[layer_idx][:, :, begin:end] = key_states
+        self.v[layer_idx][:, :, begin:end] = value_states
         start = self.key_start[layer_idx] if layer_idx < len(self.key_start) else 0
         return self.k[layer_idx][:, :, start:end], self.v[layer_idx][:, :, start:end]
 
@@ -63,10 +66,12 @@ class TreeKVCache(Cache):
             for buf in (*self.k, *self.v):
                 buf[:, :, self.length:self.length + a] = buf[:, :, src]
         self.length += a
+        self.pending = 0
 
     def truncate(self, length: int) -> None:
         """Forget everything from slot `length` on (O(1): later passes overwrite it)."""
         self.length = min(self.length, length)
+        self.pending = 0
 
 
 def _grow(buf: torch.Tensor, capacity: int) -> torch.Tensor:

@@ -78,13 +78,17 @@ class PromptLookup:
 
 
 class DraftModel:
-    """A small model's greedy chain (and its runner-up token at each step as a one-token branch)."""
+    """A small model's guesses as a tree, grown best-first: each draft pass feeds the `branch` most
+    probable unexpanded nodes (in one batch: the pass costs about as much as one token) and adds the
+    `top` most likely next tokens below each; at most max_len - 1 passes after the context's.
+    branch=1 grows only the greedy chain (with the runner-ups as one-token branches)."""
 
     name = "draft"
 
-    def __init__(self, lm: LoadedModel, capacity: int = 4096):
+    def __init__(self, lm: LoadedModel, capacity: int = 4096, branch: int = 4, top: int = 2):
         self.lm = lm
         self.runner = Runner(lm, capacity)
+        self.branch, self.top = branch, top
         # Calibration: draft probabilities times accepted.value / raw.value match observed acceptance.
         self.accepted = Ewma(0.5, 0.05)
         self.raw = Ewma(0.5, 0.05)
@@ -97,42 +101,73 @@ class DraftModel:
             return ids
         return self.lm.from_target[torch.tensor(ids, device=self.lm.device)].tolist()
 
-    def _to_target(self, ids: torch.Tensor) -> list[int]:
-        return (self.lm.to_target[ids] if self.lm.to_target is not None else ids).tolist()
+    def _to_target(self, ids: list[int]) -> list[int]:
+        if self.lm.to_target is None:
+            return ids
+        return self.lm.to_target[torch.tensor(ids, device=self.lm.device)].tolist()
 
     @torch.inference_mode()
     def propose(self, context: list[int], limits: Limits) -> list[Candidate]:
-        logits = self.runner.extend(self._to_model(context))
+        logits = self.runner.extend(self._to_model(context))[None]  # [1, V]: after the root
         unk = self.lm.meta.get("unk") if self.lm.to_target is not None else None
-        chain: list[int] = []
-        probs: list[float] = []
-        out: list[Candidate] = []
-        value = 1.0
         c = self._c_used = self.accepted.value / max(self.raw.value, 1e-3)
-        for _ in range(limits.max_len):
-            p = torch.softmax(logits.float(), -1)
+        # The draft's tree; node i: its id (draft vocabulary), parent (-1: the root), calibrated
+        # P(accepted | parent accepted), P(path accepted), depth, and its index in the draft's
+        # uncommitted passes once fed.
+        ids: list[int] = []
+        parent: list[int] = []
+        prob: list[float] = []
+        value: list[float] = []
+        depth: list[int] = []
+        greedy: list[bool] = []  # the top token below its parent, and its parent greedy too
+        fed: dict[int, int] = {}
+
+        def add_children(rows: torch.Tensor, below: list[int]) -> None:
+            p = torch.softmax(rows.float(), -1)  # [len(below), V]
             if unk is not None:
-                p[unk] = 0.0
-            q, ids = p.topk(2)
-            tok, alt = self._to_target(ids)
-            q1, q2 = min(1.0, c * float(q[0])), min(1.0, c * float(q[1]))
-            if value * q2 >= limits.min_value:
-                out.append(Candidate(chain + [alt], probs + [q2], self.name))
-            chain.append(tok)  # the first token is always proposed: calibration needs outcomes
-            probs.append(q1)
-            value *= q1
-            if len(chain) == limits.max_len or value < limits.min_value:
-                break  # another draft step would not pay for itself
-            logits = self.runner.forward([int(ids[0])], [-1], [0])[0]
-            self.runner.keep([0])
+                p[:, unk] = 0.0
+            q, top = p.topk(self.top, dim=-1)
+            for node, qs, ts in zip(below, q.tolist(), top.tolist()):
+                base = value[node] if node >= 0 else 1.0
+                for j, (qj, tj) in enumerate(zip(qs, ts)):
+                    qj = min(1.0, c * qj)
+                    if base * qj < limits.min_value and not (node < 0 and j == 0):
+                        break  # the root's first child always: calibration needs outcomes
+                    ids.append(tj)
+                    parent.append(node)
+                    prob.append(qj)
+                    value.append(base * qj)
+                    depth.append(1 if node < 0 else depth[node] + 1)
+                    greedy.append(j == 0 and (node < 0 or greedy[node]))
+
+        add_children(logits, [-1])
+        for _ in range(limits.max_len - 1):  # as many draft passes as a chain of max_len tokens needs
+            open_nodes = [i for i in range(len(ids)) if i not in fed and depth[i] < limits.max_len
+                          and value[i] >= limits.min_value and (self.branch > 1 or greedy[i])]
+            pick = sorted(open_nodes, key=lambda i: -value[i])[:self.branch]
+            if not pick:
+                break  # nothing left whose children would pay for another draft pass
+            rows = self.runner.forward([ids[i] for i in pick], [fed.get(parent[i], -1) for i in pick],
+                                       range(len(pick)), append=bool(fed))
             self.step_ms.add(self.runner.last_pass_ms)
-        if chain:
-            out.insert(0, Candidate(chain, probs, self.name))
+            for i in pick:
+                fed[i] = len(fed)
+            add_children(rows, pick)
+        has_child = set(parent)
+        out = []
+        for leaf in (i for i in range(len(ids)) if i not in has_child):
+            path = []
+            while leaf >= 0:
+                path.append(leaf)
+                leaf = parent[leaf]
+            path.reverse()
+            out.append(Candidate(self._to_target([ids[i] for i in path]), [prob[i] for i in path], self.name))
         return out
 
     def observe(self, outcomes: list[Outcome]) -> None:
         for o in outcomes:
             self.accepted.add(float(o.accepted))
             self.raw.add(min(1.0, o.predicted / self._c_used))
-            if o.depth == 1:
-                self.first_accept.add(float(o.accepted))
+        first = [o.accepted for o in outcomes if o.depth == 1]
+        if first:  # a tree has several first tokens: did the target take one of them
+            self.first_accept.add(float(any(first)))

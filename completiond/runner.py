@@ -41,7 +41,8 @@ class Runner:
             self.layer_types = None  # one mask for every layer (with the window if the model has one)
         self.cache = TreeKVCache(capacity)
         self.tokens: list[int] = []  # ids held by cache slots [0, length)
-        self._pass_ids: list[int] = []
+        self._pass_ids: list[int] = []  # uncommitted nodes since the last keep/rollback, and their parents
+        self._pass_parents: list[int] = []
         self.last_pass_ms = 0.0
 
     @property
@@ -58,31 +59,42 @@ class Runner:
     def rollback(self, length: int) -> None:
         self.cache.truncate(length)
         del self.tokens[length:]
+        self._pass_ids, self._pass_parents = [], []
 
     def reset(self) -> None:
         self.rollback(0)
 
     @torch.inference_mode()
-    def forward(self, ids: Sequence[int], parents: Sequence[int], logits_at: Sequence[int]) -> torch.Tensor:
+    def forward(self, ids: Sequence[int], parents: Sequence[int], logits_at: Sequence[int],
+                append: bool = False) -> torch.Tensor:
         """Run new nodes; return float32 logits [len(logits_at), vocab] at those node indices.
 
         parents[i] is the index of node i's parent in this pass, or -1 for "the last committed token".
+        append=True: the uncommitted nodes of the passes since the last keep/rollback stay, and the
+        new nodes follow them: indices (in parents, and later in keep) count from the first of
+        those nodes, so a new node may hang below any of them (a draft growing a tree step by step).
         """
         t0 = time.perf_counter()
-        n, L = len(ids), self.cache.length
-        depth = _depths(parents)
-        pos = torch.tensor(depth, device=self.device) + L  # [n]
-        anc = _ancestors(parents, self.device)  # [n, n] bool: node j is an ancestor-or-self of node i
-        self.cache.reserve(n)
-        mask = self._masks(anc, pos, L)
+        if not append:
+            self.cache.pending = 0
+            self._pass_ids, self._pass_parents = [], []
+        first, L = len(self._pass_ids), self.cache.length
+        all_parents = self._pass_parents + list(parents)
+        depth = _depths(all_parents)
+        node_pos = torch.tensor(depth, device=self.device) + L  # [first + n]: every uncommitted node
+        anc = _ancestors(all_parents, self.device)[first:]  # [n, first + n] bool: ancestor-or-self
+        self.cache.reserve(first + len(ids))
+        mask = self._masks(anc, node_pos, L)
         out = self.base(
             input_ids=torch.tensor([list(ids)], device=self.device),
-            position_ids=pos[None],
+            position_ids=node_pos[None, first:],
             attention_mask=mask,
             cache=self.cache,
             use_cache=True,
         )
-        self._pass_ids = list(ids)
+        self._pass_ids += list(ids)
+        self._pass_parents = all_parents
+        self.cache.pending = len(self._pass_ids)
         logits = self._logits(out.last_hidden_state[0, list(logits_at)])
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -117,6 +129,7 @@ class Runner:
         nodes = list(nodes)
         self.cache.keep(nodes)
         self.tokens.extend(self._pass_ids[i] for i in nodes)
+        self._pass_ids, self._pass_parents = [], []
 
     def extend(self, seq: Sequence[int], chunk: int = 512,
                check: Callable[[], None] | None = None) -> torch.Tensor:
@@ -136,15 +149,21 @@ class Runner:
             self.keep(range(len(part)))
         return logits[-1]
 
-    def _masks(self, anc: torch.Tensor, pos: torch.Tensor, L: int):
-        """Boolean attention masks [1, 1, n, keys] for the pass; a dict by layer type for hybrid models."""
-        full = torch.cat([torch.ones(len(pos), L, dtype=torch.bool, device=self.device), anc], 1)
+    def _masks(self, anc: torch.Tensor, node_pos: torch.Tensor, L: int):
+        """Boolean attention masks [1, 1, n, keys] for the pass; a dict by layer type for hybrid models.
+
+        anc: [n, m] the new nodes' ancestors among the m uncommitted nodes (the last n are the new
+        ones); node_pos: [m] their positions.
+        """
+        n = anc.shape[0]
+        full = torch.cat([torch.ones(n, L, dtype=torch.bool, device=self.device), anc], 1)
         if self.window is None:
             self.cache.key_start = []
             return full[None, None]
         # Sliding layers see keys from slot `start` on: the oldest any node of this pass can reach.
         start = max(0, L - self.window + 1)
-        key_pos = torch.cat([torch.arange(start, L, device=self.device), pos])
+        pos = node_pos[-n:]
+        key_pos = torch.cat([torch.arange(start, L, device=self.device), node_pos])
         sliding = full[:, start:] & (pos[:, None] - key_pos[None, :] < self.window)
         if self.layer_types is None:
             self.cache.key_start = [start] * self.model.config.num_hidden_layers

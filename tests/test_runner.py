@@ -85,3 +85,39 @@ def test_tree_keep_non_prefix_path(code_ids):
     assert r.tokens == ctx + [60, 61]
     got = r.forward([9], [-1], [0])[0]
     torch.testing.assert_close(got, reference_logits(lm, ctx + [60, 61, 9])[-1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_appended_passes_grow_one_tree(cfg, code_ids):
+    """A tree grown over three appended passes (as the draft grows its proposals) gives each node the
+    logits of its path alone, past the sliding window; keep then commits a path across passes."""
+    lm = tiny.loaded(CONFIGS[cfg]())
+    ctx = code_ids[:45]
+    r = Runner(lm)
+    r.extend(ctx[:40])
+    r.rollback(40)
+    steps = [([ctx[40], 70], [-1, -1]),  # two roots
+             ([71, 72, 73], [0, 0, 1]),  # below both
+             ([74, 75], [2, 4])]  # below nodes of the previous pass
+    nodes, parents, logits = [], [], []
+    for ids, par in steps:
+        logits.append(r.forward(ids, par, range(len(ids)), append=bool(nodes)))
+        nodes += ids
+        parents += par
+    logits = torch.cat(logits)
+    for i in range(len(nodes)):
+        path, j = [], i
+        while j >= 0:
+            path.append(nodes[j])
+            j = parents[j]
+        alone = reference_logits(lm, ctx[:40] + path[::-1])[-1]
+        torch.testing.assert_close(logits[i], alone, rtol=0, atol=1e-5)
+    r.keep([0, 2, 5])  # ctx[40] -> 71 -> 74
+    assert r.tokens == ctx[:41] + [71, 74]
+    got = r.forward([9], [-1], [0])[0]
+    torch.testing.assert_close(got, reference_logits(lm, ctx[:41] + [71, 74, 9])[-1], rtol=0, atol=1e-5)
+    r.forward([9], [-1], [0])  # a plain pass drops what earlier passes left uncommitted
+    r.forward([10], [0], [0], append=True)
+    r.keep([0, 1])
+    torch.testing.assert_close(r.forward([11], [-1], [0])[0],
+                               reference_logits(lm, ctx[:41] + [71, 74, 9, 10, 11])[-1], rtol=0, atol=1e-5)

@@ -3,7 +3,8 @@
 - cost: one-token forward pass of draft and target at the same context length (median of many);
 - agreement: the draft's argmax equals the target's over every position of held-out files, i.e.
   the probability that the draft's first proposed token is accepted in greedy speculation;
-- per draft length k: `draft` mode with exactly k draft tokens per pass (every proposal verified):
+- per draft length k: `draft` mode with a chain of exactly k draft tokens per pass (each with its
+  runner-up as a one-token branch; every proposal verified):
   mean accepted tokens per verify pass, acceptance by depth and tokens/s against `ar`.
 """
 
@@ -77,6 +78,7 @@ def by_draft_length(target: LoadedModel, draft: LoadedModel, prompts: list, leng
         ar_ids.append(r.token_ids)
     for k in lengths:
         engine = Engine(target, draft, max_candidate_len=k, always_speculate=True)
+        engine.draft.branch = 1  # a chain of exactly k tokens (plus a runner-up at each step)
         ms = tokens = passes = accepted = 0.0
         same = 0
         depth = [0] * k
