@@ -19,11 +19,10 @@ from pathlib import Path
 
 import torch
 
-from completiond.bench.modes import warm
-from completiond.bench.repo import read_text_file, resolve_repo, sample_positions
+from completiond.bench.modes import prepare, warm
+from completiond.bench.repo import resolve_repo, sample_positions
 from completiond.engine import Engine, Request
 from completiond.models import load, load_draft
-from completiond.prompt import build_prompt
 
 CONFIGS = {"ar": ("ar", 4), "draft-chain": ("draft", 1), "draft-tree": ("draft", 4)}
 
@@ -31,22 +30,19 @@ CONFIGS = {"ar": ("ar", 4), "draft-chain": ("draft", 1), "draft-tree": ("draft",
 @torch.inference_mode()
 def run_repo(target, draft, repo: str, positions: int, max_tokens: int) -> dict:
     root, label = resolve_repo(repo)
-    prompts = []
-    for p in sample_positions(root, positions, "both", 0):
-        doc, offset = p.document(read_text_file(p.file) or "")
-        prompts.append(build_prompt(target.tokenizer, doc, offset, multiline=True))
     engines = {}
     for name, (mode, branch) in CONFIGS.items():
         e = Engine(target, draft)
         e.draft.branch = branch
         e.calibrate()
         engines[name] = (e, mode)
+    prompts = prepare(engines["ar"][0], root, sample_positions(root, positions, "both", 0), multiline=True, max_prompt=3072)
     totals = {name: {"ms": 0.0, "tokens": 0, "passes": 0, "identical": 0} for name in CONFIGS}
     for p in prompts:
         ref = None
         for name, (e, mode) in engines.items():
-            warm(e, p.ids)
-            r = e.complete(Request(prompt=p.ids, mode=mode, max_tokens=max_tokens, stops=p.stops))
+            warm(e, p.prompt)
+            r = e.complete(Request(prompt=p.prompt, mode=mode, max_tokens=max_tokens, stops=p.stops))
             ref = r.token_ids if ref is None else ref
             t = totals[name]
             t["ms"] += r.ms_total

@@ -22,7 +22,8 @@ class TreeKVCache(Cache):
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.length = 0  # committed tokens
-        self.pending = 0  # uncommitted slots after `length` that the pass in flight may attend to
+        # Uncommitted slots after `length` that the pass in flight follows and may attend to (the runner sets it).
+        self.pending = 0
         # First slot each layer sees in the pass in flight (the runner sets it; sliding layers skip old keys).
         self.key_start: list[int] = []
 
@@ -66,12 +67,10 @@ class TreeKVCache(Cache):
             for buf in (*self.k, *self.v):
                 buf[:, :, self.length:self.length + a] = buf[:, :, src]
         self.length += a
-        self.pending = 0
 
     def truncate(self, length: int) -> None:
         """Forget everything from slot `length` on (O(1): later passes overwrite it)."""
         self.length = min(self.length, length)
-        self.pending = 0
 
 
 def _grow(buf: torch.Tensor, capacity: int) -> torch.Tensor:

@@ -153,6 +153,7 @@ class DraftModel:
             for i in pick:
                 fed[i] = len(fed)
             add_children(rows, pick)
+        target_ids = self._to_target(ids)
         has_child = set(parent)
         out = []
         for leaf in (i for i in range(len(ids)) if i not in has_child):
@@ -161,7 +162,7 @@ class DraftModel:
                 path.append(leaf)
                 leaf = parent[leaf]
             path.reverse()
-            out.append(Candidate(self._to_target([ids[i] for i in path]), [prob[i] for i in path], self.name))
+            out.append(Candidate([target_ids[i] for i in path], [prob[i] for i in path], self.name))
         return out
 
     def observe(self, outcomes: list[Outcome]) -> None:

@@ -76,14 +76,14 @@ class Runner:
         """
         t0 = time.perf_counter()
         if not append:
-            self.cache.pending = 0
             self._pass_ids, self._pass_parents = [], []
         first, L = len(self._pass_ids), self.cache.length
+        self.cache.pending = first  # the new nodes' K/V go after the uncommitted ones they may attend to
         all_parents = self._pass_parents + list(parents)
         depth = _depths(all_parents)
         node_pos = torch.tensor(depth, device=self.device) + L  # [first + n]: every uncommitted node
         anc = _ancestors(all_parents, self.device)[first:]  # [n, first + n] bool: ancestor-or-self
-        self.cache.reserve(first + len(ids))
+        self.cache.reserve(len(ids))
         mask = self._masks(anc, node_pos, L)
         out = self.base(
             input_ids=torch.tensor([list(ids)], device=self.device),
@@ -94,7 +94,6 @@ class Runner:
         )
         self._pass_ids += list(ids)
         self._pass_parents = all_parents
-        self.cache.pending = len(self._pass_ids)
         logits = self._logits(out.last_hidden_state[0, list(logits_at)])
         if self.device.type == "cuda":
             torch.cuda.synchronize()

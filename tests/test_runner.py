@@ -18,6 +18,16 @@ CONFIGS = {
 }
 
 
+def assert_each_node_is_its_path(lm, committed, nodes, parents, logits) -> None:
+    """Each node's logits equal a plain forward over the committed tokens plus its root-to-node path."""
+    for i in range(len(nodes)):
+        path, j = [], i
+        while j >= 0:
+            path.append(nodes[j])
+            j = parents[j]
+        alone = reference_logits(lm, committed + path[::-1])[-1]
+        torch.testing.assert_close(logits[i], alone, rtol=0, atol=1e-5)
+
 @pytest.mark.parametrize("cfg", CONFIGS)
 def test_prefix_reuse_matches_fresh_prefill(cfg, code_ids):
     lm = tiny.loaded(CONFIGS[cfg]())
@@ -56,13 +66,7 @@ def test_tree_pass_equals_each_path_alone(cfg, code_ids):
     nodes = ctx[40:43] + [101, 102, 103, 104, 105]
     parents = [-1, 0, 1, 2, 3, 3, 2, 6]
     logits = r.forward(nodes, parents, range(len(nodes)))
-    for i in range(len(nodes)):
-        path, j = [], i
-        while j >= 0:
-            path.append(nodes[j])
-            j = parents[j]
-        alone = reference_logits(lm, ctx[:40] + path[::-1])[-1]
-        torch.testing.assert_close(logits[i], alone, rtol=0, atol=1e-5)
+    assert_each_node_is_its_path(lm, ctx[:40], nodes, parents, logits)
     # keep chain + a + b; the cache must equal running that sequence
     r.keep([0, 1, 2, 3, 4])
     seq = ctx[:43] + [101, 102]
@@ -104,14 +108,7 @@ def test_appended_passes_grow_one_tree(cfg, code_ids):
         logits.append(r.forward(ids, par, range(len(ids)), append=bool(nodes)))
         nodes += ids
         parents += par
-    logits = torch.cat(logits)
-    for i in range(len(nodes)):
-        path, j = [], i
-        while j >= 0:
-            path.append(nodes[j])
-            j = parents[j]
-        alone = reference_logits(lm, ctx[:40] + path[::-1])[-1]
-        torch.testing.assert_close(logits[i], alone, rtol=0, atol=1e-5)
+    assert_each_node_is_its_path(lm, ctx[:40], nodes, parents, torch.cat(logits))
     r.keep([0, 2, 5])  # ctx[40] -> 71 -> 74
     assert r.tokens == ctx[:41] + [71, 74]
     got = r.forward([9], [-1], [0])[0]
