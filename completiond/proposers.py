@@ -87,7 +87,7 @@ class DraftModel:
 
     def __init__(self, lm: LoadedModel, capacity: int = 4096, branch: int = 4, top: int = 2):
         self.lm = lm
-        self.runner = Runner(lm, capacity)
+        self.runner = Runner(lm, capacity, lean=True)
         self.branch, self.top = branch, top
         # Calibration: draft probabilities times accepted.value / raw.value match observed acceptance.
         self.accepted = Ewma(0.5, 0.05)

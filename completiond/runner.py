@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .kvcache import TreeKVCache
+from .lean import LeanGemma3, supports_lean
 from .models import LoadedModel
 
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
@@ -25,10 +26,13 @@ class Cancelled(Exception):
 
 
 class Runner:
-    def __init__(self, lm: LoadedModel, capacity: int = 4096):
+    def __init__(self, lm: LoadedModel, capacity: int = 4096, lean: bool = False):
+        """lean=True: run the decoder through completiond.lean where the model type allows (drafts)."""
         self.lm = lm
         self.model = lm.model
         self.base = getattr(lm.model, lm.model.base_model_prefix)  # the decoder without its output layer
+        if lean and supports_lean(lm.model):
+            self.base = LeanGemma3(self.base)
         self.device = lm.device
         cfg = lm.model.config
         self.window: int | None = getattr(cfg, "sliding_window", None)

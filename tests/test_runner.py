@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import tiny
+from completiond.lean import LeanGemma3
 from completiond.runner import Runner
 
 
@@ -14,8 +15,27 @@ def reference_logits(lm, ids):
 
 CONFIGS = {
     "gemma-window8": lambda: tiny.gemma_config(window=8, layers=3),
+    "gemma-window8-lean": lambda: tiny.gemma_config(window=8, layers=3),  # the drafts' lean forward
     "llama": lambda: tiny.llama_config(),
 }
+
+
+def load(cfg: str):
+    """The config's tiny model with random norm gains (zero-initialised ones would hide a wrong 1 + w)."""
+    lm = tiny.loaded(CONFIGS[cfg]())
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in lm.model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0, 0.3)
+    return lm
+
+
+def runner(cfg: str, lm, **kw) -> Runner:
+    lean = cfg.endswith("-lean")
+    r = Runner(lm, lean=lean, **kw)
+    assert isinstance(r.base, LeanGemma3) == lean
+    return r
 
 
 def assert_each_node_is_its_path(lm, committed, nodes, parents, logits) -> None:
@@ -30,10 +50,10 @@ def assert_each_node_is_its_path(lm, committed, nodes, parents, logits) -> None:
 
 @pytest.mark.parametrize("cfg", CONFIGS)
 def test_prefix_reuse_matches_fresh_prefill(cfg, code_ids):
-    lm = tiny.loaded(CONFIGS[cfg]())
+    lm = load(cfg)
     ids = code_ids[:70]
     ref = reference_logits(lm, ids)
-    r = Runner(lm, capacity=8)  # small capacity: the cache must grow
+    r = runner(cfg, lm, capacity=8)  # small capacity: the cache must grow
     torch.testing.assert_close(r.extend(ids[:40], chunk=7), ref[39], rtol=0, atol=1e-5)
     # a new sequence sharing 30 tokens: only the rest is computed, logits equal a fresh prefill
     other = ids[:30] + [5, 6, 7] + ids[33:60]
@@ -57,9 +77,9 @@ def test_rollback_past_sliding_window(code_ids):
 @pytest.mark.parametrize("cfg", CONFIGS)
 def test_tree_pass_equals_each_path_alone(cfg, code_ids):
     """A chain of 3 uncommitted tokens with a branching tree below, past the window."""
-    lm = tiny.loaded(CONFIGS[cfg]())
+    lm = load(cfg)
     ctx = code_ids[:50]
-    r = Runner(lm)
+    r = runner(cfg, lm)
     r.extend(ctx[:40])  # committed: ctx[:40] (cache holds 40 tokens)
     r.rollback(40)
     # nodes: chain ctx[40:43], then tree under node 2: a(3) -> b(4), a -> c(5), d(6) -> e(7)
@@ -95,9 +115,9 @@ def test_tree_keep_non_prefix_path(code_ids):
 def test_appended_passes_grow_one_tree(cfg, code_ids):
     """A tree grown over three appended passes (as the draft grows its proposals) gives each node the
     logits of its path alone, past the sliding window; keep then commits a path across passes."""
-    lm = tiny.loaded(CONFIGS[cfg]())
+    lm = load(cfg)
     ctx = code_ids[:45]
-    r = Runner(lm)
+    r = runner(cfg, lm)
     r.extend(ctx[:40])
     r.rollback(40)
     steps = [([ctx[40], 70], [-1, -1]),  # two roots

@@ -108,7 +108,8 @@ def cmd_eval(a: argparse.Namespace) -> int:
     result = {
         "repo": label, "date": datetime.date.today().isoformat(), "draft": draft.name, "target": target.name,
         "command": "completiond " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
-        "target_pass_ms": round(pass_cost(target, context), 2), "draft_pass_ms": round(pass_cost(draft, draft_ctx), 2),
+        "target_pass_ms": round(pass_cost(target, context), 2),
+        "draft_pass_ms": round(pass_cost(draft, draft_ctx, lean=True), 2),
         "agreement": round(agreement(target, draft, texts), 4),
         "by_draft_length": by_draft_length(target, draft, prompts, [int(k) for k in a.lengths.split(",")],
                                            a.max_tokens),

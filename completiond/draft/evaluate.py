@@ -24,9 +24,9 @@ from ..runner import Runner
 
 
 @torch.inference_mode()
-def pass_cost(lm: LoadedModel, context: list[int], reps: int = 30) -> float:
-    """Median ms of a one-token pass after `context` (ids in lm's own vocabulary)."""
-    r = Runner(lm)
+def pass_cost(lm: LoadedModel, context: list[int], reps: int = 30, lean: bool = False) -> float:
+    """Median ms of a one-token pass after `context` (ids in lm's own vocabulary); lean: as drafts run."""
+    r = Runner(lm, lean=lean)
     r.extend(context)
     times = []
     for i in range(reps + 5):
