@@ -27,12 +27,14 @@ class Cancelled(Exception):
 
 class Runner:
     def __init__(self, lm: LoadedModel, capacity: int = 4096, lean: bool = False):
-        """lean=True: run the decoder through completiond.lean where the model type allows (drafts)."""
+        """lean=True, for drafts (whose logits only rank proposals): the decoder runs through
+        completiond.lean where the model type allows, and logits skip the float32 refinement."""
         self.lm = lm
         self.model = lm.model
         self.base = getattr(lm.model, lm.model.base_model_prefix)  # the decoder without its output layer
         if lean and supports_lean(lm.model):
             self.base = LeanGemma3(self.base)
+        self.refine = 0 if lean else REFINE
         self.device = lm.device
         cfg = lm.model.config
         self.window: int | None = getattr(cfg, "sliding_window", None)
@@ -114,8 +116,8 @@ class Runner:
         """
         head = self.model.get_output_embeddings()
         logits = head(hidden).float()
-        if hidden.dtype != torch.float32 and len(hidden):
-            top = logits.topk(REFINE, dim=-1).indices  # [n, k]
+        if hidden.dtype != torch.float32 and len(hidden) and self.refine:
+            top = logits.topk(self.refine, dim=-1).indices  # [n, k]
             rows = head.weight[top].float()  # [n, k, H]
             exact = (rows @ hidden.float()[:, :, None]).squeeze(-1)
             if getattr(head, "bias", None) is not None:
