@@ -21,6 +21,8 @@ LEAN_MODEL_TYPES = {"gemma3_text"}
 def supports_lean(model: torch.nn.Module) -> bool:
     cfg = model.config
     return (getattr(cfg, "model_type", None) in LEAN_MODEL_TYPES
+            and getattr(cfg, "hidden_activation", None) == "gelu_pytorch_tanh"
+            and not getattr(cfg, "attention_bias", False)
             and not getattr(cfg, "attn_logit_softcapping", None)
             and not getattr(cfg, "use_bidirectional_attention", False))
 
