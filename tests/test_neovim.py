@@ -343,12 +343,47 @@ def test_rewrite_command_applies_an_edit(nvim, workspace):
 
 def test_checkhealth(nvim, daemon_sock):
     nvim.input("<Esc>")
-    nvim.command("checkhealth completiond")
-    text = "\n".join(nvim.current.buffer[:])
-    nvim.command("tabclose")
+    text = checkhealth_text(nvim)
     assert "completiond" in text and "ERROR" not in text, text
     assert f"daemon listening on {daemon_sock}" in text
     assert "OK Neovim" in text
+
+
+def fresh_nvim() -> pynvim.Nvim:
+    return pynvim.attach("child", argv=[NVIM, "--embed", "--headless", "--clean", "-n"])
+
+
+def quit_nvim(n: pynvim.Nvim) -> None:
+    try:
+        n.command("qa!", async_=True)
+    finally:
+        n.close()
+
+
+def checkhealth_text(n: pynvim.Nvim) -> str:
+    n.command("checkhealth completiond")
+    text = "\n".join(n.current.buffer[:])
+    n.command("tabclose")
+    return text
+
+
+def test_checkhealth_before_the_first_completion(daemon_sock, workspace):
+    """The server's status carries lastLatencyMs = null until a completion finishes (vim.NIL in Lua)."""
+    n = fresh_nvim()
+    try:
+        n.exec_lua(SETUP, str(PLUGIN_ROOT), sys.executable, str(daemon_sock), DEBOUNCE_MS, MAX_TOKENS)
+        open_buffer(n, workspace / "health_first.py", PY)
+        wait_for(lambda: n.exec_lua("local c = require('completiond').client(0)"
+                                    "; local s = c and require('completiond').status[c.id]"
+                                    "; return s ~= nil and s.state == 'ready'"), timeout=60, what="ready status")
+        assert n.exec_lua("return require('completiond.suggest').stats.requests") == 0
+        text = checkhealth_text(n)
+        assert "ERROR" not in text and "traceback" not in text.lower() and "Failed" not in text, text
+        assert "client " in text and "last latency" not in text, text
+        assert "vim.NIL" not in text and "userdata" not in text, text
+        assert n.exec_lua("return require('completiond').statusline()") == "completiond ready"
+    finally:
+        quit_nvim(n)
 
 
 def test_native_renderer_option(daemon_sock, workspace):

@@ -40,6 +40,15 @@ local function socket_alive(path)
   return false, result or 'timed out'
 end
 
+--- A status field as text; '?' when missing or JSON null (vim.NIL).
+local function field(s, key)
+  local v = s[key]
+  if v == nil or v == vim.NIL then
+    return '?'
+  end
+  return tostring(v)
+end
+
 function M.check()
   local h = vim.health
   h.start('completiond: Neovim')
@@ -79,13 +88,14 @@ function M.check()
     local msg = ('client %d (root %s)'):format(client.id, client.root_dir or '?')
     if s then
       msg = msg .. (': %s; target %s, draft %s, device %s'):format(
-        tostring(s.state), tostring(s.target), tostring(s.draft), tostring(s.device))
-      if s.lastLatencyMs then
-        msg = msg .. (', last latency %d ms'):format(s.lastLatencyMs)
+        field(s, 'state'), field(s, 'target'), field(s, 'draft'), field(s, 'device'))
+      local ms = tonumber(s.lastLatencyMs ~= vim.NIL and s.lastLatencyMs or nil)
+      if ms then
+        msg = msg .. (', last latency %d ms'):format(math.floor(ms + 0.5))
       end
     end
     if s and s.state == 'error' then
-      h.error(msg .. ' - ' .. tostring(s.message))
+      h.error(msg .. ' - ' .. field(s, 'message'))
     else
       h.ok(msg)
     end

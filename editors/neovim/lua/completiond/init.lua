@@ -14,9 +14,24 @@ M.config = nil
 ---@type table<integer, table> last `completiond/status` per client id
 M.status = {}
 
+--- The value, or nil when the server sent JSON null (vim.NIL, a truthy userdata in Lua).
+function M.present(v)
+  if v == vim.NIL then
+    return nil
+  end
+  return v
+end
+
 local function on_status(_, params, ctx)
   if type(params) ~= 'table' then
     return
+  end
+  -- Fields are null until known (lastLatencyMs before the first completion, draft with none):
+  -- drop them so readers can test `if s.field`.
+  for k, v in pairs(params) do
+    if v == vim.NIL then
+      params[k] = nil
+    end
   end
   local prev = M.status[ctx.client_id]
   M.status[ctx.client_id] = params
@@ -168,10 +183,11 @@ function M.statusline()
   if not s then
     return ''
   end
-  if s.state == 'ready' and s.lastLatencyMs then
-    return ('completiond %dms'):format(s.lastLatencyMs)
+  local ms = tonumber(M.present(s.lastLatencyMs))
+  if s.state == 'ready' and ms then
+    return ('completiond %dms'):format(math.floor(ms + 0.5))
   end
-  return 'completiond ' .. tostring(s.state)
+  return 'completiond ' .. tostring(M.present(s.state) or '?')
 end
 
 --- Rewrite lines line1..line2 (1-based, inclusive) of the current buffer following instruction.
