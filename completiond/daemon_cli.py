@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import secrets
+import stat
 import sys
 import time
 from pathlib import Path
@@ -20,8 +21,11 @@ def add_parsers(sub, model_flags) -> None:
     s.add_argument("--socket", default=None, help="socket path (default: $COMPLETIOND_SOCKET or the per-user one)")
     s.add_argument("--tcp", default=None, metavar="127.0.0.1:PORT", help="also listen on loopback TCP (needs a token)")
     s.add_argument("--token-file", default=None, help="file holding the TCP token (created 0600 if missing)")
-    s.add_argument("--mode", default="combined", choices=["ar", "pld", "draft", "combined"], help="default mode")
-    s.add_argument("--workspace", action="append", default=[], help="index this directory (repeatable)")
+    s.add_argument("--mode", default="combined", choices=list(P.MODES), help="default mode")
+    s.add_argument("--workspace", action="append", default=[],
+                   help="index this directory (repeatable); the only roots a TCP client may use")
+    s.add_argument("--auth-timeout", type=float, default=5.0, metavar="S",
+                   help="seconds a TCP client has to send initialize with the token")
     s.add_argument("--log-level", default="INFO")
     model_flags(s)
     s.set_defaults(func=cmd_serve)
@@ -29,6 +33,7 @@ def add_parsers(sub, model_flags) -> None:
                            ("stop", cmd_stop, "stop the running daemon")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--socket", default=None)
+        p.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds to wait for an answer")
         p.set_defaults(func=fn)
 
 
@@ -37,21 +42,36 @@ def _sock(a) -> Path:
 
 
 def read_token(path: Path) -> str:
-    if path.exists():
-        token = path.read_text().strip()
-        if not token:
-            raise ValueError(f"token file {path} is empty")
+    """The TCP token; a file another user owns or can read is refused (it would let them in)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        token = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
         return token
-    token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
+    except OSError as e:  # ELOOP: a symlink
+        raise ValueError(f"token file {path}: {e.strerror} (a regular file of ours is needed)") from None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"token file {path} is not a regular file")
+        if st.st_uid != os.getuid():
+            raise ValueError(f"token file {path} belongs to another user (uid {st.st_uid}); refusing it")
+        if st.st_mode & 0o077:
+            raise ValueError(f"token file {path} is readable or writable by others (mode "
+                             f"{stat.S_IMODE(st.st_mode):o}); run `chmod 600 {path}`")
+        token = f.read().strip()
+    if not token:
+        raise ValueError(f"token file {path} is empty")
     return token
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
     from .cli import UsageError
-    from .daemon import Daemon, StartError, check_socket, parse_tcp
+    from .daemon import Daemon
+    from .transport import StartError, claim, parse_tcp
     from .engine import Engine
     from .models import ModelError, load, load_draft
 
@@ -63,7 +83,10 @@ def cmd_serve(a: argparse.Namespace) -> int:
         if tcp and not a.token_file:
             raise StartError("--tcp needs --token-file (clients send that token in initialize)")
         token = read_token(Path(a.token_file)) if tcp else None
-        check_socket(sock)  # before the slow model load: refuse early if a daemon is alive
+        for root in a.workspace:
+            if not Path(root).is_dir():
+                raise StartError(f"--workspace {root}: not a directory")
+        lock = claim(sock)  # before the slow model load: a second `serve` on this path stops here
         target = load(a.target, "target", a.device, a.dtype)
         draft = load_draft(a.draft, target)
     except (StartError, ModelError, ValueError, OSError) as e:
@@ -74,45 +97,58 @@ def cmd_serve(a: argparse.Namespace) -> int:
             "dtype": str(target.dtype).replace("torch.", ""), "socket": str(sock)}
 
     async def main() -> None:
-        daemon = Daemon(engine, info, token=token, default_mode=a.mode)
-        for root in a.workspace:
-            daemon.watcher.add_root(Path(root))
+        daemon = Daemon(engine, info, token=token, default_mode=a.mode, roots=[Path(r) for r in a.workspace],
+                        auth_timeout=a.auth_timeout)
         await daemon.serve(sock, tcp)
 
     try:
         asyncio.run(main())
-    except StartError as e:
+    except (StartError, OSError) as e:  # OSError: the TCP port is taken
         raise UsageError(str(e)) from None
+    finally:
+        lock.release()
     return 0
 
 
-async def _call(sock: Path, method: str, timeout: float = 10.0):
+async def _call(sock: Path, method: str, timeout: float):
     from .client import Client
 
-    client = await Client.connect(sock)
+    async def call():
+        client = await Client.connect(sock)
+        try:
+            return await client.request(method, {})
+        finally:
+            await client.close()
+
+    return await asyncio.wait_for(call(), timeout)  # connecting may hang too (a full accept queue)
+
+
+def _ask(a: argparse.Namespace, method: str) -> tuple[bool, object]:
+    """(True, the daemon's answer), or (False, None) after one line on stderr (no daemon, or it does not answer)."""
+    sock = _sock(a)
     try:
-        return await client.request(method, {}, timeout=timeout)
-    finally:
-        await client.close()
+        return True, asyncio.run(_call(sock, method, a.timeout))
+    except (FileNotFoundError, ConnectionRefusedError):
+        print(f"completiond: no daemon running on {sock}", file=sys.stderr)
+    except (TimeoutError, asyncio.TimeoutError):
+        print(f"completiond: the daemon on {sock} did not answer within {a.timeout:g} s (busy or hung)",
+              file=sys.stderr)
+    except (ConnectionError, OSError) as e:
+        print(f"completiond: cannot talk to the daemon on {sock}: {e}", file=sys.stderr)
+    return False, None
 
 
 def cmd_status(a: argparse.Namespace) -> int:
-    sock = _sock(a)
-    try:
-        st = asyncio.run(_call(sock, "status"))
-    except (FileNotFoundError, ConnectionRefusedError):
-        print(f"completiond: no daemon running on {sock}", file=sys.stderr)
-        return 1
-    print(json.dumps(st, indent=2))
-    return 0
+    ok, st = _ask(a, "status")
+    if ok:
+        print(json.dumps(st, indent=2))
+    return 0 if ok else 1
 
 
 def cmd_stop(a: argparse.Namespace) -> int:
     sock = _sock(a)
-    try:
-        asyncio.run(_call(sock, "shutdown"))
-    except (FileNotFoundError, ConnectionRefusedError):
-        print(f"completiond: no daemon running on {sock}", file=sys.stderr)
+    ok, _ = _ask(a, "shutdown")
+    if not ok:
         return 1
     deadline = time.time() + 15
     while sock.exists() and time.time() < deadline:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .prompt import PositionError, offset_at
-
-MAX_DOCUMENT_CHARS = 4 * 1024 * 1024
+from .protocol import MAX_DOCUMENT_CHARS
 
 
 class DocumentError(ValueError):

@@ -1,14 +1,17 @@
-"""MessagePack-RPC framing and the daemon's error codes (contract: shared/DESIGN.md).
+"""MessagePack-RPC framing, the daemon's error codes and its one wire schema (contract: shared/DESIGN.md).
 
 request `[0, msgid, method, params]`, response `[1, msgid, error, result]`, notification
 `[2, method, params]`; params is one map; error is null or {"code": int, "message": str}.
+The params of each method are typed below (one wire schema), with their defaults and bounds in one place.
+This module stays free of torch: the LSP process imports it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +26,20 @@ METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 CANCELLED = -32800
+CONTENT_MODIFIED = -32801  # LSP ContentModified: the document moved on past the version a request names
+
+# strings are decoded with surrogateescape: an invalid UTF-8 byte becomes U+DC80..U+DCFF, so a bad
+# string costs its own request (answered below) instead of the byte stream; lone surrogates that a
+# sender holds (JSON "\\ud800" from an editor) are in the same range
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class RpcError(Exception):
-    def __init__(self, code: int, message: str):
+    def __init__(self, code: int, message: str, close: bool = False):
         super().__init__(message)
         self.code = code
         self.message = message
+        self.close = close  # answer, then close the connection (a wrong token)
 
     def to_wire(self) -> dict:
         return {"code": self.code, "message": self.message}
@@ -63,11 +73,50 @@ def parse_frame(obj: Any) -> Frame:
         raise RpcError(INVALID_REQUEST, f"unknown frame type {kind!r}: clients send requests (0) or notifications (2)")
     if not isinstance(method, str):
         raise RpcError(INVALID_REQUEST, "method must be a string")
+    if (bad := invalid_utf8(method)) is not None:
+        raise RpcError(INVALID_REQUEST, f"method is not valid UTF-8 ({bad})")
     if params is None:
         params = {}
     if not isinstance(params, dict):
+        if (bad := invalid_utf8(params)) is not None:
+            raise RpcError(INVALID_REQUEST, f"malformed frame: a string is not valid UTF-8 ({bad})")
         raise RpcError(INVALID_PARAMS, "params must be a map")
+    if (bad := invalid_utf8(params)) is not None:
+        raise RpcError(INVALID_PARAMS, f"params are not valid UTF-8: {bad}")
     return Frame(kind, msgid, method, params)
+
+
+def invalid_utf8(value: Any) -> str | None:
+    """Where the first string that was not valid UTF-8 sits in a decoded value, or None.
+
+    Iterative: a frame may nest as deep as msgpack allows, deeper than Python's recursion limit.
+    """
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, str):
+            if not v.isascii() and (m := _SURROGATE.search(v)):
+                return f"{where or 'string'} has an invalid byte or lone surrogate at character {m.start()}"
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                name = f"{where}.{k}" if where else f"param {k!r}" if isinstance(k, str) else where
+                if isinstance(k, str) and not k.isascii() and _SURROGATE.search(k):
+                    return f"a key in {where or 'params'} is not valid UTF-8"
+                stack.append((name, item))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((f"{where}[{i}]" if where else f"[{i}]", item) for i, item in enumerate(v))
+    return None
+
+
+def scrub(value: Any) -> Any:
+    """Lone surrogates -> U+FFFD in every string (one UTF-16 unit and one code point each: positions keep)."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value) if not value.isascii() else value
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub(v) for v in value]
+    return value
 
 
 def request_id(obj: Any) -> int | None:
@@ -79,7 +128,11 @@ def request_id(obj: Any) -> int | None:
 
 
 def pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    """msgpack bytes; a string holding a lone surrogate (not encodable as UTF-8) is sent scrubbed."""
+    try:
+        return msgpack.packb(obj, use_bin_type=True)
+    except UnicodeEncodeError:
+        return msgpack.packb(scrub(obj), use_bin_type=True)
 
 
 def response(msgid: int | None, error: RpcError | None, result: Any = None) -> bytes:
@@ -91,28 +144,42 @@ def notification(method: str, params: dict) -> bytes:
 
 
 def unpacker(max_bytes: int = MAX_FRAME_BYTES) -> msgpack.Unpacker:
-    # raw=False decodes strings as UTF-8 (invalid UTF-8 raises); max_buffer_size bounds one frame
-    return msgpack.Unpacker(raw=False, max_buffer_size=max_bytes, strict_map_key=False)
+    # max_buffer_size bounds one frame; invalid UTF-8 decodes to escapes that parse_frame rejects
+    return msgpack.Unpacker(raw=False, max_buffer_size=max_bytes, strict_map_key=False,
+                            unicode_errors="surrogateescape")
+
+
+def describe(exc: Exception) -> str:
+    """Why a byte stream could not be decoded, in words (msgpack's own exceptions carry no message)."""
+    if isinstance(exc, msgpack.exceptions.StackError):
+        return "nesting too deep"
+    if isinstance(exc, msgpack.exceptions.FormatError):
+        return "not MessagePack (a reserved byte where a value starts)"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"invalid UTF-8 ({exc.reason})"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 # ---- params ---------------------------------------------------------------------------------------
-def get(params: dict, key: str, typ, default=..., check=None):
+def get(params: dict, key: str, typ, default=..., check=None, bounds: str = "", label: str = ""):
     """params[key] checked against a type (and a predicate); RpcError(-32602) otherwise."""
+    name = label or key
     if key not in params or params[key] is None:
         if default is ...:
-            raise RpcError(INVALID_PARAMS, f"missing param {key!r}")
+            raise RpcError(INVALID_PARAMS, f"missing param {name!r}")
         return default
     value = params[key]
     types = typ if isinstance(typ, tuple) else (typ,)
     if isinstance(value, bool) and bool not in types:
-        raise RpcError(INVALID_PARAMS, f"param {key!r} must be {typ_name(typ)}")
+        raise RpcError(INVALID_PARAMS, f"param {name!r} must be {typ_name(typ)}")
     if not isinstance(value, types):
         if float in types and isinstance(value, int):
             value = float(value)
         else:
-            raise RpcError(INVALID_PARAMS, f"param {key!r} must be {typ_name(typ)}")
+            raise RpcError(INVALID_PARAMS, f"param {name!r} must be {typ_name(typ)}")
     if check is not None and not check(value):
-        raise RpcError(INVALID_PARAMS, f"param {key!r} out of range: {value!r}")
+        raise RpcError(INVALID_PARAMS, f"param {name!r} out of range: {_short(value)}"
+                                       + (f" ({bounds})" if bounds else ""))
     return value
 
 
@@ -121,11 +188,165 @@ def typ_name(typ) -> str:
     return " or ".join(t.__name__ for t in types)
 
 
-def position(params: dict, key: str = "position") -> tuple[int, int]:
-    pos = get(params, key, dict)
-    line = get(pos, "line", int, check=lambda v: v >= 0)
-    char = get(pos, "character", int, check=lambda v: v >= 0)
-    return line, char
+def _short(value: Any) -> str:
+    if isinstance(value, (str, list, dict)) and len(value) > 40:
+        return f"{len(value)} {'characters' if isinstance(value, str) else 'items'}"
+    return repr(value)
+
+
+# ---- the wire schema: each method's params, their defaults and bounds ----------------------------
+MODES = ("ar", "pld", "draft", "combined")
+ENCODINGS = ("utf-16", "utf-8", "utf-32")
+DEFAULT_MAX_TOKENS = 64
+MAX_TOKENS = 2048  # complete
+MAX_REWRITE_TOKENS = 4096
+MAX_INSTRUCTION_CHARS = 4000
+MAX_DOCUMENT_CHARS = 4 * 1024 * 1024
+MAX_TEMPERATURE = 10.0
+MAX_LOOKUP_LEN = 256
+
+
+def param(typ, default: Any = ..., check=None, bounds: str = ""):
+    """A schema field: its wire type(s), its default (... = required) and its bound (checked on parse)."""
+    meta = {"typ": typ, "default": default, "check": check, "bounds": bounds}
+    return field(metadata=meta) if default is ... else field(default=default, metadata=meta)
+
+
+class Params:
+    """Base of the typed params: `parse(dict)` validates (RpcError -32602), `to_wire()` builds the map."""
+
+    @classmethod
+    def parse(cls, params: dict, prefix: str = ""):
+        values = {}
+        for f in fields(cls):
+            m = f.metadata
+            if isinstance(m["typ"], type) and issubclass(m["typ"], Params):  # nested: a position, a range
+                sub = get(params, f.name, dict, m["default"], label=prefix + f.name)
+                values[f.name] = m["typ"].parse(sub, f"{prefix}{f.name}.") if isinstance(sub, dict) else sub
+            else:
+                values[f.name] = get(params, f.name, m["typ"], m["default"], m["check"], m["bounds"],
+                                     label=prefix + f.name)
+        return cls(**values)
+
+    def to_wire(self) -> dict:
+        """The params map; None fields are left out (the daemon's default applies)."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                out[f.name] = v.to_wire() if isinstance(v, Params) else list(v) if isinstance(v, tuple) else v
+        return out
+
+
+def _nonneg(v: int) -> bool:
+    return v >= 0
+
+
+@dataclass(frozen=True)
+class Position(Params):
+    line: int = param(int, check=_nonneg, bounds=">= 0")
+    character: int = param(int, check=_nonneg, bounds=">= 0")
+
+
+@dataclass(frozen=True)
+class Range(Params):
+    start: Position = param(Position)
+    end: Position = param(Position)
+
+
+@dataclass(frozen=True)
+class Initialize(Params):
+    client: str = param(str, "")
+    protocol: int = param(int, PROTOCOL_VERSION)
+    token: str = param(str, "")  # TCP only
+    position_encoding: str = param(str, "utf-16", lambda e: e in ENCODINGS, " / ".join(ENCODINGS))
+    workspace_roots: list | tuple = param(list, (), lambda r: all(isinstance(x, str) for x in r), "a list of paths")
+
+
+@dataclass(frozen=True)
+class DocumentOpen(Params):
+    uri: str = param(str)
+    text: str = param(str, check=lambda t: len(t) <= MAX_DOCUMENT_CHARS,
+                      bounds=f"a document has at most {MAX_DOCUMENT_CHARS} characters")
+    version: int = param(int, 0)
+    language_id: str = param(str, "")
+
+
+@dataclass(frozen=True)
+class DocumentChange(Params):
+    uri: str = param(str)
+    changes: list = param(list)  # LSP TextDocumentContentChangeEvents
+    version: int | None = param(int, None)  # None: the document's version + 1
+
+
+@dataclass(frozen=True)
+class DocumentClose(Params):
+    uri: str = param(str)
+
+
+@dataclass(frozen=True)
+class Complete(Params):
+    uri: str = param(str)
+    position: Position = param(Position)
+    version: int | None = param(int, None)  # the document version the position refers to
+    mode: str | None = param(str, None, lambda m: m in MODES, " / ".join(MODES))  # None: the daemon's --mode
+    max_tokens: int = param(int, DEFAULT_MAX_TOKENS, lambda n: 1 <= n <= MAX_TOKENS, f"1..{MAX_TOKENS}")
+    temperature: float = param(float, 0.0, lambda t: 0 <= t <= MAX_TEMPERATURE, f"0..{MAX_TEMPERATURE:g}")
+    top_p: float = param(float, 1.0, lambda p: 0 < p <= 1, "0 < top_p <= 1")
+    top_k: int = param(int, 0, _nonneg, ">= 0, 0 = off")
+    seed: int | None = param(int, None)
+    multiline: bool = param(bool, True)
+    deadline_ms: float | None = param((int, float), None, lambda d: d > 0, "> 0")
+    reuse_prefix: bool = param(bool, True)
+
+
+@dataclass(frozen=True)
+class Rewrite(Params):
+    uri: str = param(str)
+    range: Range = param(Range)
+    instruction: str = param(str, check=lambda s: 0 < len(s) <= MAX_INSTRUCTION_CHARS,
+                             bounds=f"1..{MAX_INSTRUCTION_CHARS} characters")
+    version: int | None = param(int, None)
+    max_tokens: int | None = param(int, None, lambda n: 1 <= n <= MAX_REWRITE_TOKENS,
+                                   f"1..{MAX_REWRITE_TOKENS}")  # None: twice the selection's tokens + 64
+    mode: str | None = param(str, None, lambda m: m in MODES, " / ".join(MODES))
+
+
+@dataclass(frozen=True)
+class Cancel(Params):
+    id: int = param(int)
+
+
+@dataclass(frozen=True)
+class Lookup(Params):
+    uri: str = param(str)
+    position: Position = param(Position)
+    max_len: int = param(int, 16, lambda n: 1 <= n <= MAX_LOOKUP_LEN, f"1..{MAX_LOOKUP_LEN}")
+
+
+@dataclass(frozen=True)
+class Empty(Params):
+    """`status`, `shutdown`: no params."""
+
+
+RESULT_FIELDS = ("text", "tokens", "token_ids", "target_passes", "mean_accepted", "ms_first_token", "ms_total",
+                 "cancelled", "stopped_by", "mode", "prompt_tokens", "reused_tokens")
+
+
+def completion_result(res: Any) -> dict:
+    """The result map of `complete` / `rewrite` (and `completiond complete --json`) from an engine Result."""
+    out = {k: getattr(res, k) for k in RESULT_FIELDS}
+    out["mean_accepted"] = round(res.mean_accepted, 4)
+    out["ms_first_token"] = round(res.ms_first_token, 2)
+    out["ms_total"] = round(res.ms_total, 2)
+    return out
+
+
+def cancelled_result(mode: str) -> dict:
+    """What a request superseded before it reached the engine answers (no pass was run)."""
+    return {"text": "", "tokens": [], "token_ids": [], "target_passes": 0, "mean_accepted": 0.0,
+            "ms_first_token": 0.0, "ms_total": 0.0, "cancelled": True, "stopped_by": "cancelled", "mode": mode,
+            "prompt_tokens": 0, "reused_tokens": 0}
 
 
 # ---- where the socket lives ---------------------------------------------------------------------

@@ -1,0 +1,179 @@
+"""The daemon's methods: typed params in (protocol.py), a result map out.
+
+Immediate methods run on the event loop. `complete` and `rewrite` are *prepared* there, in the order
+frames arrive (document, version, position and text are fixed at that moment), and return a
+`Prepared` whose `make` builds the engine request later on the engine thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import __version__
+from . import protocol as P
+from .documents import Document, DocumentError
+from .engine import Request, Result
+from .index import continuations
+from .prompt import build_prompt
+from .rewrite import finish, rewrite_prompt
+from .session import Session
+from .verify import Sampling
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+
+@dataclass
+class Prepared:
+    uri: str
+    mode: str
+    make: Callable[[], Request]  # called on the engine thread: tokenizing stays off the event loop
+    partial: str  # the notification that streams text while it runs
+    result: Callable[[Result], dict]
+
+
+@dataclass(frozen=True)
+class Method:
+    params: type[P.Params]
+    fn: Callable[..., Any]
+    job: bool = False  # prepared now, run on the engine thread as its own task
+
+
+# ---- immediate methods --------------------------------------------------------------------------
+async def initialize(d: Daemon, s: Session, p: P.Initialize, msgid) -> dict:
+    if not s.authed:
+        if not (d.token and hmac.compare_digest(p.token.encode(), d.token.encode())):
+            raise P.RpcError(P.INVALID_REQUEST, "bad or missing token", close=True)
+        s.authed = True
+    if p.protocol != P.PROTOCOL_VERSION:
+        raise P.RpcError(P.INVALID_PARAMS, f"protocol {p.protocol} not supported (this daemon speaks "
+                                           f"{P.PROTOCOL_VERSION})")
+    s.name, s.encoding = p.client, p.position_encoding
+    ignored = []
+    for root in p.workspace_roots:
+        path = Path(root[7:] if root.startswith("file://") else root)
+        if s.tcp:  # a TCP peer may be another user: it gets only the roots the daemon's owner configured
+            if not d.configured(path):
+                ignored.append(str(path))
+            continue
+        if path.is_dir():
+            await asyncio.to_thread(d.watcher.add_root, path)
+    return {"protocol": P.PROTOCOL_VERSION, "server_version": __version__, "position_encoding": s.encoding,
+            "ignored_roots": ignored, **d.model_info()}
+
+
+async def doc_open(d: Daemon, s: Session, p: P.DocumentOpen, msgid) -> None:
+    s.docs[p.uri] = Document(p.uri, p.text, p.version, p.language_id)
+
+
+async def doc_change(d: Daemon, s: Session, p: P.DocumentChange, msgid) -> None:
+    doc = s.doc(p.uri)
+    try:
+        doc.apply(p.changes, doc.version + 1 if p.version is None else p.version, s.encoding)
+    except DocumentError as e:
+        raise P.RpcError(P.INVALID_PARAMS, str(e)) from None
+
+
+async def doc_close(d: Daemon, s: Session, p: P.DocumentClose, msgid) -> None:
+    if s.docs.pop(p.uri, None) is None:
+        raise P.RpcError(P.INVALID_PARAMS, f"document not open: {p.uri}")
+    d.engine.index.close(s.index_key(p.uri))
+
+
+async def cancel(d: Daemon, s: Session, p: P.Cancel, msgid) -> None:
+    job = s.jobs.get(p.id)
+    if job is None:
+        raise P.RpcError(P.INVALID_PARAMS, f"no request {p.id} in flight")
+    job.cancel.set()
+
+
+async def status(d: Daemon, s: Session, p: P.Empty, msgid) -> dict:
+    st = d.engine.stats
+    return {
+        **d.info, "server_version": __version__, "pid": os.getpid(),
+        "uptime_s": round(time.time() - d.started, 1), "clients": len(d.sessions),
+        "documents": sum(len(c.docs) for c in d.sessions.values()),
+        "indexed_files": d.engine.index.n_files, "workspace_roots": [str(r) for r in d.watcher.roots],
+        "index_idle": d.watcher.idle, "requests_served": d.served,
+        "mean_accepted": round(st["accepted"] / st["passes"], 4) if st["passes"] else 0.0,
+    }
+
+
+async def lookup(d: Daemon, s: Session, p: P.Lookup, msgid) -> dict:
+    """What prompt lookup would propose at a position (texts), for debugging and tests."""
+    doc = s.doc(p.uri)
+    offset = s.offset(doc, p.position)
+    text, tok = doc.text, d.engine.target.tokenizer
+
+    def work() -> list[str]:
+        ids = build_prompt(tok, text, offset).ids
+        found = continuations(np.asarray(ids), d.engine.index.segments(), p.max_len, 8)
+        return [tok.decode(c) for c, _ in found]
+
+    return {"candidates": await asyncio.get_running_loop().run_in_executor(d.executor, work)}
+
+
+async def shutdown(d: Daemon, s: Session, p: P.Empty, msgid) -> None:
+    asyncio.get_running_loop().call_later(0.05, d.stopping.set)
+
+
+# ---- engine jobs --------------------------------------------------------------------------------
+def _mode(d: Daemon, mode: str | None) -> str:
+    mode = mode or d.default_mode
+    if mode == "draft" and d.engine.draft is None:
+        raise P.RpcError(P.INVALID_PARAMS, "mode 'draft' needs a draft model; this daemon has none")
+    return mode
+
+
+def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
+    doc = s.current(p.uri, p.version)
+    offset = s.offset(doc, p.position)
+    mode, text, tok = _mode(d, p.mode), doc.text, d.engine.target.tokenizer
+
+    def make() -> Request:
+        prompt = build_prompt(tok, text, offset, multiline=p.multiline)
+        return Request(prompt=prompt.ids, mode=mode, max_tokens=p.max_tokens, seed=p.seed, stops=prompt.stops,
+                       sampling=Sampling(p.temperature, p.top_p, p.top_k), deadline_ms=p.deadline_ms,
+                       reuse_prefix=p.reuse_prefix)
+
+    return Prepared(doc.uri, mode, make, "complete/partial", P.completion_result)
+
+
+def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> Prepared:
+    doc = s.current(p.uri, p.version)
+    start = s.offset(doc, p.range.start, "range")
+    end = s.offset(doc, p.range.end, "range")
+    if end < start:
+        raise P.RpcError(P.INVALID_PARAMS, "range ends before it starts")
+    mode, text, lang, tok = _mode(d, p.mode), doc.text, doc.language_id, d.engine.target.tokenizer
+
+    def make() -> Request:
+        max_tokens = p.max_tokens
+        if max_tokens is None:  # room for the selection rewritten at twice its length
+            n_sel = len(tok.encode(text[start:end], add_special_tokens=False))
+            max_tokens = min(P.MAX_TOKENS, 2 * n_sel + 64)
+        ids, stops = rewrite_prompt(tok, text, start, end, p.instruction, lang)
+        return Request(prompt=ids, mode=mode, max_tokens=max_tokens, stops=stops)
+
+    def result(res: Result) -> dict:
+        return {**P.completion_result(res), "text": finish(res.text, text[start:end])}
+
+    return Prepared(doc.uri, mode, make, "rewrite/partial", result)
+
+
+METHODS: dict[str, Method] = {
+    "initialize": Method(P.Initialize, initialize), "document/open": Method(P.DocumentOpen, doc_open),
+    "document/change": Method(P.DocumentChange, doc_change), "document/close": Method(P.DocumentClose, doc_close),
+    "complete": Method(P.Complete, complete, job=True), "rewrite": Method(P.Rewrite, rewrite, job=True),
+    "cancel": Method(P.Cancel, cancel), "status": Method(P.Empty, status), "shutdown": Method(P.Empty, shutdown),
+    "debug/lookup": Method(P.Lookup, lookup),
+}

@@ -1,0 +1,92 @@
+"""Per-connection state: how the client speaks, its open documents and its requests in flight.
+
+A session lives on the event loop; only `Job.cancel` is read by the engine thread. The latest
+`complete`/`rewrite` for a document supersedes the older one at the moment it arrives, so a request
+is never judged against a document version that a later keystroke produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+
+from . import protocol as P
+from .documents import Document
+from .prompt import PositionError, offset_at
+
+
+@dataclass
+class Job:
+    msgid: int
+    uri: str
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class Session:
+    id: int
+    writer: asyncio.StreamWriter
+    authed: bool  # Unix-socket peers are the same user (0600 socket); TCP peers after the token
+    tcp: bool = False
+    encoding: str = "utf-16"
+    name: str = ""
+    docs: dict[str, Document] = field(default_factory=dict)
+    jobs: dict[int, Job] = field(default_factory=dict)
+    latest: dict[str, Job] = field(default_factory=dict)
+    closed: bool = False
+    received: int = 0  # bytes read so far (bounded before authentication)
+
+    def send(self, data: bytes) -> None:
+        if not self.closed:
+            try:
+                self.writer.write(data)
+            except (ConnectionError, RuntimeError, OSError):
+                self.closed = True
+
+    def doc(self, uri: str) -> Document:
+        doc = self.docs.get(uri)
+        if doc is None:
+            raise P.RpcError(P.INVALID_PARAMS, f"unknown document {uri!r}: send document/open first")
+        return doc
+
+    def current(self, uri: str, version: int | None) -> Document:
+        """The open document a request names, at the version it names (-32801 if it moved on)."""
+        doc = self.doc(uri)
+        if version is not None and version != doc.version:
+            raise P.RpcError(P.CONTENT_MODIFIED, f"document is at version {doc.version}, request names {version}")
+        return doc
+
+    def offset(self, doc: Document, pos: P.Position, what: str = "position") -> int:
+        """A wire position -> character offset in the document (negotiated encoding), -32602 if outside."""
+        try:
+            return offset_at(doc.text, pos.line, pos.character, self.encoding)
+        except PositionError as e:
+            raise P.RpcError(P.INVALID_PARAMS, f"{what} out of range: {e}") from None
+
+    def start(self, msgid: int, uri: str) -> Job:
+        """Register a request; an older one for the same document is superseded (cancelled) now."""
+        if (old := self.latest.get(uri)) is not None:
+            old.cancel.set()
+        job = Job(msgid, uri)
+        self.jobs[msgid] = job
+        self.latest[uri] = job
+        return job
+
+    def finish(self, job: Job) -> None:
+        self.jobs.pop(job.msgid, None)
+        if self.latest.get(job.uri) is job:
+            del self.latest[job.uri]
+
+    def index_key(self, uri: str) -> str:
+        """Open buffers of different clients are different index entries, even under one URI."""
+        return f"{uri}#client{self.id}"
+
+    def stale_buffers(self) -> list[tuple[str, Document]]:
+        """Documents whose text changed since the prompt-lookup index last saw them."""
+        return [(self.index_key(d.uri), d) for d in self.docs.values() if d.indexed_version != d.version]
+
+    def cancel_all(self) -> None:
+        self.closed = True
+        for job in self.jobs.values():
+            job.cancel.set()
