@@ -44,11 +44,15 @@ def daemon_sock(tmp_path_factory, tiny_dir):
     stop_daemon(proc)
 
 
-async def start_lsp(options: dict) -> tuple[Client, types.InitializeResult]:
+UTF16 = [types.PositionEncodingKind.Utf16]
+
+
+async def start_lsp(options: dict, encodings: list | None = UTF16) -> tuple[Client, types.InitializeResult]:
+    """Start the server over stdio; `encodings=None` is a client that sends no general.positionEncodings."""
     client = Client()
     await client.start_io(sys.executable, "-m", "completiond_lsp.server")
-    caps = types.ClientCapabilities(general=types.GeneralClientCapabilities(
-        position_encodings=[types.PositionEncodingKind.Utf16]))
+    caps = types.ClientCapabilities(general=types.GeneralClientCapabilities(position_encodings=encodings)
+                                    if encodings is not None else None)
     result = await client.initialize_async(types.InitializeParams(
         capabilities=caps, root_uri=None, initialization_options=options))
     client.initialized(types.InitializedParams())
@@ -95,6 +99,49 @@ async def test_capabilities_and_streamed_completion(daemon_sock):
         assert client.statuses[-1]["lastLatencyMs"] is not None
     finally:
         await stop_lsp(client)
+
+
+async def test_client_without_position_encodings_gets_completions(daemon_sock):
+    # issue 13.1: such a client (LSP default UTF-16) used to get -32602 for every request
+    client, init = await start_lsp(options(daemon_sock), encodings=None)
+    try:
+        assert init.capabilities.position_encoding in (None, "utf-16")
+        did_open(client, text="s = '😀'\n" + SRC)
+        res = await asyncio.wait_for(inline(client, 9, 14), 60)
+        assert len(res.items) == 1 and res.items[0].insert_text
+        assert any(s.get("state") == "ready" for s in client.statuses)
+        # UTF-16 positions: the emoji is two units, so character 6 splits it and 8 ends the line
+        await asyncio.wait_for(inline(client, 0, 8), 60)
+        with pytest.raises(Exception):
+            await asyncio.wait_for(inline(client, 0, 6), 60)
+    finally:
+        await stop_lsp(client)
+
+
+async def test_utf8_client_positions_in_bytes(daemon_sock):
+    from completiond.client import Client as RpcClient
+
+    client, init = await start_lsp(options(daemon_sock), encodings=[types.PositionEncodingKind.Utf8])
+    try:
+        assert init.capabilities.position_encoding == "utf-8"
+        did_open(client, text="s = 'é'\n")
+        # an incremental edit in UTF-8 units: append "x = 1" after the closing quote (byte 8)
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=URI, version=2),
+            content_changes=[types.TextDocumentContentChangePartial(
+                range=types.Range(start=types.Position(line=0, character=8), end=types.Position(line=0, character=8)),
+                text="\nx = 1")]))
+        via_lsp = await asyncio.wait_for(inline(client, 1, 5), 60)
+        assert len(via_lsp.items) == 1 and via_lsp.items[0].insert_text
+        with pytest.raises(Exception):  # byte 6 is inside "é" (2 bytes in UTF-8)
+            await asyncio.wait_for(inline(client, 0, 6), 60)
+    finally:
+        await stop_lsp(client)
+    rpc = await RpcClient.connect(daemon_sock)
+    await rpc.request("document/open", {"uri": URI, "text": "s = 'é'\nx = 1\n", "version": 1})
+    direct = await rpc.request("complete", {"uri": URI, "position": {"line": 1, "character": 5}, "max_tokens": 16})
+    await rpc.close()
+    assert via_lsp.items[0].insert_text == direct["text"]
 
 
 async def test_incremental_utf16_edits_match_direct_daemon(daemon_sock):

@@ -97,7 +97,19 @@ def initialize(ls: CompletiondServer, params: types.InitializeParams) -> None:
     ls.apply_settings()
     roots = [f.uri for f in params.workspace_folders or []] or ([params.root_uri] if params.root_uri else [])
     ls.link.roots = [r[7:] if r.startswith("file://") else r for r in roots]
-    ls.link.encoding = str(ls.workspace.position_encoding or "utf-16")
+    ls.link.encoding = wire_encoding(ls.workspace.position_encoding)
+
+
+def wire_encoding(encoding: types.PositionEncodingKind | str | None) -> str:
+    """The daemon's name for the negotiated encoding: "utf-16", "utf-8" or "utf-32".
+
+    pygls hands over the enum when the client sent no `general.positionEncodings` (LSP's default,
+    UTF-16) and the client's string otherwise; str() of the enum is "PositionEncodingKind.Utf16",
+    which the daemon rejects, so take its value.
+    """
+    if encoding is None:
+        return types.PositionEncodingKind.Utf16.value
+    return encoding.value if isinstance(encoding, types.PositionEncodingKind) else str(encoding)
 
 
 @server.feature(types.INITIALIZED)
