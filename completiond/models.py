@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from platformdirs import user_cache_dir
+
+from .paths import cache_root  # torch-free, shared with the LSP
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +69,6 @@ class LoadedModel:
                 ids.update(int(e) for e in eos)
         return ids
 
-
-def cache_root() -> Path:
-    return Path(os.environ.get("COMPLETIOND_CACHE", user_cache_dir("completiond")))
 
 
 def pick_device(device: str = "auto") -> torch.device:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from completiond import protocol as P
 from completiond.client import Client
-from completiond.models import cache_root
+from completiond.paths import cache_root
 
 log = logging.getLogger("completiond.lsp")
 

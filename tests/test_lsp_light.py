@@ -1,0 +1,22 @@
+"""completiond-lsp without a daemon: what the language server process loads, and its pure helpers."""
+
+import subprocess
+import sys
+
+
+def test_lsp_server_import_leaves_torch_unloaded():
+    # a fresh interpreter: this test process may already have torch from other tests
+    code = ("import completiond_lsp.server, sys; "
+            "heavy = [m for m in ('torch', 'transformers', 'numpy') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_cache_root_follows_completiond_cache(tmp_path, monkeypatch):
+    from completiond.paths import cache_root
+
+    monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path / "c"))
+    assert cache_root() == tmp_path / "c"
+    monkeypatch.delenv("COMPLETIOND_CACHE")
+    assert "completiond" in cache_root().parts
