@@ -29,9 +29,13 @@ class Adaptive:
         self.always = always  # verify every proposed node and always run the draft (tests, experiments)
         self._cost: dict[int, Ewma] = {}
 
-    @property
-    def calibrated(self) -> bool:
-        return len(self._cost) >= 2
+    def costs(self) -> dict[int, float]:
+        """Measured ms per pass by tree size (what a calibration cache stores)."""
+        return {s: e.value for s, e in sorted(self._cost.items())}
+
+    def load_costs(self, costs: dict[int, float]) -> None:
+        for n, ms in costs.items():
+            self._cost[int(n)] = Ewma(float(ms))
 
     def observe_pass(self, n: int, ms: float) -> None:
         size = SIZES[min(bisect.bisect_left(SIZES, n), len(SIZES) - 1)]

@@ -24,12 +24,29 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+MODEL_HELP = ("a named model (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, gemma3-270m), an HF id, a local "
+              "directory, a .gguf file, or 'default' (by device: see README)")
+
+
 def model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default="default", help="HF id, local dir, .gguf path, or 'default'")
+    p.add_argument("--target", default="default", help=MODEL_HELP)
     p.add_argument("--draft", default="default",
-                   help="HF id, local dir, .gguf, 'default', 'self:N' (first N target layers) or 'none'")
+                   help="as --target, or 'default' (one that fits the target), 'self:N' (first N target layers), 'none'")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+
+
+def check_model_flags(a: argparse.Namespace) -> None:
+    """Flag errors that need no model, caught before any model loads."""
+    draft = getattr(a, "draft", None) or ""
+    if draft.startswith("self:") and not draft[5:].isdigit():
+        raise UsageError(f"--draft {draft}: N in self:N must be a whole number of layers")
+    if getattr(a, "mode", None) == "draft" and draft == "none":
+        raise UsageError("--mode draft needs a draft model; --draft none leaves none")
+    workspace = getattr(a, "workspace", None)
+    for w in workspace if isinstance(workspace, list) else [workspace] if workspace else []:
+        if not Path(w).is_dir():
+            raise UsageError(f"--workspace {w}: not a directory")
 
 
 def build_parser() -> Parser:
@@ -83,7 +100,7 @@ def read_source(path: str) -> str:
 
 
 def cmd_complete(a: argparse.Namespace) -> int:
-    from .prompt import PositionError, build_prompt, offset_at
+    from .prompt import PositionError, line_starts, offset_at
 
     text = read_source(a.file)
     if a.line < 1 or a.col < 1:
@@ -92,13 +109,22 @@ def cmd_complete(a: argparse.Namespace) -> int:
         raise UsageError("--max-tokens must be at least 1")
     if a.temperature < 0 or not 0 < a.top_p <= 1 or a.top_k < 0:
         raise UsageError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
+    check_model_flags(a)
     try:
         offset = offset_at(text, a.line - 1, a.col - 1, encoding="utf-32")
-    except PositionError as e:
-        raise UsageError(f"{a.file}:{a.line}:{a.col}: position out of range: {e}") from None
+    except PositionError:
+        starts = line_starts(text)
+        if a.line > len(starts):
+            why = f"line {a.line} is past the end (the file has {len(starts)} lines)"
+        else:
+            end = starts[a.line] if a.line < len(starts) else len(text)
+            width = len(text[starts[a.line - 1]:end].rstrip("\r\n"))
+            why = f"column {a.col} is past the end of line {a.line} (last column: {width + 1})"
+        raise UsageError(f"{a.file}:{a.line}:{a.col}: position out of range: {why}") from None
 
     from .engine import Engine, Request
-    from .models import ModelError, load, load_draft
+    from .models import ModelError, draft_label, load, load_draft
+    from .prompt import build_prompt
     from .verify import Sampling
     from .workspace import index_workspace
 
@@ -107,14 +133,17 @@ def cmd_complete(a: argparse.Namespace) -> int:
         draft = load_draft(a.draft, target) if a.mode in ("draft", "combined") else None
     except ModelError as e:
         raise UsageError(str(e)) from None
+    if a.mode == "draft" and draft is None:
+        raise UsageError(f"--mode draft needs a draft model; {draft_label(a.draft, None, target)}")
     engine = Engine(target, draft)
+    path = Path(a.file).resolve()
     if a.workspace:
-        if not Path(a.workspace).is_dir():
-            raise UsageError(f"--workspace {a.workspace}: not a directory")
-        index_workspace(engine.index, target.tokenizer, Path(a.workspace), exclude={Path(a.file).resolve()})
-    engine.index.set_open(Path(a.file).resolve().as_uri(), target.tokenizer.encode(text, add_special_tokens=False))
-    engine.calibrate()
-    prompt = build_prompt(target.tokenizer, text, offset, multiline=a.multiline)
+        index_workspace(engine.index, target.tokenizer, Path(a.workspace), exclude={path})
+    engine.index.set_open(path.as_uri(), target.tokenizer.encode(text, add_special_tokens=False))
+    engine.calibrate_cached()
+    root = Path(a.workspace).resolve() if a.workspace else path.parent
+    rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+    prompt = build_prompt(target.tokenizer, text, offset, multiline=a.multiline, path=rel, repo=root.name)
     req = Request(prompt=prompt.ids, mode=a.mode, max_tokens=a.max_tokens, seed=a.seed, stops=prompt.stops,
                   sampling=Sampling(a.temperature, a.top_p, a.top_k))
     res = engine.complete(req)
@@ -123,7 +152,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
             "text": res.text, "token_ids": res.token_ids, "tokens": res.tokens, "mode": res.mode,
             "target_passes": res.target_passes, "mean_accepted": round(res.mean_accepted, 4),
             "ms_first_token": round(res.ms_first_token, 2), "ms_total": round(res.ms_total, 2),
-            "target": target.name, "draft": draft.name if draft else None,
+            "target": target.name, "draft": draft_label(a.draft, draft, target),
             "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
             "stopped_by": res.stopped_by, "prompt_tokens": res.prompt_tokens,
             "accepted_by_depth": res.accepted_by_depth,

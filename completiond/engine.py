@@ -13,16 +13,22 @@ Modes: `ar` (tree = root only: plain decoding through the same path), `pld`, `dr
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import os
+import platform
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from .adaptive import Adaptive
 from .index import TokenIndex
 from .models import LoadedModel
+from .paths import cache_root
 from .proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
 from .runner import Cancelled, Runner
 from .stops import StopRules
@@ -151,6 +157,31 @@ class Engine:
                 out[n] = self.adaptive.cost(n)
             self.runner.reset()
             return out
+
+    def calibrate_cached(self, sizes: tuple[int, ...] = (1, 4, 16, 64)) -> str:
+        """Pass costs from the calibration cache of this machine, model and dtype ("cached"), else a
+        short measurement that is then cached ("measured"). Real passes keep the costs fresh, and
+        `save_calibration` writes them back, so later starts never wait for a full calibration."""
+        path = calibration_path(self.target)
+        try:
+            costs = json.loads(path.read_text())["costs"]
+            self.adaptive.load_costs({int(n): float(ms) for n, ms in costs.items()})
+            return "cached"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+        self.calibrate(sizes)
+        self.save_calibration()
+        return "measured"
+
+    def save_calibration(self) -> None:
+        path = calibration_path(self.target)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"costs": self.adaptive.costs()}))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only cache only costs a calibration next time
 
     def proposers(self, mode: str) -> list[Proposer]:
         if mode not in MODES:
@@ -303,3 +334,17 @@ def _truncate(tree: TokenTree, n: int) -> TokenTree:
     keep = n + 1
     children = [{t: c for t, c in ch.items() if c < keep} for ch in tree.children[:keep]]
     return TokenTree(tree.tokens[:keep], tree.parents[:keep], tree.value[:keep], tree.source[:keep], children)
+
+
+def calibration_path(target: LoadedModel) -> Path:
+    """One calibration file per (CPU or GPU, model, dtype, threads): costs differ on each."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    if target.device.type == "cuda":
+        cpu = torch.cuda.get_device_name(target.device)
+    key = f"{cpu}|{target.name}|{target.dtype}|{target.device}|{torch.get_num_threads()}|{target.meta.get('quant', '')}"
+    digest = hashlib.sha1(key.encode()).hexdigest()[:16]
+    return cache_root() / "calibration" / f"{digest}.json"

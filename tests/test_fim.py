@@ -1,0 +1,97 @@
+"""Fill-in-the-middle as Qwen2.5-Coder was trained: prompt layout, repository context, stops, end tokens."""
+
+import pytest
+import torch
+
+import tiny
+from completiond.engine import Engine, Request
+from completiond.prompt import ContextFile, build_prompt, fim_tokens
+from completiond.stops import StopRules
+
+TEXT = "import util\n\ndef area(r):\n    return 3.14 * r * r\n\n\ndef main():\n    print(area(2))\n"
+
+
+def ids(tok, *names):
+    return [tok.convert_tokens_to_ids(n) for n in names]
+
+
+def test_prefix_suffix_middle_with_the_real_suffix():
+    tok = tiny.qwen_tokenizer()
+    pre, mid, suf = ids(tok, "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>")
+    at = TEXT.index("3.14")
+    p = build_prompt(tok, TEXT, at)
+    assert p.ids[0] == pre and p.ids[-1] == mid
+    k = p.ids.index(suf)
+    assert tok.decode(p.ids[1:k]) == TEXT[:at]
+    assert tok.decode(p.ids[k + 1:-1]) == TEXT[at:]
+
+
+def test_repository_context_in_qwen_format_before_the_file():
+    tok = tiny.qwen_tokenizer()
+    repo, sep, pre = ids(tok, "<|repo_name|>", "<|file_sep|>", "<|fim_prefix|>")
+    other = ContextFile("pkg/util.py", "def helper(x):\n    return x + 1\n")
+    at = TEXT.index("print")
+    p = build_prompt(tok, TEXT, at, path="pkg/main.py", context=[other], repo="demo")
+    head = p.ids[:p.ids.index(pre)]
+    assert head[0] == repo and head.count(sep) == 2
+    text = tok.decode(head)
+    assert text == ("<|repo_name|>demo\n<|file_sep|>pkg/util.py\ndef helper(x):\n    return x + 1\n\n"
+                    "<|file_sep|>pkg/main.py\n")
+    # typing at the cursor keeps the whole head (and the prefix before the cursor) reusable
+    typed = TEXT[:at] + "pr" + TEXT[at:]
+    q = build_prompt(tok, typed, at + 2, path="pkg/main.py", context=[other], repo="demo")
+    assert q.ids[:len(head) + 5] == p.ids[:len(head) + 5]
+
+
+def test_context_stays_within_its_budget():
+    tok = tiny.qwen_tokenizer()
+    big = [ContextFile(f"m{i}.py", "x = 1\n" * 2000) for i in range(5)]
+    p = build_prompt(tok, TEXT, 10, path="a.py", context=big, max_tokens=512)
+    pre = fim_tokens(tok).prefix
+    assert p.ids.index(pre) <= 512 // 4
+    assert len(p.ids) <= 512 + 4
+
+
+def test_a_completion_never_repeats_the_next_line_or_the_rest_of_the_line():
+    tok = tiny.qwen_tokenizer()
+    at = TEXT.index("\n    return")  # end of the `def area(r):` line
+    stops = build_prompt(tok, TEXT, at, multiline=True).stops
+    assert stops.next_line == "return 3.14 * r * r"
+    text = "\n    r2 = r * r\n    return 3.14 * r * r\n"
+    assert text[:stops.cut(text)] == "\n    r2 = r * r"
+    assert stops.cut("\n    return 3.14 * r * r\n") == 0  # the next line itself: nothing to add
+    mid = TEXT.index("(2)") + 1  # cursor inside "area(|2))"
+    s = build_prompt(tok, TEXT, mid, multiline=True).stops
+    assert s.line_rest == "2))"
+    gen = "radius2))\n    more\n"
+    assert gen[:s.cut(gen)] == "radius"
+
+
+def test_blank_line_in_a_block_completes_the_body_and_stops_at_dedent():
+    s = StopRules(multiline=True, cursor_indent=0, line_head="")  # cursor after `if __name__ == ...:` + newline
+    text = "    main()\n```\n\nThis code"
+    assert text[:s.cut(text)] == "    main()"
+
+
+def test_fim_end_tokens_end_a_completion():
+    lm = tiny.loaded(tiny.qwen2_config(), seed=3)
+    eos = lm.eos_ids()
+    assert set(ids(lm.tokenizer, "<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|im_end|>")) <= eos
+
+
+@pytest.mark.parametrize("mode", ["ar", "pld", "draft", "combined"])
+def test_lossless_with_a_tiny_qwen2_and_fim_prompts(mode):
+    """Every mode's greedy output equals plain decoding (fp32), on FIM prompts with repo context."""
+    target = tiny.loaded(tiny.qwen2_config(), seed=5, scale=4.0)
+    draft = tiny.loaded(tiny.qwen2_config(layers=1), seed=6, scale=4.0)
+    engine = Engine(target, draft, always_speculate=True)
+    source = (tiny.STDLIB / "textwrap.py").read_text()[:6000]
+    engine.index.set_open("file:///t.py", target.tokenizer.encode(source, add_special_tokens=False))
+    for at in (800, 2500, 4100):
+        p = build_prompt(target.tokenizer, source, at, path="t.py", repo="r",
+                         context=[ContextFile("u.py", source[:300])], max_tokens=400)
+        ref = engine.complete(Request(prompt=p.ids, mode="ar", max_tokens=24))
+        got = engine.complete(Request(prompt=p.ids, mode=mode, max_tokens=24))
+        assert got.token_ids == ref.token_ids
+        assert len(ref.token_ids) > 0
+    assert torch.get_default_dtype() == torch.float32
