@@ -1,99 +1,99 @@
-"""A lean forward for Gemma 3 text decoders: the draft model's pass with fewer Python steps.
+"""A lean forward for the decoders we ship (Gemma 3 text, Qwen2): the same arithmetic as
+transformers' `Gemma3TextModel` / `Qwen2Model`, in the same order, on the same weights, with fewer
+Python steps (no hooks, kwargs plumbing or output records; rotary tables cached).
 
-The shipped draft (4 layers, hidden 320) does almost no arithmetic per token, so its pass time is
-mostly the per-module overhead of transformers' eager forward (hooks, kwargs, output records, rotary
-tables recomputed each pass). This forward does the same arithmetic as `Gemma3TextModel` in the same
-order, on the same weights (q/k/v and gate/up projections concatenated once into one matmul each);
-tests/test_runner.py holds its logits to transformers' within 1e-5 in fp32.
-
-It is used for the draft only: the draft merely proposes, and the target, run through transformers,
-verifies every token, so output stays exactly the target's whichever forward the draft uses.
+A small model's pass is mostly per-module overhead in transformers' eager forward; a large one's is
+the matmuls, which this forward fuses: q/k/v (with their biases, Qwen2) and gate/up are one matmul
+each. Every matmul goes through a `Linear`: a dense one, or a `quant.QuantLinear` when the model was
+quantized (completiond.quant), fused the same way. tests/test_runner.py holds its logits to
+transformers' within 1e-5 in fp32 on trees, appended passes and past the sliding window.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple, Protocol
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-LEAN_MODEL_TYPES = {"gemma3_text"}
+from .quant import QuantLinear
+
+LEAN_MODEL_TYPES = {"gemma3_text", "qwen2"}
 
 
-def supports_lean(model: torch.nn.Module) -> bool:
+def supports_lean(model: nn.Module) -> bool:
     cfg = model.config
-    return (getattr(cfg, "model_type", None) in LEAN_MODEL_TYPES
-            and getattr(cfg, "hidden_activation", None) == "gelu_pytorch_tanh"
-            and not getattr(cfg, "attention_bias", False)
-            and not getattr(cfg, "attn_logit_softcapping", None)
-            and not getattr(cfg, "use_bidirectional_attention", False))
+    kind = getattr(cfg, "model_type", None)
+    if kind == "gemma3_text":
+        return (getattr(cfg, "hidden_activation", None) == "gelu_pytorch_tanh"
+                and not getattr(cfg, "attention_bias", False)
+                and not getattr(cfg, "attn_logit_softcapping", None)
+                and not getattr(cfg, "use_bidirectional_attention", False))
+    if kind == "qwen2":
+        return (getattr(cfg, "hidden_act", None) == "silu" and getattr(cfg, "sliding_window", None) is None
+                and set(getattr(cfg, "layer_types", None) or ["full_attention"]) == {"full_attention"})
+    return False
 
 
-class LeanGemma3:
-    """Callable like the decoder (`base(input_ids=, position_ids=, attention_mask=, cache=)`);
-    returns the final-normed hidden states [1, n, hidden]."""
+def lean_decoder(base: nn.Module) -> LeanGemma3 | LeanQwen2:
+    """The lean forward for this decoder (`model.<base_model_prefix>`); see supports_lean."""
+    kind = base.config.model_type
+    if kind == "gemma3_text":
+        return LeanGemma3(base)
+    if kind == "qwen2":
+        return LeanQwen2(base)
+    raise ValueError(f"no lean forward for model type {kind!r}")
 
-    def __init__(self, base: torch.nn.Module):
-        cfg = base.config
-        self.base = base
-        self.eps = cfg.rms_norm_eps
-        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.scaling = cfg.query_pre_attn_scalar ** -0.5
-        self.inter = cfg.intermediate_size
-        self.embed = base.embed_tokens.weight
-        self.embed_scale = base.embed_tokens.embed_scale.to(self.embed.dtype)
-        self.types = list(cfg.layer_types)
-        self.layers = []
-        for layer in base.layers:
-            att, mlp = layer.self_attn, layer.mlp
-            self.layers.append((
-                _gain(layer.input_layernorm),
-                torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]),  # [(h + 2 kv) d, H]
-                _gain(att.q_norm), _gain(att.k_norm), att.o_proj.weight,
-                _gain(layer.post_attention_layernorm), _gain(layer.pre_feedforward_layernorm),
-                torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),  # [2 I, H]
-                mlp.down_proj.weight, _gain(layer.post_feedforward_layernorm)))
-        self.norm = _gain(base.norm)
-        self._rope: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def rope(self, layer_type: str, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [1, 1, n, head_dim] at these positions, from a table that grows as positions do."""
-        cos, sin = self._rope.get(layer_type, (None, None))
-        top = int(pos.max()) + 1
-        if cos is None or top > cos.shape[0]:
-            size = max(4096, 2 * top)
-            probe = self.embed.new_zeros(1)
-            cos, sin = self.base.rotary_emb(probe, torch.arange(size, device=pos.device)[None], layer_type)
-            cos, sin = cos[0], sin[0]  # [size, head_dim] in the model's dtype
-            self._rope[layer_type] = (cos, sin)
-        return cos[pos][None, None], sin[pos][None, None]
+class Linear(Protocol):
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
-    def _norm(self, x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * gain).type_as(x)
 
-    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, cache,
-                 **_) -> "LeanOutput":
-        n = input_ids.shape[1]
-        h = F.embedding(input_ids, self.embed) * self.embed_scale  # [1, n, H]
-        ropes = {t: self.rope(t, position_ids[0]) for t in set(self.types)}
-        nq, nkv, d, half = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.head_dim, self.head_dim // 2
-        for i, (g_in, qkv_w, g_q, g_k, o_w, g_pa, g_pf, gu_w, down_w, g_post) in enumerate(self.layers):
-            qkv = F.linear(self._norm(h, g_in), qkv_w)  # [1, n, (h + 2 kv) d]
-            q = self._norm(qkv[..., :nq].view(1, n, self.heads, d).transpose(1, 2), g_q)  # [1, h, n, d]
-            k = self._norm(qkv[..., nq:nq + nkv].view(1, n, self.kv_heads, d).transpose(1, 2), g_k)
-            v = qkv[..., nq + nkv:].view(1, n, self.kv_heads, d).transpose(1, 2)
-            cos, sin = ropes[self.types[i]]
-            q = q * cos + torch.cat((-q[..., half:], q[..., :half]), -1) * sin
-            k = k * cos + torch.cat((-k[..., half:], k[..., :half]), -1) * sin
-            k, v = cache.update(k, v, i)  # [1, kv, keys, d]: the keys this layer sees
-            mask = attention_mask[self.types[i]] if isinstance(attention_mask, dict) else attention_mask
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
-                                               enable_gqa=self.kv_heads != self.heads)
-            a = F.linear(a.transpose(1, 2).reshape(1, n, nq), o_w)
-            h = h + self._norm(a, g_pa)
-            gu = F.linear(self._norm(h, g_pf), gu_w)  # [1, n, 2 I]
-            m = F.linear(F.gelu(gu[..., :self.inter], approximate="tanh") * gu[..., self.inter:], down_w)
-            h = h + self._norm(m, g_post)
-        return LeanOutput(self._norm(h, self.norm))
+class Dense:
+    """x W^T + b with W [N, K] (several layers' weights concatenated along N)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.weight, self.bias = weight, bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+def fused(*layers: nn.Module) -> Linear:
+    """One matmul for layers that read the same input, outputs concatenated in order."""
+    if all(isinstance(m, QuantLinear) for m in layers):
+        return layers[0] if len(layers) == 1 else QuantLinear.cat(list(layers))
+    if not all(isinstance(m, nn.Linear) for m in layers):
+        raise ValueError(f"cannot fuse layers of types {[type(m).__name__ for m in layers]}")
+    w = torch.cat([m.weight for m in layers]) if len(layers) > 1 else layers[0].weight
+    biases = [m.bias for m in layers]
+    if all(b is None for b in biases):
+        return Dense(w)
+    b = torch.cat([m.bias if m.bias is not None else w.new_zeros(m.out_features) for m in layers])
+    return Dense(w, b)
+
+
+class GemmaLayer(NamedTuple):
+    in_norm: torch.Tensor  # float32 gains (1 + w) [H]
+    qkv: Linear  # [H] -> [(heads + 2 kv_heads) d]
+    q_norm: torch.Tensor  # [d]
+    k_norm: torch.Tensor
+    o: Linear
+    post_attn_norm: torch.Tensor
+    pre_ff_norm: torch.Tensor
+    gate_up: Linear  # [H] -> [2 I]
+    down: Linear
+    post_ff_norm: torch.Tensor
+
+
+class Qwen2Layer(NamedTuple):
+    in_norm: torch.Tensor  # the RMSNorm weight [H] (model dtype, applied after the cast)
+    qkv: Linear  # with the q/k/v biases
+    o: Linear
+    post_attn_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
 
 
 class LeanOutput:
@@ -101,6 +101,127 @@ class LeanOutput:
         self.last_hidden_state = last_hidden_state
 
 
-def _gain(norm: torch.nn.Module) -> torch.Tensor:
+class _Lean:
+    """Shared parts: rotary tables, attention over the tree cache. Callable like the decoder
+    (`base(input_ids=, position_ids=, attention_mask=, cache=)`); returns the final-normed hidden
+    states [1, n, hidden] as `.last_hidden_state`."""
+
+    def __init__(self, base: nn.Module):
+        cfg = base.config
+        self.base = base
+        self.eps = cfg.rms_norm_eps
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.inter = cfg.intermediate_size
+        self.embed = base.embed_tokens.weight
+        self.types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers)
+        self._rope: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _rotary_table(self, layer_type: str, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.base.rotary_emb(self.embed.new_zeros(1), positions[None])
+
+    def rope(self, layer_type: str, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [1, 1, n, head_dim] at these positions, from a table that grows as positions do."""
+        cos, sin = self._rope.get(layer_type, (None, None))
+        top = int(pos.max()) + 1
+        if cos is None or top > cos.shape[0]:
+            size = max(4096, 2 * top)
+            cos, sin = self._rotary_table(layer_type, torch.arange(size, device=pos.device))
+            cos, sin = cos[0], sin[0]  # [size, head_dim] in the model's dtype
+            self._rope[layer_type] = (cos, sin)
+        return cos[pos][None, None], sin[pos][None, None]
+
+    def _split(self, qkv: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[1, n, (h + 2 kv) d] -> q [1, h, n, d], k, v [1, kv, n, d]."""
+        nq, nkv, d = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.head_dim
+        q = qkv[..., :nq].view(1, n, self.heads, d).transpose(1, 2)
+        k = qkv[..., nq:nq + nkv].view(1, n, self.kv_heads, d).transpose(1, 2)
+        v = qkv[..., nq + nkv:].view(1, n, self.kv_heads, d).transpose(1, 2)
+        return q, k, v
+
+    def _attend(self, i: int, q, k, v, cos, sin, attention_mask, cache, scale: float) -> torch.Tensor:
+        """Rotate, store this pass's K/V, attend; returns [1, n, heads * d]."""
+        half = self.head_dim // 2
+        q = q * cos + torch.cat((-q[..., half:], q[..., :half]), -1) * sin
+        k = k * cos + torch.cat((-k[..., half:], k[..., :half]), -1) * sin
+        k, v = cache.update(k, v, i)  # [1, kv, keys, d]: the keys this layer sees
+        mask = attention_mask[self.types[i]] if isinstance(attention_mask, dict) else attention_mask
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                           enable_gqa=self.kv_heads != self.heads)
+        return a.transpose(1, 2).reshape(1, q.shape[2], self.heads * self.head_dim)
+
+
+class LeanGemma3(_Lean):
+    def __init__(self, base: nn.Module):
+        super().__init__(base)
+        cfg = base.config
+        self.scaling = cfg.query_pre_attn_scalar ** -0.5
+        self.embed_scale = base.embed_tokens.embed_scale.to(self.embed.dtype)
+        self.layers = [GemmaLayer(
+            in_norm=_gemma_gain(layer.input_layernorm),
+            qkv=fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+            q_norm=_gemma_gain(layer.self_attn.q_norm), k_norm=_gemma_gain(layer.self_attn.k_norm),
+            o=fused(layer.self_attn.o_proj),
+            post_attn_norm=_gemma_gain(layer.post_attention_layernorm),
+            pre_ff_norm=_gemma_gain(layer.pre_feedforward_layernorm),
+            gate_up=fused(layer.mlp.gate_proj, layer.mlp.up_proj), down=fused(layer.mlp.down_proj),
+            post_ff_norm=_gemma_gain(layer.post_feedforward_layernorm)) for layer in base.layers]
+        self.norm = _gemma_gain(base.norm)
+
+    def _rotary_table(self, layer_type, positions):
+        return self.base.rotary_emb(self.embed.new_zeros(1), positions[None], layer_type)
+
+    def _norm(self, x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+        """Gemma's RMSNorm: scaled by the float32 gain before the cast back."""
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * gain).type_as(x)
+
+    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, cache,
+                 **_) -> LeanOutput:
+        n = input_ids.shape[1]
+        h = F.embedding(input_ids, self.embed) * self.embed_scale  # [1, n, H]
+        ropes = {t: self.rope(t, position_ids[0]) for t in set(self.types)}
+        for i, L in enumerate(self.layers):
+            q, k, v = self._split(L.qkv(self._norm(h, L.in_norm)), n)
+            q, k = self._norm(q, L.q_norm), self._norm(k, L.k_norm)
+            a = self._attend(i, q, k, v, *ropes[self.types[i]], attention_mask, cache, self.scaling)
+            h = h + self._norm(L.o(a), L.post_attn_norm)
+            gu = L.gate_up(self._norm(h, L.pre_ff_norm))  # [1, n, 2 I]
+            m = L.down(F.gelu(gu[..., :self.inter], approximate="tanh") * gu[..., self.inter:])
+            h = h + self._norm(m, L.post_ff_norm)
+        return LeanOutput(self._norm(h, self.norm))
+
+
+class LeanQwen2(_Lean):
+    def __init__(self, base: nn.Module):
+        super().__init__(base)
+        self.scaling = self.head_dim ** -0.5
+        self.layers = [Qwen2Layer(
+            in_norm=layer.input_layernorm.weight,
+            qkv=fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+            o=fused(layer.self_attn.o_proj), post_attn_norm=layer.post_attention_layernorm.weight,
+            gate_up=fused(layer.mlp.gate_proj, layer.mlp.up_proj), down=fused(layer.mlp.down_proj))
+            for layer in base.layers]
+        self.norm = base.norm.weight
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Qwen2's RMSNorm: normalised in float32, cast back, then scaled by the plain weight."""
+        xf = x.float()
+        return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
+
+    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, cache,
+                 **_) -> LeanOutput:
+        n = input_ids.shape[1]
+        h = F.embedding(input_ids, self.embed)  # [1, n, H]
+        cos, sin = self.rope("full_attention", position_ids[0])
+        for i, L in enumerate(self.layers):
+            q, k, v = self._split(L.qkv(self._norm(h, L.in_norm)), n)
+            h = h + L.o(self._attend(i, q, k, v, cos, sin, attention_mask, cache, self.scaling))
+            gu = L.gate_up(self._norm(h, L.post_attn_norm))  # [1, n, 2 I]
+            h = h + L.down(F.silu(gu[..., :self.inter]) * gu[..., self.inter:])
+        return LeanOutput(self._norm(h, self.norm))
+
+
+def _gemma_gain(norm: nn.Module) -> torch.Tensor:
     """Gemma's RMSNorm scales by (1 + weight), in float32."""
     return 1.0 + norm.weight.float()

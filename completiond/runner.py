@@ -14,11 +14,13 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .kvcache import TreeKVCache
-from .lean import LeanGemma3, supports_lean
+from .lean import lean_decoder, supports_lean
 from .models import LoadedModel
+from .quant import QuantLinear, exact_head_logits, full_weight
 
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 REFINE = 8  # top logits recomputed in float32 when the model runs in bf16/fp16
+BACKENDS = ("transformers", "lean", "auto")
 
 
 class Cancelled(Exception):
@@ -26,15 +28,31 @@ class Cancelled(Exception):
 
 
 class Runner:
-    def __init__(self, lm: LoadedModel, capacity: int = 4096, lean: bool = False):
-        """lean=True, for drafts (whose logits only rank proposals): the decoder runs through
-        completiond.lean where the model type allows, and logits skip the float32 refinement."""
+    def __init__(self, lm: LoadedModel, capacity: int = 4096, lean: bool = False, backend: str = "transformers",
+                 refine: bool = True, cheap_head: bool = False):
+        """backend: "transformers" (the reference), "lean" (completiond.lean; an error for model types
+        it lacks) or "auto" (lean where the model type allows). refine: recompute the top REFINE
+        logits in float32 when the model runs in bf16/fp16 (see _logits).
+        cheap_head (greedy only, quantized output layer): logits exact on every row that can be the
+        argmax and -inf elsewhere (quant.exact_head_logits); set `runner.cheap_head = False` for a
+        request that samples, which needs the whole distribution.
+        lean=True, for drafts (whose logits only rank proposals): backend "auto" without refinement."""
+        if lean:
+            backend, refine = "auto", False
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r} (expected one of {', '.join(BACKENDS)})")
+        if backend == "lean" and not supports_lean(lm.model):
+            raise ValueError(f"no lean forward for this {lm.model.config.model_type} configuration")
+        if cheap_head and not isinstance(lm.model.get_output_embeddings(), QuantLinear):
+            raise ValueError("cheap_head needs a quantized output layer (completiond.quant.quantize)")
         self.lm = lm
         self.model = lm.model
         self.base = getattr(lm.model, lm.model.base_model_prefix)  # the decoder without its output layer
-        if lean and supports_lean(lm.model):
-            self.base = LeanGemma3(self.base)
-        self.refine = 0 if lean else REFINE
+        self.backend = "lean" if backend != "transformers" and supports_lean(lm.model) else "transformers"
+        if self.backend == "lean":
+            self.base = lean_decoder(self.base)
+        self.refine = REFINE if refine else 0
+        self.cheap_head = cheap_head
         self.device = lm.device
         cfg = lm.model.config
         self.window: int | None = getattr(cfg, "sliding_window", None)
@@ -112,20 +130,24 @@ class Runner:
         In bf16/fp16 the output layer rounds logits to steps of 0.125 near 20, so the top tokens
         often tie exactly, and a tie may break one way in a one-token pass and the other way in a
         tree pass. The top REFINE candidates are therefore recomputed in float32 (a few rows of the
-        output layer): argmax and sampling then depend on the hidden state, not on rounding.
+        output layer): argmax and sampling then depend on the hidden state, not on rounding. A
+        quantized output layer ranks, and its full-precision weight rescores the top rows.
         """
         head = self.model.get_output_embeddings()
-        logits = head(hidden).float()
-        if hidden.dtype != torch.float32 and len(hidden) and self.refine:
+        if self.cheap_head:
+            logits = exact_head_logits(head, hidden)  # already float32-exact where it can win
+        else:
+            logits = head(hidden).float()
+        if not self.cheap_head and hidden.dtype != torch.float32 and len(hidden) and self.refine:
             top = logits.topk(self.refine, dim=-1).indices  # [n, k]
-            rows = head.weight[top].float()  # [n, k, H]
+            rows = full_weight(head)[top].float()  # [n, k, H]
             exact = (rows @ hidden.float()[:, :, None]).squeeze(-1)
             if getattr(head, "bias", None) is not None:
                 exact = exact + head.bias[top].float()
             logits.scatter_(1, top, exact)
         cap = getattr(self.model.config, "final_logit_softcapping", None)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
+        if cap:  # rows the cheap head ruled out stay -inf
+            logits = torch.where(logits.isneginf(), logits, torch.tanh(logits / cap) * cap)
         return logits
 
     @torch.inference_mode()

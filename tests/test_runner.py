@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import tiny
-from completiond.lean import LeanGemma3
+from completiond.lean import LeanGemma3, LeanQwen2
 from completiond.runner import Runner
 
 
@@ -13,28 +13,39 @@ def reference_logits(lm, ids):
         return lm.model(torch.tensor([ids])).logits[0]
 
 
+# name -> config; names ending in "-lean" run completiond.lean's forward (backend="lean").
 CONFIGS = {
     "gemma-window8": lambda: tiny.gemma_config(window=8, layers=3),
-    "gemma-window8-lean": lambda: tiny.gemma_config(window=8, layers=3),  # the drafts' lean forward
+    "gemma-window8-lean": lambda: tiny.gemma_config(window=8, layers=3),
     "llama": lambda: tiny.llama_config(),
+    "qwen2": lambda: tiny.qwen2_config(),
+    "qwen2-lean": lambda: tiny.qwen2_config(),
+    "qwen2-tied": lambda: tiny.qwen2_config(tied=True),
+    "qwen2-tied-lean": lambda: tiny.qwen2_config(tied=True),
 }
+LEAN_CLASS = {"gemma3_text": LeanGemma3, "qwen2": LeanQwen2}
 
 
 def load(cfg: str):
-    """The config's tiny model with random norm gains (zero-initialised ones would hide a wrong 1 + w)."""
+    """The config's tiny model with random norm gains (zero-initialised ones would hide a wrong 1 + w;
+    Qwen2's ones would hide a wrong 1 + w the other way) and random biases (zero ones would hide
+    dropped q/k/v biases)."""
     lm = tiny.loaded(CONFIGS[cfg]())
     torch.manual_seed(1)
     with torch.no_grad():
         for name, p in lm.model.named_parameters():
             if "norm" in name:
+                p.normal_(0.0 if lm.model.config.model_type == "gemma3_text" else 1.0, 0.3)
+            elif name.endswith(".bias"):
                 p.normal_(0.0, 0.3)
     return lm
 
 
 def runner(cfg: str, lm, **kw) -> Runner:
     lean = cfg.endswith("-lean")
-    r = Runner(lm, lean=lean, **kw)
-    assert isinstance(r.base, LeanGemma3) == lean
+    r = Runner(lm, backend="lean" if lean else "transformers", **kw)
+    assert r.backend == ("lean" if lean else "transformers")
+    assert isinstance(r.base, LEAN_CLASS.get(lm.model.config.model_type, ())) == lean
     return r
 
 
@@ -138,3 +149,43 @@ def test_appended_passes_grow_one_tree(cfg, code_ids):
     r.keep([0, 1])
     torch.testing.assert_close(r.forward([11], [-1], [0])[0],
                                reference_logits(lm, ctx[:41] + [71, 74, 9, 10, 11])[-1], rtol=0, atol=1e-5)
+
+
+def test_backend_choice():
+    """lean=True (drafts) means lean where the model type allows, without refinement; an explicit lean
+    backend on a family it lacks, or an unknown backend, is a clear error."""
+    llama, qwen = tiny.loaded(tiny.llama_config()), tiny.loaded(tiny.qwen2_config())
+    draft = Runner(llama, lean=True)
+    assert draft.backend == "transformers" and draft.refine == 0
+    draft = Runner(qwen, lean=True)
+    assert draft.backend == "lean" and draft.refine == 0
+    target = Runner(qwen, backend="lean", refine=True)
+    assert target.backend == "lean" and target.refine > 0
+    with pytest.raises(ValueError, match="no lean forward"):
+        Runner(llama, backend="lean")
+    with pytest.raises(ValueError, match="unknown backend"):
+        Runner(qwen, backend="onnx")
+    with pytest.raises(ValueError, match="quantized output layer"):
+        Runner(qwen, cheap_head=True)
+
+
+@pytest.mark.parametrize("backend", ["transformers", "lean"])
+def test_bf16_refined_tree_argmax_equals_path_argmax(backend, code_ids):
+    """In bf16 with refinement (as the target runs), each tree node's argmax equals its path's one-token pass."""
+    lm = tiny.loaded(tiny.qwen2_config(), dtype=torch.bfloat16, scale=4.0)
+    ctx = code_ids[:30]
+    nodes, parents = [101, 102, 103, 104, 105, 106], [-1, 0, 0, 1, 3, 2]
+    r = Runner(lm, backend=backend, refine=True)
+    r.extend(ctx)
+    tree = r.forward(nodes, parents, range(len(nodes))).argmax(-1)
+    for i in range(len(nodes)):
+        path, j = [], i
+        while j >= 0:
+            path.append(nodes[j])
+            j = parents[j]
+        alone = Runner(lm, backend=backend, refine=True)
+        alone.extend(ctx)
+        for t in path[::-1][:-1]:
+            alone.forward([t], [-1], [])
+            alone.keep([0])
+        assert alone.forward([path[0]], [-1], [0])[0].argmax() == tree[i], f"node {i}"

@@ -1,0 +1,255 @@
+"""Weight-only quantization with torch's own CPU kernels, and an output layer that stays exact.
+
+Schemes (weights only; activations keep the model's dtype, embeddings stay as they are):
+- int8: per-output-channel symmetric, w ~ q * s with q in [-127, 127], s = max|w_row| / 127;
+  run by `aten._weight_int8pack_mm(x [M, K], q [N, K] int8, s [N])` (s in x's dtype).
+- int4: group-wise asymmetric, groups of INT4_GROUP = 32 along K, w ~ (q - 8) * scale + zero with
+  q in [0, 15] (the tinygemm convention the kernel uses); packed by
+  `aten._convert_weight_to_int4pack_for_cpu(q [N, K] int32, inner_k_tiles)` into uint8 [N, K / 2]
+  and run by `aten._weight_int4pack_mm_for_cpu(x [M, K], packed, group, scale_zero [K / group, N, 2])`.
+
+What the kernels need in torch 2.13 (found by experiment, tests/test_quant.py holds the ones we rely
+on): x 2-D and contiguous; scales in x's dtype; int4: N divisible by 16 (we pad rows), K divisible
+by the group, group in {32, 64, 128, 256}; inner_k_tiles is ignored on CPU; the packing interleaves
+blocks of 64 rows, so packed matrices concatenate along N only where every part but the last has
+a multiple of 64 rows. bf16 activations are fast; fp32 activations work but run a slow path (about
+4x slower than a dense fp32 matmul at one row, ~10-100x at 16-64 rows on this CPU), so quantized
+models should run in bf16.
+
+The output layer keeps a reference to its full-precision weight (`full_weight`: the embedding for
+tied models, so free; for untied models it stays allocated) so that `exact_head_logits` can give
+the full head's argmax while reading the low-bit head, and the runner's float32 refinement can
+rescore its top rows.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SCHEMES = ("int8", "int4")
+INT4_GROUP = 32
+_ROWS = 4096  # rows quantized at a time (bounds the float32 temporaries; a multiple of 64)
+
+
+class QuantLinear(nn.Module):
+    """A linear layer y = x W^T (+ b) with int8 or int4 weights; `forward` accepts [..., K]."""
+
+    def __init__(self, scheme: str, packed: torch.Tensor, scales: torch.Tensor, out_features: int,
+                 in_features: int, bias: torch.Tensor | None = None, group: int = 0):
+        super().__init__()
+        self.scheme, self.group = scheme, group
+        self.out_features, self.in_features = out_features, in_features
+        self.register_buffer("packed", packed, persistent=False)  # int8 [N, K] / uint8 [N_pad, K / 2]
+        self.register_buffer("scales", scales, persistent=False)  # [N] / [K / group, N_pad, 2]
+        self.bias = bias
+        self.full_weight: torch.Tensor | None = None  # the output layer's full-precision weight
+        self.err_norm: torch.Tensor | None = None  # [N] float32: ||w_i - w^_i||_2 (output layer)
+        self.deq_norm: torch.Tensor | None = None  # [N] float32: ||w^_i||_2 (output layer)
+        self._scales_as: dict[torch.dtype, torch.Tensor] = {}
+
+    @classmethod
+    def from_linear(cls, linear: nn.Module, scheme: str, group: int = INT4_GROUP,
+                    norms: bool = False) -> QuantLinear:
+        """Quantize an nn.Linear (or anything with .weight [N, K] and .bias); norms=True also
+        records the per-row error norms the exact output layer needs."""
+        if scheme not in SCHEMES:
+            raise ValueError(f"unknown quantization scheme {scheme!r} (expected one of {', '.join(SCHEMES)})")
+        w = linear.weight.detach()
+        n, k = w.shape
+        if scheme == "int4" and (group not in (32, 64, 128, 256) or k % group):
+            raise ValueError(f"int4 needs a group of 32/64/128/256 dividing the input size {k}, got {group}")
+        packs, scales, err, dn = [], [], [], []
+        if scheme == "int4" and _ROWS % int4_row_block():
+            raise RuntimeError("int4 chunks must be whole packing blocks")
+        for s in range(0, n, _ROWS):
+            rows = w[s:s + _ROWS]
+            q, sc, deq = _int8(rows) if scheme == "int8" else _int4(rows, group)
+            if scheme == "int4":
+                if len(rows) % 16:  # the packer wants N % 16 == 0: zero rows (scale 0, zero 0), sliced off
+                    pad = 16 - len(rows) % 16
+                    q = torch.cat([q, q.new_full((pad, k), 8)])
+                    sc = torch.cat([sc, sc.new_zeros(sc.shape[0], pad, 2)], 1)
+                q = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+            packs.append(q)
+            scales.append(sc)
+            if norms:
+                err.append((rows.float() - deq).norm(dim=1))
+                dn.append(deq.norm(dim=1))
+        bias = None if getattr(linear, "bias", None) is None else linear.bias.detach()
+        out = cls(scheme, torch.cat(packs), torch.cat(scales, 0 if scheme == "int8" else 1), n, k, bias, group)
+        if norms:
+            out.err_norm, out.deq_norm = torch.cat(err), torch.cat(dn)
+        return out
+
+    def _scales(self, dtype: torch.dtype) -> torch.Tensor:
+        """The scales in the activations' dtype (the kernels require it), converted once."""
+        if self.scales.dtype == dtype:
+            return self.scales
+        if dtype not in self._scales_as:
+            self._scales_as[dtype] = self.scales.to(dtype)
+        return self._scales_as[dtype]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).contiguous()  # the kernels take 2-D inputs only
+        if self.scheme == "int8":
+            y = torch.ops.aten._weight_int8pack_mm(x2, self.packed, self._scales(x.dtype))
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.group, self._scales(x.dtype))
+            if y.shape[1] != self.out_features:
+                y = y[:, :self.out_features]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features)
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight the kernels use, float32 [N, K]: the reference for tests (slow for int4 on
+        big layers: it runs the kernel on an identity matrix, since the packed layout is private)."""
+        if self.scheme == "int8":
+            return self.packed.float() * self.scales.float()[:, None]
+        eye = torch.eye(self.in_features, dtype=torch.float32)
+        wt = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group, self._scales(torch.float32))
+        return wt[:, :self.out_features].T.contiguous()
+
+    @staticmethod
+    def cat(parts: list[QuantLinear]) -> nn.Module:
+        """One layer for [x W1^T, x W2^T, ...] (fused q/k/v or gate/up): the packed weights
+        concatenated where the kernels' layout allows it, else the parts run one after another."""
+        scheme, group = parts[0].scheme, parts[0].group
+        if any(p.scheme != scheme or p.group != group or p.in_features != parts[0].in_features for p in parts):
+            raise ValueError("cannot fuse layers quantized differently")
+        if scheme == "int4" and any(p.out_features % int4_row_block() for p in parts[:-1]):
+            return _Parts(parts)  # an int4 part with a row tail would land mid-block
+        bias = None
+        if any(p.bias is not None for p in parts):
+            bias = torch.cat([p.bias if p.bias is not None else p.scales.new_zeros(p.out_features) for p in parts])
+        return QuantLinear(scheme, torch.cat([p.packed for p in parts]),
+                           torch.cat([p.scales for p in parts], 0 if scheme == "int8" else 1),
+                           sum(p.out_features for p in parts), parts[0].in_features, bias, group)
+
+
+class _Parts(nn.Module):
+    def __init__(self, parts: list[nn.Module]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], -1)
+
+
+def _int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w [n, K] -> q int8 [n, K], scales [n] (w's dtype), dequantized float32 [n, K]."""
+    wf = w.float()
+    s = (wf.abs().amax(1) / 127).clamp(min=1e-12).to(w.dtype)  # the stored scale is what the kernel uses
+    sf = s.float()[:, None]
+    q = torch.round(wf / sf).clamp(-127, 127).to(torch.int8)
+    return q, s, q.float() * sf
+
+
+def _int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w [n, K] -> q int32 [n, K] in [0, 15], scale_zero [K / group, n, 2] (w's dtype), dequantized float32."""
+    n, k = w.shape
+    wg = w.float().view(n, k // group, group)
+    lo, hi = wg.amin(-1), wg.amax(-1)
+    scale = ((hi - lo) / 15).clamp(min=1e-12).to(w.dtype).float()  # [n, G]
+    zero = (lo + 8 * scale).to(w.dtype).float()  # the value of q = 8
+    q = torch.round((wg - zero[..., None]) / scale[..., None] + 8).clamp(0, 15)
+    deq = ((q - 8) * scale[..., None] + zero[..., None]).view(n, k)
+    sz = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(w.dtype)
+    return q.to(torch.int32).view(n, k), sz, deq
+
+
+def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP) -> None:
+    """Replace every nn.Linear of the decoder and the output layer by a QuantLinear, in place.
+
+    Embeddings stay as they are. The output layer keeps `full_weight` (see the module docstring).
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown quantization scheme {scheme!r} (expected one of {', '.join(SCHEMES)})")
+    base = getattr(model, model.base_model_prefix)
+    for module in list(base.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, name, QuantLinear.from_linear(child, scheme, group))
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear):
+        raise ValueError(f"cannot quantize an output layer of type {type(head).__name__}")
+    qhead = QuantLinear.from_linear(head, scheme, group, norms=True)
+    qhead.full_weight = head.weight.detach()
+    model.set_output_embeddings(qhead)
+
+
+def scheme_of(model: nn.Module) -> str:
+    """'int8' / 'int4' for a quantized model, else 'none'."""
+    head = model.get_output_embeddings()
+    return head.scheme if isinstance(head, QuantLinear) else "none"
+
+
+def full_weight(head: nn.Module) -> torch.Tensor:
+    """The output layer's full-precision weight [V, H], quantized or not."""
+    w = head.full_weight if isinstance(head, QuantLinear) else head.weight
+    if w is None:
+        raise ValueError("this quantized output layer kept no full-precision weight")
+    return w
+
+
+# Rounding slack of the low-bit head as run, relative (see head_bound): bf16 outputs are rounded
+# to 8 significant bits (relative error <= 2^-8), and the kernels may round the dequantized weight
+# or partial sums to bf16 (<= 2^-8 of sum |h_k| |w^_ik| <= 2^-8 ||h|| ||w^_i||).
+_SLACK = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -9, torch.float32: 2.0 ** -18}
+
+
+def head_bound(head: QuantLinear, hidden: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """Bound [n, V] on |full-precision logit - low-bit logit as computed| for each row.
+
+    |h.w_i - h.w^_i| <= ||h|| ||w_i - w^_i|| (Cauchy-Schwarz), plus the kernel's rounding: a
+    relative slack of the logit itself and of ||h|| ||w^_i||. hidden [n, H], low [n, V] float32.
+    """
+    if head.err_norm is None:
+        raise ValueError("this quantized layer has no error norms (quantize the output layer with norms=True)")
+    slack = _SLACK.get(hidden.dtype, 2.0 ** -7)
+    h = hidden.float().norm(dim=-1, keepdim=True)  # [n, 1]
+    return h * (head.err_norm * 1.001 + slack * head.deq_norm) + slack * low.abs() + 1e-6
+
+
+def exact_head_logits(head: QuantLinear, hidden: torch.Tensor, max_share: float = 0.25) -> torch.Tensor:
+    """float32 logits [n, V] whose argmax is exactly the full-precision head's (greedy only).
+
+    The low-bit head gives every row a logit within `head_bound` of the exact one; rows whose upper
+    bound reaches the best lower bound of their token can win, and every such row (over the union of
+    the n tokens) is recomputed in float32 with the full-precision weight. Other rows are -inf.
+    Sampling needs the whole distribution: use the full head (`full_weight`) for it instead.
+    "Exact" means float32 dot products with the full weight, as the runner's refinement computes them.
+    When more than max_share of the vocabulary can win, the whole full head is computed.
+    """
+    n = hidden.shape[0]
+    low = head(hidden).float()  # [n, V]
+    bound = head_bound(head, hidden, low)
+    best = (low - bound).amax(-1, keepdim=True)  # [n, 1]: a lower bound on each token's max logit
+    cols = ((low + bound) >= best).any(0).nonzero().squeeze(1)  # rows that can win for some token
+    w = full_weight(head)
+    if len(cols) > max_share * head.out_features:
+        logits = F.linear(hidden.float(), w.float())
+        return logits if head.bias is None else logits + head.bias.float()
+    exact = hidden.float() @ w[cols].float().T  # [n, c]
+    if head.bias is not None:
+        exact = exact + head.bias[cols].float()
+    out = torch.full((n, head.out_features), float("-inf"), device=hidden.device)
+    out[:, cols] = exact
+    return out
+
+
+@functools.cache
+def int4_row_block() -> int:
+    """Rows the int4 packer interleaves as one block (64 in torch 2.13; tests check it)."""
+    f = torch.ops.aten._convert_weight_to_int4pack_for_cpu
+    g = torch.Generator().manual_seed(0)
+    for b in (16, 32, 64, 128, 256):
+        a, c = (torch.randint(0, 16, (b, 64), dtype=torch.int32, generator=g) for _ in range(2))
+        if torch.equal(f(torch.cat([a, c]), 1), torch.cat([f(a, 1), f(c, 1)])):
+            return b
+    raise RuntimeError("int4 packing does not split into row blocks of <= 256")
