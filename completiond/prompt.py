@@ -100,6 +100,19 @@ def fim_tokens(tokenizer) -> Fim | None:
     return _FIM[tokenizer]
 
 
+_BOS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def bos_ids(tokenizer) -> list[int]:
+    """[BOS] when the tokenizer itself starts sequences with it (Gemma), else [] (Qwen has a
+    bos_token but never adds it; llama.cpp leaves it out too)."""
+    if tokenizer not in _BOS:
+        bos = getattr(tokenizer, "bos_token_id", None)
+        probe = tokenizer.encode("a", add_special_tokens=True) if bos is not None else []
+        _BOS[tokenizer] = [bos] if probe and probe[0] == bos else []
+    return _BOS[tokenizer]
+
+
 def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max_tokens: int = 3072,
                  path: str | None = None, context: list[ContextFile] | None = None, repo: str = "") -> Prompt:
     """Prompt ids for a completion at `offset` in `text`.
@@ -112,7 +125,7 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     """
     prefix, suffix = text[:offset], text[offset:]
     stops = _stops(prefix, suffix, multiline)
-    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
+    bos = bos_ids(tokenizer)
     enc = lambda s: tokenizer.encode(s, add_special_tokens=False) if s else []  # noqa: E731
     fim = fim_tokens(tokenizer)
     head: list[int] = []

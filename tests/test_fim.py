@@ -95,3 +95,21 @@ def test_lossless_with_a_tiny_qwen2_and_fim_prompts(mode):
         assert got.token_ids == ref.token_ids
         assert len(ref.token_ids) > 0
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_rewrite_uses_the_chat_template_and_keeps_the_selection_in_the_prompt():
+    import copy
+
+    from completiond.rewrite import rewrite_prompt
+
+    tok = copy.deepcopy(tiny.qwen_tokenizer())
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    selection = "def f(a):\n    return a\n"
+    text = "x = 1\n" + selection
+    ids, stops = rewrite_prompt(tok, text, 6, len(text), "Rename `a` to `b`.", "python")
+    shown = tok.decode(ids)
+    assert shown.startswith("<|im_start|>system\n") and "<|im_start|>user\n" in shown
+    assert shown.endswith("<|im_start|>assistant\n```python\n")
+    assert selection in shown and "Rename `a` to `b`." in shown
+    assert stops.cut("def f(b):\n    return b\n```\n") == len("def f(b):\n    return b")

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import tiny
+from tokenizers import processors
 from completiond.index import Segment, TokenIndex, continuations
 from completiond.prompt import PositionError, build_prompt, offset_at
 from completiond.stops import StopRules
@@ -52,10 +53,23 @@ def test_fim_prompt_when_the_tokenizer_has_fim_tokens():
     pre, suf, mid = tok.convert_tokens_to_ids(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"])
     text = "def f(x):\n    return x\n"
     p = build_prompt(tok, text, text.index("return"))
-    assert p.ids[1] == pre and p.ids[-1] == mid and suf in p.ids
+    assert p.ids[0] == pre and p.ids[-1] == mid and suf in p.ids
     assert tok.decode(p.ids[p.ids.index(suf) + 1:-1]) == "return x\n"
-    plain = tiny.tokenizer()  # no FIM tokens: BOS + the prefix alone, the suffix left out
-    assert build_prompt(plain, text, 4).ids == [plain.bos_token_id] + plain.encode(text[:4], add_special_tokens=False)
+    plain = tiny.tokenizer()  # no FIM tokens: the prefix alone, the suffix left out
+    assert build_prompt(plain, text, 4).ids == plain.encode(text[:4], add_special_tokens=False)
+
+
+def test_bos_only_where_the_tokenizer_adds_it():
+    import copy
+
+    from completiond.prompt import bos_ids
+
+    assert bos_ids(tiny.qwen_tokenizer()) == []  # has no BOS of its own
+    tok = copy.deepcopy(tiny.tokenizer())  # a tokenizer that starts sequences with BOS (as Gemma's does)
+    tok._tokenizer.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", tok.bos_token_id)])
+    assert bos_ids(tok) == [tok.bos_token_id]
+    assert build_prompt(tok, "x = 1\n", 3).ids[0] == tok.bos_token_id
 
 
 def test_single_line_stop():
