@@ -174,6 +174,35 @@ async def test_incremental_utf16_edits_match_direct_daemon(daemon_sock):
     assert (via_lsp.items[0].insert_text if via_lsp.items else "") == direct["text"]
 
 
+async def test_refused_edit_resyncs_the_document_and_retries(daemon_sock):
+    from pygls.workspace import TextDocument
+
+    from completiond.client import Client as RpcClient
+
+    # an edit past the end: pygls appends it, the daemon refuses it ("bad change range") and stays at
+    # version 1; the completion names version 2, the daemon answers -32801 and the server re-sends the text
+    change = types.TextDocumentContentChangePartial(
+        range=types.Range(start=types.Position(line=50, character=0), end=types.Position(line=50, character=0)),
+        text="    return a * b\n\n\ndef div(a, b):\n")
+    expected = TextDocument(URI, SRC, version=1)
+    expected.apply_change(change)
+    assert expected.source == SRC + change.text
+    client, _ = await start_lsp(options(daemon_sock))
+    try:
+        did_open(client)
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=URI, version=2), content_changes=[change]))
+        via_lsp = await asyncio.wait_for(inline(client, 12, 14), 60)
+    finally:
+        await stop_lsp(client)
+    rpc = await RpcClient.connect(daemon_sock)
+    await rpc.request("document/open", {"uri": URI, "text": expected.source, "version": 2})
+    direct = await rpc.request("complete", {"uri": URI, "position": {"line": 12, "character": 14},
+                                            "version": 2, "max_tokens": 16})
+    await rpc.close()
+    assert [i.insert_text for i in via_lsp.items] == ([direct["text"]] if direct["text"] else [])
+
+
 async def test_cancel_request_and_latest_wins(daemon_sock):
     client, _ = await start_lsp(options(daemon_sock, maxTokens=2000, mode="ar"))
     try:

@@ -20,3 +20,15 @@ def test_cache_root_follows_completiond_cache(tmp_path, monkeypatch):
     assert cache_root() == tmp_path / "c"
     monkeypatch.delenv("COMPLETIOND_CACHE")
     assert "completiond" in cache_root().parts
+
+
+def test_stale_version_recognised_by_code_and_old_message():
+    from completiond import protocol as P
+    from completiond.client import DaemonError
+    from completiond_lsp.server import is_stale_version
+
+    assert is_stale_version(DaemonError(P.CONTENT_MODIFIED, "document moved on"))
+    # a daemon from before -32801
+    assert is_stale_version(DaemonError(P.INVALID_PARAMS, "document is at version 20, request names 19"))
+    assert not is_stale_version(DaemonError(P.INVALID_PARAMS, "unknown document 'file:///x.py'"))
+    assert not is_stale_version(DaemonError(P.INTERNAL_ERROR, "version mismatch in the engine"))

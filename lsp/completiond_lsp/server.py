@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
@@ -24,6 +25,7 @@ from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 
 from completiond import __version__
+from completiond import protocol as P
 from completiond.client import DaemonError
 
 from .daemon_link import DaemonLink, DaemonUnavailable
@@ -77,10 +79,6 @@ class CompletiondServer(LanguageServer):
         self.window_log_message(types.LogMessageParams(type=level, message=message))
 
     def apply_settings(self) -> None:
-        from pathlib import Path
-
-        from completiond import protocol as P
-
         s = self.settings
         self.link.socket = Path(s.socket) if s.socket else P.socket_path()
         self.link.autostart = bool(s.autostart)
@@ -152,6 +150,15 @@ async def did_close(ls: CompletiondServer, params: types.DidCloseTextDocumentPar
     await ls.link.notify("document/close", {"uri": params.text_document.uri})
 
 
+def is_stale_version(e: DaemonError) -> bool:
+    """The daemon's copy of the document is not at the version the request names (an edit it refused)."""
+    if e.code == P.CONTENT_MODIFIED:
+        return True
+    # Fallback for a daemon older than -32801, which answered -32602 "document is at version N, request
+    # names M"; remove once no such daemon is in use (an autostarted daemon outlives LSP upgrades).
+    return e.code == P.INVALID_PARAMS and "version" in e.message
+
+
 async def daemon_request(ls: CompletiondServer, method: str, params: dict, partial: str, on_partial) -> dict:
     """Send a streaming request to the daemon; cancel it there if this task is cancelled."""
     try:
@@ -164,7 +171,7 @@ async def daemon_request(ls: CompletiondServer, method: str, params: dict, parti
         try:
             return await fut
         except DaemonError as e:
-            if "version" not in e.message or "uri" not in params:
+            if not is_stale_version(e) or "uri" not in params:
                 raise
             # out of sync (an edit the daemon refused): send the editor's full text, then try once more
             doc = ls.workspace.get_text_document(params["uri"])
