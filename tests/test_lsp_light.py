@@ -32,3 +32,15 @@ def test_stale_version_recognised_by_code_and_old_message():
     assert is_stale_version(DaemonError(P.INVALID_PARAMS, "document is at version 20, request names 19"))
     assert not is_stale_version(DaemonError(P.INVALID_PARAMS, "unknown document 'file:///x.py'"))
     assert not is_stale_version(DaemonError(P.INTERNAL_ERROR, "version mismatch in the engine"))
+
+
+def test_settings_defaults_match_readme_and_wire_schema():
+    from dataclasses import fields
+
+    from completiond import protocol as P
+    from completiond_lsp.server import Settings
+
+    s = Settings()
+    assert s.debounceMs == 75 and s.mode == "combined" and s.mode in P.MODES  # as README states
+    wire = {f.name: f.default for f in fields(P.Complete)}
+    assert s.maxTokens == wire["max_tokens"] and s.multiline is wire["multiline"] is True

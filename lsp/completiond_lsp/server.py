@@ -38,9 +38,9 @@ REWRITE = "completiond.rewrite"
 class Settings:
     """initializationOptions / settings.completiond (camelCase on the wire)."""
     mode: str = "combined"
-    maxTokens: int = 64
-    multiline: bool = True
-    debounceMs: int = 50
+    maxTokens: int = P.DEFAULT_MAX_TOKENS
+    multiline: bool = True  # the daemon's default too (protocol.Complete)
+    debounceMs: int = 75  # README's documented default; requests typed within it are dropped unsent
     socket: str | None = None
     autostart: bool = True
     streaming: bool = False
