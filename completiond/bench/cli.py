@@ -43,7 +43,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
     from ..cli import UsageError
     from ..engine import MODES, Engine
-    from ..models import ModelError, load, load_draft
+    from ..models import ModelError, draft_label, load, load_draft
     from .modes import run_modes
     from .peers import llama_cpp_available, run_llama_cpp, run_transformers
     from .report import details, plot, summarize_modes, summarize_peers
@@ -79,7 +79,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     summary = {
         "repo": label, "machine": machine(target), "date": datetime.date.today().isoformat(),
         "command": "completiond " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
-        "positions": len(prepared), "target": target.name, "draft": draft.name if draft else None,
+        "positions": len(prepared), "target": target.name, "draft": draft_label(a.draft, draft, target),
         "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
         "max_tokens": a.max_tokens, "pass_cost_ms": {str(k): round(v, 2) for k, v in costs.items()},
         "modes": summarize_modes(prepared, modes), "peers": summarize_peers(prepared, peer_rows),

@@ -26,8 +26,9 @@ class Run:
     position: int
     mode: str
     result: Result
-    exact: bool
+    exact: bool  # the completed line equals the real one
     similarity: float
+    exact_middle: bool = False  # the whole completion equals the removed text (no extra lines)
     identical: bool = True
     divergence: dict | None = None
 
@@ -49,7 +50,8 @@ def prepare(engine: Engine, root: Path, positions: list[Position], multiline: bo
     for p in positions:
         text = read_text_file(p.file) or ""
         doc, offset = p.document(text)
-        pr = build_prompt(tok, doc, offset, multiline=multiline, max_tokens=max_prompt)
+        pr = build_prompt(tok, doc, offset, multiline=multiline, max_tokens=max_prompt,
+                          path=p.file.relative_to(root).as_posix(), repo=root.name)
         out.append(Prepared(pr.ids, doc, pr.stops, p.reference, p.file))
     return out
 
@@ -96,7 +98,8 @@ def run_modes(engine: Engine, root: Path, positions: list[Position], modes: list
             cut = warm(engine, pp.prompt)
             res = engine.complete(Request(prompt=pp.prompt, mode=mode, max_tokens=max_tokens, stops=pp.stops))
             line = first_line(res.text)
-            run = Run(i, mode, res, exact=line == pp.reference, similarity=edit_similarity(line, pp.reference))
+            run = Run(i, mode, res, exact=line == pp.reference, similarity=edit_similarity(line, pp.reference),
+                      exact_middle=res.text.rstrip() == pp.reference)
             if mode != "ar":
                 ar = pp.runs["ar"].result
                 run.identical = res.token_ids == ar.token_ids

@@ -9,14 +9,16 @@ generates as many tokens as our `ar` produced at that position, so times compare
 from __future__ import annotations
 
 import copy
+import sys
 import time
 
 import torch
 from transformers import DynamicCache
 
 from ..engine import Engine
-from ..models import LoadedModel, default_gguf_path
+from ..models import LoadedModel
 from .modes import WARM_GAP, Prepared
+from .repo import edit_similarity, first_line
 
 
 def full_vocab_draft(draft: LoadedModel, vocab: int) -> torch.nn.Module:
@@ -96,7 +98,10 @@ def run_llama_cpp(engine: Engine, prepared: list[Prepared], threads: int) -> dic
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    gguf = str(default_gguf_path())
+    gguf = engine.target.meta.get("gguf")
+    if not gguf:
+        print("completiond bench: the target was not loaded from a GGUF file; skipping llama.cpp", file=sys.stderr)
+        return {}
     out: dict[str, list[dict]] = {}
     tok = engine.target.tokenizer
     n_ctx = max(len(pp.prompt) + len(pp.runs["ar"].result.token_ids) for pp in prepared) + 64
@@ -119,7 +124,11 @@ def run_llama_cpp(engine: Engine, prepared: list[Prepared], threads: int) -> dic
                 if len(gen) >= n:
                     break
             ms = (time.perf_counter() - t0) * 1000
+            text = tok.decode([t for t in gen if t not in engine.eos], skip_special_tokens=False)
+            cut = pp.stops.cut(text)
+            line = first_line(text if cut is None else text[:cut])
             rows.append({"position": prepared.index(pp), "ms_total": ms, "tokens": len(gen),
+                         "exact": line == pp.reference, "similarity": edit_similarity(line, pp.reference),
                          "identical": gen == pp.runs["ar"].result.token_ids,
                          "text_identical": tok.decode(gen) == tok.decode(pp.runs["ar"].result.token_ids)})
         out[name] = rows

@@ -36,6 +36,7 @@ def summarize_modes(prepared: list[Prepared], modes: list[str]) -> dict:
             "speedup_vs_ar": round(sum(ar_ms) / sum(ms), 3) if sum(ms) else 0.0,
             "identical_rate": round(sum(r.identical for r in runs) / len(runs), 4),
             "exact_match": round(sum(r.exact for r in runs) / len(runs), 4),
+            "exact_middle": round(sum(r.exact_middle for r in runs) / len(runs), 4),
             "edit_similarity": round(float(np.mean([r.similarity for r in runs])), 4),
             "tokens": tokens, "target_passes": passes,
             # P(draft token at depth d accepted) per pass: acceptance by position in the tree
@@ -74,6 +75,9 @@ def summarize_peers(prepared: list[Prepared], peer_rows: dict[str, list[dict]]) 
             "tokens_per_s": round(tokens / (sum(ms) / 1000), 2) if sum(ms) else 0.0,
             "speedup_vs_ar": round(sum(ar_ms) / sum(ms), 3) if sum(ms) else 0.0,
             "identical_rate": round(sum(r["identical"] for r in rows) / len(rows), 4),
+            **({"exact_match": round(sum(r["exact"] for r in rows) / len(rows), 4),
+                "edit_similarity": round(float(np.mean([r["similarity"] for r in rows])), 4)}
+               if "exact" in rows[0] else {}),
             **({"assistant": rows[0]["assistant"]} if "assistant" in rows[0] else {}),
         }
     return out
