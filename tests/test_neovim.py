@@ -386,9 +386,66 @@ def test_checkhealth_before_the_first_completion(daemon_sock, workspace):
         quit_nvim(n)
 
 
+# setup(opts) with vim.notify captured: returns { started, messages, config_set }.
+SETUP_CAPTURED = """
+local root, opts = ...
+vim.opt.rtp:prepend(root)
+local seen = {}
+local notify = vim.notify
+vim.notify = function(msg, level) seen[#seen + 1] = { msg = msg, level = level } end
+local ok, started = pcall(require('completiond').setup, opts)
+vim.notify = notify
+return { ok = ok, started = started, messages = seen, configured = require('completiond').config ~= nil }
+"""
+
+
+@pytest.mark.parametrize("opts, message", [
+    ({"debounce_ms": "fast"}, "completiond: debounce_ms: expected a number >= 0, got fast"),
+    ({"multiline": "yes"}, "completiond: multiline: expected boolean, got string"),
+    ({"mode": "turbo"}, "completiond: mode: expected one of 'ar', 'pld', 'draft', 'combined', got turbo"),
+    ({"max_tokens": 4096}, "completiond: max_tokens: expected an integer from 1 to 2048, got 4096"),
+    ({"cmd": "completiond-lsp"}, "completiond: cmd: expected a non-empty list of strings, got completiond-lsp"),
+    ({"keys": {"accept": 1}}, "completiond: keys.accept: expected a key (string) or false, got 1"),
+    ({"debounce": 50}, 'completiond: unknown option "debounce" (known: autostart, cmd, debounce_ms, '),
+    ({"keys": {"acept": "<Tab>"}}, "completiond: unknown option keys.acept (known: accept, accept_line, "),
+])
+def test_setup_rejects_bad_options_with_one_clear_line(opts, message):
+    n = fresh_nvim()
+    try:
+        r = n.exec_lua(SETUP_CAPTURED, str(PLUGIN_ROOT), opts)
+        assert r["ok"] and r["started"] is False, r  # reported, not raised
+        assert len(r["messages"]) == 1, r
+        msg = r["messages"][0]
+        assert msg["msg"].startswith(message) and "\n" not in msg["msg"], msg
+        assert msg["level"] == n.exec_lua("return vim.log.levels.ERROR")
+        assert not r["configured"]  # nothing started with a bad config
+    finally:
+        quit_nvim(n)
+
+
+def test_setup_with_every_option_given_starts(daemon_sock, workspace):
+    opts = {"cmd": [sys.executable, "-m", "completiond_lsp.server"], "filetypes": ["python"],
+            "exclude_filetypes": ["help"], "root_markers": [".git"], "debounce_ms": DEBOUNCE_MS,
+            "renderer": "extmark", "hl_group": "CompletiondGhost",
+            "keys": {"accept": "<Tab>", "accept_word": False, "accept_line": "<M-l>", "dismiss": "<C-]>"},
+            "mode": "combined", "max_tokens": MAX_TOKENS, "multiline": True, "streaming": True,
+            "socket": str(daemon_sock), "autostart": False, "target": "t", "draft": "self:1",
+            "dtype": "float32", "device": "cpu", "init_options": {}}
+    n = fresh_nvim()
+    try:
+        r = n.exec_lua(SETUP_CAPTURED, str(PLUGIN_ROOT), opts)
+        assert r["ok"] and r["started"] is True and r["messages"] == [] and r["configured"], r
+        open_buffer(n, workspace / "all_options.py", PY)
+        n.input("GA")
+        settled_ghost(n, timeout=90)  # attached and shows a suggestion (a fresh daemon's first one may be slow)
+        assert n.exec_lua("return vim.fn.maparg('<M-Right>', 'i')") == ""  # accept_word = false: unmapped
+    finally:
+        quit_nvim(n)
+
+
 def test_native_renderer_option(daemon_sock, workspace):
     """renderer = 'native' hands the suggestion to Neovim 0.12's vim.lsp.inline_completion."""
-    n = pynvim.attach("child", argv=[NVIM, "--embed", "--headless", "--clean", "-n"])
+    n = fresh_nvim()
     try:
         if not n.exec_lua("return vim.lsp.inline_completion ~= nil"):
             pytest.skip("this Neovim has no vim.lsp.inline_completion")
@@ -406,7 +463,4 @@ def test_native_renderer_option(daemon_sock, workspace):
         n.input("<Tab>")
         wait_for(lambda: n.current.buffer[3] == PY[3] + text, timeout=5, what="accepted text")
     finally:
-        try:
-            n.command("qa!", async_=True)
-        finally:
-            n.close()
+        quit_nvim(n)

@@ -39,6 +39,102 @@ M.defaults = {
   init_options = {},
 }
 
+local MODES = { ar = true, pld = true, draft = true, combined = true }
+local RENDERERS = { extmark = true, native = true }
+
+local function list_of_strings(v)
+  if not vim.islist(v) then
+    return false
+  end
+  for _, x in ipairs(v) do
+    if type(x) ~= 'string' then
+      return false
+    end
+  end
+  return true
+end
+
+local function key_or_false(v)
+  return v == false or type(v) == 'string'
+end
+
+-- name -> { validator (a type name or a predicate), what a predicate expects }. Omitted options
+-- take their defaults, so only given values are checked.
+M.schema = {
+  cmd = { function(v) return list_of_strings(v) and #v > 0 end, 'a non-empty list of strings' },
+  filetypes = { list_of_strings, 'a list of strings' },
+  exclude_filetypes = { list_of_strings, 'a list of strings' },
+  root_markers = { list_of_strings, 'a list of strings' },
+  debounce_ms = { function(v) return type(v) == 'number' and v >= 0 end, 'a number >= 0' },
+  renderer = { function(v) return RENDERERS[v] ~= nil end, "'extmark' or 'native'" },
+  hl_group = { 'string' },
+  keys = { 'table' },
+  mode = { function(v) return MODES[v] ~= nil end, "one of 'ar', 'pld', 'draft', 'combined'" },
+  -- the daemon's cap on max_tokens is 2048
+  max_tokens = { function(v) return type(v) == 'number' and v >= 1 and v <= 2048 and v % 1 == 0 end,
+                 'an integer from 1 to 2048' },
+  multiline = { 'boolean' },
+  streaming = { 'boolean' },
+  socket = { 'string' },
+  autostart = { 'boolean' },
+  target = { 'string' },
+  draft = { 'string' },
+  dtype = { 'string' },
+  device = { 'string' },
+  init_options = { 'table' },
+}
+M.key_names = { accept = true, accept_word = true, accept_line = true, dismiss = true }
+
+local function sorted_names(t)
+  local names = vim.tbl_keys(t)
+  table.sort(names)
+  return table.concat(names, ', ')
+end
+
+--- One vim.validate check, with either signature (the table form is the only one before 0.11).
+local function check(name, value, validator, expected)
+  if vim.fn.has('nvim-0.11') == 1 then
+    vim.validate(name, value, validator, false, expected)
+  else
+    vim.validate({ [name] = { value, validator, expected } })
+  end
+end
+
+--- Check the options given to setup(): known names, and each value's type.
+---@param opts table|nil
+---@return boolean ok, string? message (one line, naming the option)
+function M.validate(opts)
+  if opts == nil then
+    return true
+  end
+  if type(opts) ~= 'table' then
+    return false, ('setup() expects a table of options, got %s'):format(type(opts))
+  end
+  for name in pairs(opts) do
+    if M.schema[name] == nil then
+      return false, ('unknown option %s (known: %s)'):format(vim.inspect(name), sorted_names(M.schema))
+    end
+  end
+  local ok, err = pcall(function()
+    for name, spec in pairs(M.schema) do
+      if opts[name] ~= nil then
+        check(name, opts[name], spec[1], spec[2])
+      end
+    end
+    for name, value in pairs(opts.keys or {}) do
+      if not M.key_names[name] then
+        error(('unknown option keys.%s (known: %s)'):format(tostring(name), sorted_names(M.key_names)), 0)
+      end
+      check('keys.' .. name, value, key_or_false, 'a key (string) or false')
+    end
+  end)
+  if not ok then
+    -- vim.validate may prefix the caller's file:line; the option name is what the user needs
+    return false, (tostring(err):gsub('^[^\n]-:%d+: ', ''))
+  end
+  return true
+end
+
 ---@param opts table|nil
 ---@return table
 function M.merge(opts)

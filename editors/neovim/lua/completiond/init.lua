@@ -216,7 +216,16 @@ function M.rewrite(line1, line2, instruction)
   end, bufnr)
 end
 
+--- Start completiond with opts (lua/completiond/config.lua). Bad options are reported with
+--- vim.notify (one line naming the option) and nothing starts; returns whether setup went ahead.
+---@param opts table?
+---@return boolean
 function M.setup(opts)
+  local valid, problem = config.validate(opts)
+  if not valid then
+    vim.notify('completiond: ' .. problem, vim.log.levels.ERROR)
+    return false
+  end
   if not vim.g.loaded_completiond then
     vim.cmd.runtime('plugin/completiond.lua') -- the commands, when the plugin was put on 'rtp' late
   end
@@ -241,6 +250,7 @@ function M.setup(opts)
       M.attach(bufnr)
     end
   end
+  return true
 end
 
 return M
