@@ -171,7 +171,8 @@ def test_backend_choice():
 
 @pytest.mark.parametrize("backend", ["transformers", "lean"])
 def test_bf16_refined_tree_argmax_equals_path_argmax(backend, code_ids):
-    """In bf16 with refinement (as the target runs), each tree node's argmax equals its path's one-token pass."""
+    """In bf16 with refinement (as the target runs), each tree node's argmax equals its path's one-token
+    pass (this seed's nodes are all clear of bf16 noise: see test_quant.BF16_NOISE)."""
     lm = tiny.loaded(tiny.qwen2_config(), dtype=torch.bfloat16, scale=4.0)
     ctx = code_ids[:30]
     nodes, parents = [101, 102, 103, 104, 105, 106], [-1, 0, 0, 1, 3, 2]

@@ -1,0 +1,239 @@
+"""Weight-only int8/int4 on torch's CPU kernels, and the exact cheap output layer."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import tiny
+from completiond import quant
+from completiond.quant import QuantLinear, exact_head_logits, head_bound, quantize
+from completiond.runner import Runner
+from test_runner import load
+
+SCHEMES = ["int8", "int4"]
+
+
+def linear(n: int, k: int, bias: bool = False, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    m = nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        m.weight.normal_(0, 0.05)
+    return m
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("n", [64, 200, 521])  # 200, 521: int4 pads rows to a multiple of 16
+def test_quant_linear_runs_its_dequantized_weight(scheme, n):
+    """fp32 activations: the kernel's output equals x @ W^T with the dequantized weight (1e-5), for
+    2-D, 3-D and empty inputs, with a bias; the dequantized weight is near the original one."""
+    lin = linear(n, 128, bias=True)
+    q = QuantLinear.from_linear(lin, scheme)
+    deq = q.dequantize()
+    assert deq.shape == (n, 128)
+    step = 0.05 * 4 / (127 if scheme == "int8" else 7.5)  # about the quantization step at 4 sigma
+    assert (deq - lin.weight).abs().max() < step
+    x = torch.randn(2, 5, 128)
+    torch.testing.assert_close(q(x), x @ deq.T + lin.bias, rtol=0, atol=1e-5)
+    assert q(torch.randn(0, 128)).shape == (0, n)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_quant_linear_bf16_within_rounding(scheme):
+    """bf16 activations (the fast path): within bf16 output rounding of the dequantized matmul."""
+    lin = linear(256, 128).to(torch.bfloat16)
+    q = QuantLinear.from_linear(lin, scheme)
+    x = torch.randn(7, 128).bfloat16()
+    ref = x.float() @ q.dequantize().T
+    assert ((q(x).float() - ref).abs() <= ref.abs() * 2 ** -8 + 1e-3).all()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_fused_layers_equal_the_parts(scheme):
+    """q/k/v-style fusion: one packed matmul (or the parts in turn, where the int4 layout forbids it)."""
+    assert quant.int4_row_block() == 64  # what QuantLinear.cat assumes of torch 2.13's packer
+    x = torch.randn(3, 64)
+    for sizes in ([128, 64, 64], [64, 32, 32]):  # 32-row int4 parts cannot be concatenated
+        parts = [QuantLinear.from_linear(linear(n, 64, bias=True, seed=i), scheme) for i, n in enumerate(sizes)]
+        fused = QuantLinear.cat(parts)
+        torch.testing.assert_close(fused(x), torch.cat([p(x) for p in parts], -1), rtol=0, atol=1e-6)
+
+
+def test_bad_scheme_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown quantization scheme 'int3'"):
+        quantize(tiny.loaded(tiny.qwen2_config()).model, "int3")
+    with pytest.raises(ValueError, match="int4 needs a group"):
+        QuantLinear.from_linear(linear(64, 96), "int4", group=64)
+
+
+def dequantized_reference(model: nn.Module) -> nn.Module:
+    """A copy of a quantized model whose QuantLinears are nn.Linears holding the dequantized weights."""
+    ref = copy.deepcopy(model)
+    for module in list(ref.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, QuantLinear):
+                lin = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
+                with torch.no_grad():
+                    lin.weight.copy_(child.dequantize())
+                    if child.bias is not None:
+                        lin.bias.copy_(child.bias)
+                setattr(module, name, lin)
+    return ref
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("cfg", ["qwen2", "qwen2-tied", "gemma-window8"])
+def test_quantized_model_matches_dequantized_reference(cfg, scheme, code_ids):
+    """Every decoder linear and the output layer quantized: logits within 1e-4 of the same model
+    with the dequantized weights in nn.Linear (fp32), and not equal to the unquantized model's."""
+    lm = load(cfg)
+    ids = torch.tensor([code_ids[:24]])
+    with torch.no_grad():
+        before = lm.model(ids).logits
+        quantize(lm.model, scheme)
+        assert quant.scheme_of(lm.model) == scheme
+        assert not any(type(m) is nn.Linear for m in lm.model.modules())
+        got = lm.model(ids).logits
+        ref = dequantized_reference(lm.model)(ids).logits
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-4)
+    assert (got - before).abs().max() > 1e-3
+
+
+def path_of(nodes, parents, i):
+    path = []
+    while i >= 0:
+        path.append(nodes[i])
+        i = parents[i]
+    return path[::-1]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("cfg", ["qwen2", "qwen2-tied-lean", "gemma-window8-lean"])
+def test_quantized_tree_pass_equals_each_path(cfg, scheme, code_ids):
+    """The quantized model's tree pass (either backend, fp32 activations) gives each node the logits of
+    a plain forward of the same quantized model over its path (1e-4) and the same argmax."""
+    lm = load(cfg)
+    quantize(lm.model, scheme)
+    ctx = code_ids[:40]
+    r = Runner(lm, backend="lean" if cfg.endswith("-lean") else "transformers")
+    r.extend(ctx)
+    nodes, parents = [ctx[39]] + [101, 102, 103, 104, 105], [-1, 0, 0, 1, 3, 2]
+    r.rollback(39)
+    logits = r.forward(nodes, parents, range(len(nodes)))
+    for i in range(len(nodes)):
+        with torch.no_grad():
+            alone = lm.model(torch.tensor([ctx[:39] + path_of(nodes, parents, i)])).logits[0, -1]
+        torch.testing.assert_close(logits[i], alone, rtol=0, atol=1e-4)
+        assert logits[i].argmax() == alone.argmax()
+
+
+# bf16 passes are not bit-stable across pass shapes (a one-token pass and a tree pass over the same path
+# differ by up to ~0.1 in a tiny model's logits, quantized or not: attention reduces over a different
+# number of keys and rounds to bf16), so in bf16 only nodes whose argmax is clear of that noise must agree.
+BF16_NOISE = 0.25
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("backend", ["transformers", "lean"])
+def test_quantized_tree_argmax_equals_one_token_passes(backend, scheme, dtype, code_ids):
+    """Each tree node's argmax equals the argmax after one-token passes along its path, same runner
+    (refined top rows in bf16): every node in fp32 activations, nodes clear of bf16 noise in bf16."""
+    lm = tiny.loaded(tiny.qwen2_config(hidden=128), dtype=dtype, scale=4.0)
+    quantize(lm.model, scheme)
+    ctx = code_ids[:30]
+    nodes = [101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112]
+    parents = [-1, 0, 0, 1, 3, 2, 5, 6, 4, 8, -1, 10]
+    r = Runner(lm, backend=backend)
+    r.extend(ctx)
+    tree = r.forward(nodes, parents, range(len(nodes)))
+    checked = 0
+    for i in range(len(nodes)):
+        path = path_of(nodes, parents, i)
+        r.rollback(len(ctx))
+        for t in path[:-1]:
+            r.forward([t], [-1], [])
+            r.keep([0])
+        one = r.forward([path[-1]], [-1], [0])[0]
+        top = one.topk(2).values
+        if dtype == torch.float32 or top[0] - top[1] > BF16_NOISE:
+            assert one.argmax() == tree[i].argmax(), f"node {i}"
+            checked += 1
+    assert checked >= 4  # the test has teeth in bf16 too
+
+
+def head_pair(scheme: str, dtype=torch.float32, vocab: int = 512, hidden: int = 64, seed: int = 0):
+    torch.manual_seed(seed)
+    lin = nn.Linear(hidden, vocab, bias=False).to(dtype)
+    with torch.no_grad():
+        lin.weight.normal_(0, 1.0)
+    q = QuantLinear.from_linear(lin, scheme, norms=True)
+    q.full_weight = lin.weight.detach()
+    return lin, q
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_head_bound_holds(scheme, dtype):
+    """|full-precision logit (float32) - low-bit logit as the kernel computes it| <= the bound, every row."""
+    lin, q = head_pair(scheme, dtype)
+    h = (torch.randn(16, 64) * 3).to(dtype)
+    low = q(h).float()
+    exact = h.float() @ lin.weight.float().T
+    assert ((exact - low).abs() <= head_bound(q, h, low)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_exact_head_argmax_with_forced_near_ties(scheme, dtype):
+    """Rows b and a whose full-precision logits differ by less than the quantization bound: the cheap
+    head's argmax is the full head's either way round, while the low-bit head alone gets some wrong."""
+    low_wrong = 0
+    for trial in range(24):
+        lin, _ = head_pair(scheme, dtype, seed=trial)
+        h = torch.randn(1, 64).to(dtype)
+        hf = h.float()[0]
+        a, b = 7, 300
+        gap = (1 if trial % 2 else -1) * 1e-2 * (trial // 2 + 1)  # full logit of b minus a's
+        with torch.no_grad():
+            w = lin.weight.float()
+            w[a] += hf * (100.0 - w[a] @ hf) / (hf @ hf)  # row a's logit is 100: far above the rest
+            w[b] = torch.randn(64) * 1.0
+            w[b] += hf * (100.0 + gap - w[b] @ hf) / (hf @ hf)
+            lin.weight.copy_(w.to(dtype))
+        q = QuantLinear.from_linear(lin, scheme, norms=True)
+        q.full_weight = lin.weight.detach()
+        full = hf @ lin.weight.detach().float().T
+        assert abs(full[b] - full[a]) < head_bound(q, h, q(h).float())[0, [a, b]].min()  # a real near-tie
+        got = exact_head_logits(q, h)
+        assert got.argmax() == full.argmax() == (b if full[b] > full[a] else a)
+        finite = got[0].isfinite()
+        assert finite.sum() < 32  # only the rows that could win were recomputed
+        torch.testing.assert_close(got[0, finite], full[finite], rtol=0, atol=1e-4)
+        low_wrong += int(q(h).float().argmax() != full.argmax())
+    assert low_wrong > 0  # the near-ties are ones the low-bit head alone gets wrong
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_runner_cheap_head_is_the_full_heads_argmax(scheme, code_ids):
+    """Runner(cheap_head=True) on a quantized model: every node's argmax and finite logits equal the
+    same quantized decoder with the full-precision output layer (fp32), on a tree."""
+    lm = load("qwen2-lean")
+    quantize(lm.model, scheme)
+    full = copy.deepcopy(lm)
+    head = full.model.get_output_embeddings()
+    dense = nn.Linear(head.in_features, head.out_features, bias=False)
+    dense.weight = nn.Parameter(head.full_weight.clone())
+    full.model.set_output_embeddings(dense)
+    ctx, nodes, parents = code_ids[:30], [101, 102, 103, 104, 105], [-1, 0, 0, 1, 3]
+    got, want = [], []
+    for model, kw in ((lm, {"cheap_head": True}), (full, {})):
+        r = Runner(model, backend="lean", **kw)
+        r.extend(ctx)
+        (got if kw else want).append(r.forward(nodes, parents, range(len(nodes))))
+    got, want = got[0], want[0]
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    finite = got.isfinite()
+    assert finite.sum(-1).max() < got.shape[1]  # it did skip rows
+    torch.testing.assert_close(got[finite], want[finite], rtol=0, atol=1e-5)
