@@ -16,7 +16,7 @@ URI = "file:///w/m.py"
 class Client(LanguageClient):
     def __init__(self):
         super().__init__("test-client", "1")
-        self.partials, self.statuses, self.edits = [], [], []
+        self.partials, self.statuses, self.edits, self.messages = [], [], [], []
 
         @self.feature("completiond/partial")
         def partial(params):
@@ -34,6 +34,10 @@ class Client(LanguageClient):
         @self.feature(types.WINDOW_LOG_MESSAGE)
         def log_message(params):
             pass
+
+        @self.feature(types.WINDOW_SHOW_MESSAGE)
+        def show_message(params: types.ShowMessageParams):
+            self.messages.append(params)
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +146,25 @@ async def test_utf8_client_positions_in_bytes(daemon_sock):
     direct = await rpc.request("complete", {"uri": URI, "position": {"line": 1, "character": 5}, "max_tokens": 16})
     await rpc.close()
     assert via_lsp.items[0].insert_text == direct["text"]
+
+
+async def test_bad_settings_are_shown_and_defaults_kept(daemon_sock):
+    client, _ = await start_lsp(options(daemon_sock, maxTokens="lots", mode="fast"))
+    try:
+        did_open(client)
+        res = await asyncio.wait_for(inline(client, 8, 14), 60)  # served with the defaults
+        assert len(res.items) == 1
+        warnings = [m.message for m in client.messages if m.type == types.MessageType.Warning]
+        assert len(warnings) == 1 and "setting mode must be" in warnings[0] and "setting maxTokens" in warnings[0]
+        client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+            settings={"completiond": {"debounceMs": "soon"}}))
+        for _ in range(100):
+            if len(client.messages) > 1:
+                break
+            await asyncio.sleep(0.05)
+        assert "setting debounceMs must be an integer 0..5000" in client.messages[-1].message
+    finally:
+        await stop_lsp(client)
 
 
 async def test_incremental_utf16_edits_match_direct_daemon(daemon_sock):

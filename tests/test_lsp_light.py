@@ -38,9 +38,34 @@ def test_settings_defaults_match_readme_and_wire_schema():
     from dataclasses import fields
 
     from completiond import protocol as P
-    from completiond_lsp.server import Settings
+    from completiond_lsp.settings import Settings
 
     s = Settings()
     assert s.debounceMs == 75 and s.mode == "combined" and s.mode in P.MODES  # as README states
     wire = {f.name: f.default for f in fields(P.Complete)}
     assert s.maxTokens == wire["max_tokens"] and s.multiline is wire["multiline"] is True
+
+
+def test_settings_update_checks_each_value():
+    from completiond_lsp.settings import Settings
+
+    s = Settings()
+    problems = s.update({"mode": "fast", "maxTokens": "lots", "debounceMs": -1, "multiline": "yes",
+                         "socket": 5, "streaming": True, "target": "/models/t", "unknown": 1})
+    assert [p.split(" must")[0] for p in problems] == ["setting mode", "setting maxTokens", "setting multiline",
+                                                     "setting debounceMs", "setting socket"]
+    assert "combined" in problems[0] and "keeping 64" in problems[1]
+    assert (s.mode, s.maxTokens, s.debounceMs, s.multiline, s.socket) == ("combined", 64, 75, True, None)
+    assert s.streaming is True and s.target == "/models/t"
+    # whole-number floats (some JSON encoders) are integers; null keeps a value unless it can be null
+    assert s.update({"maxTokens": 128.0, "debounceMs": None, "target": None}) == []
+    assert (s.maxTokens, s.debounceMs, s.target) == (128, 75, None)
+    assert s.update({"maxTokens": 100000}) and s.maxTokens == 128
+    assert s.update(None) == [] and s.update(["x"]) == ["settings must be an object, got list"]
+
+
+def test_root_paths_decode_file_uris_and_skip_others():
+    from completiond_lsp.server import root_paths
+
+    assert root_paths(["file:///w/my%20project", "untitled:Untitled-1", "file:///srv/x"]) == ["/w/my project",
+                                                                                              "/srv/x"]

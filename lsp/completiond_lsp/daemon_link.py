@@ -24,11 +24,11 @@ class DaemonUnavailable(Exception):
 class DaemonLink:
     """One connection to the daemon, re-established on demand (after a daemon restart, say).
 
-    `documents()` returns the open documents [(uri, text, version, language_id)] so that a fresh
-    connection starts with the same view of the editor as the old one had.
+    `documents()` returns the open documents as `document/open` params, so that a fresh connection
+    starts with the same view of the editor as the old one had.
     """
 
-    def __init__(self, documents: Callable[[], list[tuple[str, str, int, str]]],
+    def __init__(self, documents: Callable[[], list[P.DocumentOpen]],
                  on_status: Callable[[str, str, dict], None]):
         self.documents = documents
         self.on_status = on_status
@@ -63,12 +63,11 @@ class DaemonLink:
                 self.on_status("error", f"no daemon on {self.socket} and autostart is off", {})
                 raise DaemonUnavailable(f"no completiond daemon on {self.socket} (autostart is off)") from None
             client = await self._start()
-        self.info = await client.request("initialize", {"client": "completiond-lsp", "protocol": 1,
-                                                        "workspace_roots": self.roots,
-                                                        "position_encoding": self.encoding}, timeout=60)
-        for uri, text, version, lang in self.documents():
-            await client.notify("document/open", {"uri": uri, "text": text, "version": version,
-                                                  "language_id": lang})
+        init = P.Initialize(client="completiond-lsp", workspace_roots=tuple(self.roots),
+                            position_encoding=self.encoding)
+        self.info = await client.request("initialize", init.to_wire(), timeout=60)
+        for doc in self.documents():
+            await client.notify("document/open", doc.to_wire())
         self.client = client
         self.on_status("ready", f"completiond: {self.info.get('target')} on {self.info.get('device')}", self.info)
 
@@ -106,7 +105,3 @@ class DaemonLink:
                 await self.client.notify(method, params)
             except (ConnectionError, OSError):
                 pass
-
-    async def close(self) -> None:
-        if self.client is not None:
-            await self.client.close()

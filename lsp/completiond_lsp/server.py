@@ -16,45 +16,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
+from pygls.uris import to_fs_path
+from pygls.workspace import TextDocument
 
 from completiond import __version__
 from completiond import protocol as P
 from completiond.client import DaemonError
 
 from .daemon_link import DaemonLink, DaemonUnavailable
+from .settings import Settings
 
 log = logging.getLogger("completiond.lsp")
 REWRITE = "completiond.rewrite"
-
-
-@dataclass
-class Settings:
-    """initializationOptions / settings.completiond (camelCase on the wire)."""
-    mode: str = "combined"
-    maxTokens: int = P.DEFAULT_MAX_TOKENS
-    multiline: bool = True  # the daemon's default too (protocol.Complete)
-    debounceMs: int = 75  # README's documented default; requests typed within it are dropped unsent
-    socket: str | None = None
-    autostart: bool = True
-    streaming: bool = False
-    target: str | None = None  # for an autostarted daemon
-    draft: str | None = None
-    dtype: str | None = None
-    device: str | None = None
-
-    def update(self, values: Any) -> None:
-        if not isinstance(values, dict):
-            return
-        for f in fields(self):
-            if f.name in values and values[f.name] is not None:
-                setattr(self, f.name, values[f.name])
 
 
 class CompletiondServer(LanguageServer):
@@ -65,9 +44,8 @@ class CompletiondServer(LanguageServer):
         self.inflight: dict[str, asyncio.Task] = {}  # uri -> the inline-completion task in flight
         self.last_status: dict = {}
 
-    def _open_documents(self) -> list[tuple[str, str, int, str]]:
-        return [(d.uri, d.source, d.version or 0, d.language_id or "")
-                for d in self.workspace.text_documents.values()]
+    def _open_documents(self) -> list[P.DocumentOpen]:
+        return [open_params(d) for d in self.workspace.text_documents.values()]
 
     def _status(self, state: str, message: str, info: dict) -> None:
         self.last_status = {"state": state, "message": message, "target": info.get("target", ""),
@@ -78,12 +56,23 @@ class CompletiondServer(LanguageServer):
         level = types.MessageType.Error if state == "error" else types.MessageType.Info
         self.window_log_message(types.LogMessageParams(type=level, message=message))
 
-    def apply_settings(self) -> None:
+    def apply_settings(self, values: Any) -> None:
+        """Take initializationOptions / settings.completiond; refused values are shown to the user."""
+        problems = self.settings.update(values)
+        if problems:
+            message = "completiond: " + "; ".join(problems)
+            log.warning("%s", message)
+            self.window_show_message(types.ShowMessageParams(type=types.MessageType.Warning, message=message))
         s = self.settings
         self.link.socket = Path(s.socket) if s.socket else P.socket_path()
-        self.link.autostart = bool(s.autostart)
+        self.link.autostart = s.autostart
         self.link.serve_args = [arg for key in ("target", "draft", "dtype", "device")
                                 if getattr(s, key) for arg in (f"--{key}", str(getattr(s, key)))]
+
+
+def open_params(doc: TextDocument) -> P.DocumentOpen:
+    """`document/open` for a pygls TextDocument (the editor's current text and version)."""
+    return P.DocumentOpen(uri=doc.uri, text=doc.source, version=doc.version or 0, language_id=doc.language_id or "")
 
 
 server = CompletiondServer()
@@ -91,11 +80,15 @@ server = CompletiondServer()
 
 @server.feature(types.INITIALIZE)
 def initialize(ls: CompletiondServer, params: types.InitializeParams) -> None:
-    ls.settings.update(params.initialization_options)
-    ls.apply_settings()
-    roots = [f.uri for f in params.workspace_folders or []] or ([params.root_uri] if params.root_uri else [])
-    ls.link.roots = [r[7:] if r.startswith("file://") else r for r in roots]
+    ls.apply_settings(params.initialization_options)
+    ls.link.roots = root_paths([f.uri for f in params.workspace_folders or []]
+                               or ([params.root_uri] if params.root_uri else []))
     ls.link.encoding = wire_encoding(ls.workspace.position_encoding)
+
+
+def root_paths(uris: list[str]) -> list[str]:
+    """Workspace folder URIs -> the paths the daemon indexes (file: URIs only, %-decoded)."""
+    return [path for path in map(to_fs_path, uris) if path]
 
 
 def wire_encoding(encoding: types.PositionEncodingKind | str | None) -> str:
@@ -122,15 +115,14 @@ async def initialized(ls: CompletiondServer, params: types.InitializedParams) ->
 def did_change_configuration(ls: CompletiondServer, params: types.DidChangeConfigurationParams) -> None:
     settings = params.settings
     if isinstance(settings, dict):
-        ls.settings.update(settings.get("completiond", settings))
-        ls.apply_settings()
+        ls.apply_settings(settings.get("completiond", settings))
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
 async def did_open(ls: CompletiondServer, params: types.DidOpenTextDocumentParams) -> None:
-    d = params.text_document
-    await ls.link.notify("document/open", {"uri": d.uri, "text": d.text, "version": d.version,
-                                           "language_id": d.language_id})
+    # pygls has put the document in its workspace already: one builder for every document/open
+    doc = ls.workspace.get_text_document(params.text_document.uri)
+    await ls.link.notify("document/open", open_params(doc).to_wire())
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
@@ -141,13 +133,13 @@ async def did_change(ls: CompletiondServer, params: types.DidChangeTextDocumentP
             changes.append({"range": ls.protocol._converter.unstructure(ch.range), "text": ch.text})
         else:
             changes.append({"text": ch.text})
-    await ls.link.notify("document/change", {"uri": params.text_document.uri,
-                                             "version": params.text_document.version, "changes": changes})
+    await ls.link.notify("document/change", P.DocumentChange(uri=params.text_document.uri, changes=changes,
+                                                             version=params.text_document.version).to_wire())
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
 async def did_close(ls: CompletiondServer, params: types.DidCloseTextDocumentParams) -> None:
-    await ls.link.notify("document/close", {"uri": params.text_document.uri})
+    await ls.link.notify("document/close", P.DocumentClose(uri=params.text_document.uri).to_wire())
 
 
 def is_stale_version(e: DaemonError) -> bool:
@@ -174,16 +166,14 @@ async def daemon_request(ls: CompletiondServer, method: str, params: dict, parti
             if not is_stale_version(e) or "uri" not in params:
                 raise
             # out of sync (an edit the daemon refused): send the editor's full text, then try once more
-            doc = ls.workspace.get_text_document(params["uri"])
-            await client.notify("document/open", {"uri": doc.uri, "text": doc.source, "version": doc.version or 0,
-                                                  "language_id": doc.language_id or ""})
+            await client.notify("document/open", open_params(ls.workspace.get_text_document(params["uri"])).to_wire())
             unsubscribe()
             msgid, fut = client.send_request(method, params)
             unsubscribe = client.on(partial, lambda p: on_partial(p["text"]) if p.get("id") == msgid else None)
             return await fut
     except asyncio.CancelledError:
         if not client.closed.is_set():
-            client.send_request("cancel", {"id": msgid})  # the daemon stops within one forward pass
+            client.send_request("cancel", P.Cancel(id=msgid).to_wire())  # the daemon stops within one forward pass
         raise
     except DaemonError as e:
         raise JsonRpcInvalidParams(e.message) from None
@@ -219,10 +209,9 @@ async def inline_completion(ls: CompletiondServer, params: types.InlineCompletio
                     "uri": uri, "version": version, "position": {"line": pos.line, "character": pos.character},
                     "text": "".join(so_far)})
 
-        req = {"uri": uri, "position": {"line": pos.line, "character": pos.character}, "mode": ls.settings.mode,
-               "max_tokens": int(ls.settings.maxTokens), "multiline": bool(ls.settings.multiline)}
-        if version is not None:
-            req["version"] = version
+        req = P.Complete(uri=uri, position=P.Position(pos.line, pos.character), version=version,
+                         mode=ls.settings.mode, max_tokens=ls.settings.maxTokens,
+                         multiline=ls.settings.multiline).to_wire()
         res = await daemon_request(ls, "complete", req, "complete/partial", on_partial)
         ls.last_status.update({"state": "ready", "lastLatencyMs": res["ms_total"],
                                "meanAccepted": res["mean_accepted"]})
@@ -240,14 +229,17 @@ async def inline_completion(ls: CompletiondServer, params: types.InlineCompletio
 async def rewrite(ls: CompletiondServer, args: Any) -> dict:
     """Arguments: [{uri, range, instruction}]; applies the edit and returns {applied, text}."""
     arg = args[0] if isinstance(args, list) and args else args
-    if not isinstance(arg, dict) or not isinstance(arg.get("uri"), str) or not isinstance(arg.get("range"), dict) \
-            or not isinstance(arg.get("instruction"), str):
+    if not isinstance(arg, dict):
         raise JsonRpcInvalidParams("completiond.rewrite takes [{uri, range, instruction}]")
-    res = await daemon_request(ls, "rewrite", {"uri": arg["uri"], "range": arg["range"],
-                                               "instruction": arg["instruction"]}, "rewrite/partial", lambda t: None)
+    try:
+        req = P.Rewrite.parse({k: arg.get(k) for k in ("uri", "range", "instruction")})
+    except P.RpcError as e:
+        raise JsonRpcInvalidParams(f"completiond.rewrite takes [{{uri, range, instruction}}]: {e.message}") from None
+    res = await daemon_request(ls, "rewrite", req.to_wire(), "rewrite/partial", lambda t: None)
     rng = ls.protocol._converter.structure(arg["range"], types.Range)
     edit = types.WorkspaceEdit(changes={arg["uri"]: [types.TextEdit(range=rng, new_text=res["text"])]})
-    applied = await ls.workspace_apply_edit_async(types.ApplyWorkspaceEditParams(edit=edit, label="completiond rewrite"))
+    applied = await ls.workspace_apply_edit_async(types.ApplyWorkspaceEditParams(edit=edit,
+                                                                                 label="completiond rewrite"))
     return {"applied": bool(applied.applied), "text": res["text"]}
 
 
