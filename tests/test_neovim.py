@@ -363,7 +363,8 @@ def quit_nvim(n: pynvim.Nvim) -> None:
 def checkhealth_text(n: pynvim.Nvim) -> str:
     n.command("checkhealth completiond")
     text = "\n".join(n.current.buffer[:])
-    n.command("tabclose")
+    # it opens a tab, or takes the only window when that shows an empty buffer
+    n.command("tabclose" if n.eval("tabpagenr('$')") > 1 else "enew!")
     return text
 
 
@@ -382,6 +383,22 @@ def test_checkhealth_before_the_first_completion(daemon_sock, workspace):
         assert "client " in text and "last latency" not in text, text
         assert "vim.NIL" not in text and "userdata" not in text, text
         assert n.exec_lua("return require('completiond').statusline()") == "completiond ready"
+    finally:
+        quit_nvim(n)
+
+
+def test_checkhealth_says_how_to_install_a_missing_server():
+    """completiond is not on PyPI: the advice installs from a checkout and points to the README."""
+    n = fresh_nvim()
+    try:
+        n.exec_lua("vim.opt.rtp:prepend(...); require('completiond').setup({ cmd = { 'no-such-completiond-lsp' } })",
+                   str(PLUGIN_ROOT))
+        text = checkhealth_text(n)
+        assert "no-such-completiond-lsp not found" in text, text
+        assert "pip install -e '/path/to/completiond[default-model]'" in text, text
+        assert "pipx install /path/to/completiond" in text and "Set up a fresh machine" in text, text
+        assert not re.search(r"pip install completiond\b", text), text
+        assert "Failed to run healthcheck" not in text, text
     finally:
         quit_nvim(n)
 

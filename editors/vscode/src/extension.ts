@@ -19,7 +19,7 @@ import {
 } from 'vscode-languageclient/node';
 
 import { describeRewriteResult, rewriteParams, validateInstruction } from './rewrite';
-import { findExecutable, missingServerMessage } from './serverPath';
+import { INSTALL_HINT, findExecutable, missingServerMessage } from './serverPath';
 import {
   ConfigReader,
   LAUNCH_KEYS,
@@ -142,7 +142,7 @@ async function startClient(): Promise<void> {
       /ENOENT|EACCES/.test(detail)
         ? missingServerMessage(launch.command, detail)
         : `completiond: the language server failed to start (${detail}). See the completiond log; ` +
-            'check that `pip install completiond` succeeded or that "completiond.serverPath" is right.',
+            `check that "completiond.serverPath" is right, or ${INSTALL_HINT}.`,
     );
   }
 }

@@ -49,12 +49,17 @@ export function findExecutable(
   return undefined;
 }
 
+/** How to get completiond-lsp: it is not on PyPI, so from a checkout (README "Set up a fresh machine"). */
+export const INSTALL_HINT =
+  "install it from a completiond checkout: `pip install torch==2.13.0 && pip install -e '/path/to/completiond[default-model]'` " +
+  '(or `pipx install /path/to/completiond`); see "Set up a fresh machine" in completiond\'s README';
+
 /** The error shown when the server cannot be found or started; it names the fix. */
 export function missingServerMessage(command: string, detail?: string): string {
   const why = detail ? ` (${detail})` : '';
   return (
     `completiond: the language server "${command}" was not found${why}. ` +
-    'Install it with `pip install completiond` (in the Python environment on your PATH), ' +
+    `To fix, ${INSTALL_HINT}, ` +
     'or set "completiond.serverPath" to the full path of completiond-lsp.'
   );
 }

@@ -4,6 +4,8 @@
  * own state. Pure module: unit-tested without VS Code.
  */
 
+import { INSTALL_HINT } from './serverPath';
+
 export type ServerState = 'loading' | 'ready' | 'error';
 
 export interface ServerStatus {
@@ -78,7 +80,7 @@ export function renderStatus(view: StatusView): StatusRender {
     case 'missing':
       return {
         text: '$(warning) completiond',
-        tooltip: 'completiond-lsp was not found: `pip install completiond` or set completiond.serverPath.\n' + CLICK,
+        tooltip: `completiond-lsp was not found: set completiond.serverPath, or ${INSTALL_HINT}.\n` + CLICK,
         severity: 'warning',
       };
     case 'failed':

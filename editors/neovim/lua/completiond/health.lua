@@ -75,7 +75,9 @@ function M.check()
     h.ok(('%s found: %s'):format(exe, vim.fn.exepath(exe)))
   else
     h.error(exe .. ' not found', {
-      'pip install completiond (it provides the completiond-lsp command), or',
+      "install completiond from its checkout: pip install torch==2.13.0 && "
+        .. "pip install -e '/path/to/completiond[default-model]' (or pipx install /path/to/completiond);"
+        .. ' see "Set up a fresh machine" in its README, or',
       "set cmd = { 'python3', '-m', 'completiond_lsp.server' } in setup()",
     })
   end

@@ -20,6 +20,14 @@ test('every setting the code reads is declared in package.json with the same def
   assert.deepEqual(props['completiond.mode'].enum, [...MODES]);
 });
 
+test('no install instruction names the package index (completiond is not on PyPI)', () => {
+  const readme = fs.readFileSync(path.join(__dirname, '..', '..', '..', 'README.md'), 'utf8');
+  for (const text of [readme, JSON.stringify(manifest)]) {
+    assert.doesNotMatch(text, /pip install completiond\b/);
+    assert.match(text, /pipx install \/path\/to\/completiond/);
+  }
+});
+
 test('commands and activation', () => {
   const ids = manifest.contributes.commands.map((c: { command: string }) => c.command);
   assert.ok(ids.includes('completiond.rewriteSelection'));

@@ -54,7 +54,11 @@ test('the real file check: executable files only', () => {
 
 test('the missing-server message names both fixes', () => {
   const m = missingServerMessage('completiond-lsp');
-  assert.match(m, /pip install completiond/);
+  // completiond is not on PyPI: the fix installs from a checkout (pip -e or pipx) and points to the README
+  assert.doesNotMatch(m, /pip install completiond\b/);
+  assert.match(m, /pip install torch==2\.13\.0 && pip install -e '\/path\/to\/completiond\[default-model\]'/);
+  assert.match(m, /pipx install \/path\/to\/completiond/);
+  assert.match(m, /Set up a fresh machine/);
   assert.match(m, /completiond\.serverPath/);
   assert.match(missingServerMessage('/x/lsp', 'spawn ENOENT'), /"\/x\/lsp" was not found \(spawn ENOENT\)/);
 });

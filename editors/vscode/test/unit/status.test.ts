@@ -45,7 +45,8 @@ test('client states without a server status', () => {
   assert.equal(renderStatus({ client: 'running' }).text, '$(sync~spin) completiond');
   const missing = renderStatus({ client: 'missing' });
   assert.equal(missing.severity, 'warning');
-  assert.match(missing.tooltip, /pip install completiond/);
+  assert.match(missing.tooltip, /pipx install \/path\/to\/completiond/);
+  assert.doesNotMatch(missing.tooltip, /pip install completiond\b/);
   assert.match(missing.tooltip, /completiond\.serverPath/);
   assert.equal(renderStatus({ client: 'failed' }).severity, 'error');
   assert.equal(renderStatus({ client: 'stopped', server: ready }).text, '$(circle-slash) completiond');
