@@ -69,3 +69,38 @@ def test_root_paths_decode_file_uris_and_skip_others():
 
     assert root_paths(["file:///w/my%20project", "untitled:Untitled-1", "file:///srv/x"]) == ["/w/my project",
                                                                                               "/srv/x"]
+
+
+async def test_failed_handshake_closes_the_connection(tmp_path):
+    """A daemon that answers initialize with an error: the link says why and leaves no connection open."""
+    import asyncio
+
+    import pytest
+
+    from completiond import protocol as P
+    from completiond_lsp.daemon_link import DaemonLink, DaemonUnavailable
+
+    hung_up = asyncio.Event()
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        unpacker = P.unpacker()
+        while data := await reader.read(65536):
+            unpacker.feed(data)
+            for frame in unpacker:
+                if frame[0] == P.REQUEST:
+                    writer.write(P.response(frame[1], P.RpcError(P.INVALID_PARAMS, "protocol 1 not supported")))
+        hung_up.set()  # EOF: the link closed its end
+        writer.close()
+
+    sock = tmp_path / "d.sock"
+    fake = await asyncio.start_unix_server(refuse, path=str(sock))
+    statuses = []
+    link = DaemonLink(lambda: [], lambda state, message, info: statuses.append((state, message)))
+    link.socket, link.autostart = sock, False
+    try:
+        with pytest.raises(DaemonUnavailable, match="initialize .* failed: protocol 1 not supported"):
+            await link.get()
+        await asyncio.wait_for(hung_up.wait(), 30)
+        assert not link.connected and statuses[-1][0] == "error"
+    finally:
+        fake.close()

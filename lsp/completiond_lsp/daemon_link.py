@@ -11,10 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from completiond import protocol as P
-from completiond.client import Client
+from completiond.client import Client, DaemonError
 from completiond.paths import cache_root
 
 log = logging.getLogger("completiond.lsp")
+INITIALIZE_TIMEOUT = 60.0  # s: how long the handshake with a daemon whose socket is up may take
 
 
 class DaemonUnavailable(Exception):
@@ -65,9 +66,16 @@ class DaemonLink:
             client = await self._start()
         init = P.Initialize(client="completiond-lsp", workspace_roots=tuple(self.roots),
                             position_encoding=self.encoding)
-        self.info = await client.request("initialize", init.to_wire(), timeout=60)
-        for doc in self.documents():
-            await client.notify("document/open", doc.to_wire())
+        try:
+            self.info = await client.request("initialize", init.to_wire(), timeout=INITIALIZE_TIMEOUT)
+            for doc in self.documents():
+                await client.notify("document/open", doc.to_wire())
+        except (DaemonError, asyncio.TimeoutError, ConnectionError, OSError) as e:
+            # close it: a half-made connection would stay open on the daemon, holding its documents
+            await client.close()
+            why = f"no answer within {INITIALIZE_TIMEOUT:.0f} s" if isinstance(e, asyncio.TimeoutError) else str(e)
+            self.on_status("error", f"completiond daemon: initialize failed: {why}", {})
+            raise DaemonUnavailable(f"initialize with the daemon on {self.socket} failed: {why}") from None
         self.client = client
         self.on_status("ready", f"completiond: {self.info.get('target')} on {self.info.get('device')}", self.info)
 
