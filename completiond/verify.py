@@ -20,15 +20,20 @@ import torch
 from .tree import TokenTree
 
 
+# Below this temperature sampling is greedy: logits / T overflows float32 for T near 1e-38 (inf - inf
+# = nan in softmax), and long before that the warped distribution is the argmax's point mass anyway.
+MIN_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class Sampling:
-    temperature: float = 0.0  # 0: greedy
+    temperature: float = 0.0  # 0 (or under MIN_TEMPERATURE): greedy
     top_p: float = 1.0
     top_k: int = 0
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return self.temperature < MIN_TEMPERATURE
 
 
 def warp(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
@@ -42,6 +47,7 @@ def warp(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
         sorted_p, idx = probs.sort(dim=-1, descending=True)
         # drop a token when the mass strictly before it already reaches top_p (the first always stays)
         drop = (sorted_p.cumsum(-1) - sorted_p) >= s.top_p
+        drop[..., 0] = False  # a top_p that rounds to 0 in float32 (5e-324) still keeps the best token
         probs = probs.scatter(-1, idx, sorted_p.masked_fill(drop, 0.0))
         probs = probs / probs.sum(-1, keepdim=True)
     return probs

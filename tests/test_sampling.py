@@ -108,3 +108,32 @@ def test_engine_sampling_matches_target(mode):
         folded[seq[:k + 1] + (1,) * (3 - k - 1) if k < 3 else seq] += p
     assert passes_with_tree > 100, "speculation was not exercised"
     assert chi2_pvalue(counts, dict(folded), n) > P_MIN
+
+
+# ---- edge values (issue 13 point 9): never "probability tensor contains inf, nan or element < 0" ----
+def greedy_ids(engine, prompt, sampling, seed=0):
+    return engine.complete(Request(prompt=prompt, mode="combined", max_tokens=8, sampling=sampling, seed=seed)).token_ids
+
+
+def test_tiny_temperature_is_greedy_and_denormal_top_p_keeps_the_best_token():
+    target = tiny.loaded(tiny.gemma_config(vocab=64, layers=2, hidden=32, window=8), seed=5, scale=2.0,
+                         with_tokenizer=False)
+    engine = Engine(target, self_draft(target, 1), max_nodes=16, always_speculate=True)
+    prompt = [2, 7, 9, 11, 7, 9, 11, 7, 9]
+    greedy = greedy_ids(engine, prompt, Sampling(0.0))
+    assert Sampling(1e-300).greedy and not Sampling(0.5).greedy
+    assert greedy_ids(engine, prompt, Sampling(1e-300)) == greedy
+    # top_p that is 0 in float32: only the most likely token keeps mass, so sampling is greedy too
+    for seed in range(3):
+        assert greedy_ids(engine, prompt, Sampling(1.0, top_p=5e-324), seed) == greedy
+        assert greedy_ids(engine, prompt, Sampling(1e-300, top_p=5e-324), seed) == greedy
+
+
+def test_warp_stays_a_distribution_at_the_edges():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50) * 20
+    for s in (Sampling(1e-5), Sampling(1.0, top_p=5e-324), Sampling(10.0, top_p=1e-9, top_k=1), Sampling(1e-4, top_k=3)):
+        p = warp(logits, s)
+        assert torch.isfinite(p).all() and (p >= 0).all()
+        assert torch.allclose(p.sum(-1), torch.ones(3))
+        assert (p.argmax(-1) == logits.argmax(-1)).all()
