@@ -69,21 +69,11 @@ async function offerFix(message: string): Promise<void> {
   }
 }
 
-async function startClient(): Promise<void> {
-  const launch = readLaunch(config(), pathVars());
-  const resolved = findExecutable(launch.command, { cwd: pathVars().workspaceFolder });
-  if (!resolved) {
-    const msg = missingServerMessage(launch.command);
-    log.error(msg);
-    showStatus({ client: 'missing', server: undefined });
-    void offerFix(msg);
-    return;
-  }
-  log.info(`starting ${resolved} ${launch.args.join(' ')}`.trim());
-
+/** Build the language client for the resolved server executable (not started). */
+function createClient(command: string, args: string[]): LanguageClient {
   const serverOptions: ServerOptions = {
-    command: resolved,
-    args: launch.args,
+    command,
+    args,
     // No `transport`: with TransportKind.stdio the client would append `--stdio` to the command
     // line; completiond-lsp speaks stdio by default and takes no such flag.
     options: { cwd: pathVars().workspaceFolder, env: process.env },
@@ -116,7 +106,6 @@ async function startClient(): Promise<void> {
   };
 
   const c = new LanguageClient('completiond', 'completiond', serverOptions, clientOptions);
-  client = c;
   c.onNotification(STATUS_NOTIFICATION, (params: unknown) => {
     const s = normalizeStatus(params);
     if (s.state === 'error') log.error(`server: ${s.message}`);
@@ -130,6 +119,24 @@ async function startClient(): Promise<void> {
     };
     if (client === c) showStatus({ client: map[e.newState] ?? 'stopped' });
   });
+  return c;
+}
+
+/** Find the server from the settings, create its client and start it; failures name the fix. */
+async function startClient(): Promise<void> {
+  const launch = readLaunch(config(), pathVars());
+  const resolved = findExecutable(launch.command, { cwd: pathVars().workspaceFolder });
+  if (!resolved) {
+    const msg = missingServerMessage(launch.command);
+    log.error(msg);
+    showStatus({ client: 'missing', server: undefined });
+    void offerFix(msg);
+    return;
+  }
+  log.info(`starting ${resolved} ${launch.args.join(' ')}`.trim());
+
+  const c = createClient(resolved, launch.args);
+  client = c;
   showStatus({ client: 'starting', server: undefined });
   try {
     await c.start();
