@@ -29,10 +29,14 @@ export interface ServerSettings {
   streaming: false;
 }
 
+/** The daemon's cap on max_tokens (completiond.protocol). */
+export const MAX_TOKENS_LIMIT = 2048;
+
+/** Defaults as the daemon and completiond-lsp have them (multiline on, 75 ms debounce). */
 export const DEFAULTS: Readonly<ServerSettings> = Object.freeze({
   mode: 'combined',
   maxTokens: 64,
-  multiline: false,
+  multiline: true,
   debounceMs: 75,
   socket: null,
   autostart: true,
@@ -86,7 +90,7 @@ export function readServerSettings(cfg: ConfigReader): ServerSettings {
   const mode = cfg.get<string>('mode');
   return {
     mode: (MODES as readonly string[]).includes(mode ?? '') ? (mode as Mode) : DEFAULTS.mode,
-    maxTokens: intIn(cfg.get('maxTokens'), DEFAULTS.maxTokens, 1, 1024),
+    maxTokens: intIn(cfg.get('maxTokens'), DEFAULTS.maxTokens, 1, MAX_TOKENS_LIMIT),
     multiline: bool(cfg.get('multiline'), DEFAULTS.multiline),
     debounceMs: intIn(cfg.get('debounceMs'), DEFAULTS.debounceMs, 0, 5000),
     socket: strOrNull(cfg.get('socket')),

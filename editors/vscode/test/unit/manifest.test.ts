@@ -3,11 +3,14 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { test } from 'node:test';
 
-import { DEFAULTS, LAUNCH_KEYS, LIVE_KEYS, MODES } from '../../src/settings';
+import { DEFAULTS, LAUNCH_KEYS, LIVE_KEYS, MAX_TOKENS_LIMIT, MODES } from '../../src/settings';
 
 // out/test/unit -> package root
 const manifest = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', '..', 'package.json'), 'utf8'));
-const props = manifest.contributes.configuration.properties as Record<string, { default: unknown; enum?: string[] }>;
+const props = manifest.contributes.configuration.properties as Record<
+  string,
+  { default: unknown; enum?: string[]; maximum?: number }
+>;
 
 test('every setting the code reads is declared in package.json with the same default', () => {
   for (const key of LIVE_KEYS) {
@@ -18,6 +21,13 @@ test('every setting the code reads is declared in package.json with the same def
   for (const key of LAUNCH_KEYS) assert.ok(props[`completiond.${key}`], `completiond.${key} is declared`);
   assert.equal(props['completiond.serverPath'].default, 'completiond-lsp');
   assert.deepEqual(props['completiond.mode'].enum, [...MODES]);
+  assert.equal(props['completiond.maxTokens'].maximum, MAX_TOKENS_LIMIT);
+});
+
+test('defaults agree with the daemon and completiond-lsp', () => {
+  assert.equal(props['completiond.multiline'].default, true);
+  assert.equal(props['completiond.debounceMs'].default, 75);
+  assert.equal(MAX_TOKENS_LIMIT, 2048);
 });
 
 test('no install instruction names the package index (completiond is not on PyPI)', () => {

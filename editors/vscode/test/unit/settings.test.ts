@@ -19,7 +19,7 @@ test('defaults when nothing is set', () => {
   assert.deepEqual(readServerSettings(reader({})), {
     mode: 'combined',
     maxTokens: 64,
-    multiline: false,
+    multiline: true,
     debounceMs: 75,
     socket: null,
     autostart: true,
@@ -83,11 +83,15 @@ test('malformed values fall back or are clamped', () => {
   );
   assert.equal(s.mode, 'combined');
   assert.equal(s.maxTokens, 1);
-  assert.equal(s.multiline, false);
+  assert.equal(s.multiline, true);
   assert.equal(s.debounceMs, 5000);
   assert.equal(s.socket, null);
   assert.equal(s.autostart, true);
   assert.equal(readServerSettings(reader({ maxTokens: 12.6 })).maxTokens, 13);
+  // the daemon's cap, not lower
+  assert.equal(readServerSettings(reader({ maxTokens: 2048 })).maxTokens, 2048);
+  assert.equal(readServerSettings(reader({ maxTokens: 5000 })).maxTokens, 2048);
+  assert.equal(readServerSettings(reader({ multiline: false })).multiline, false);
   assert.equal(readServerSettings(reader({ maxTokens: Number.NaN })).maxTokens, 64);
   assert.equal(readServerSettings(reader({ socket: ' /tmp/x.sock ' })).socket, '/tmp/x.sock');
   assert.equal(readServerSettings(reader({ dtype: 'int3', device: 'tpu', target: '' })).dtype, null);
