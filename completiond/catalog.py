@@ -72,6 +72,16 @@ def default_models(device_type: str) -> tuple[str, str]:
     return DEFAULTS.get(device_type, DEFAULTS["cpu"])
 
 
+def installed(m: NamedModel) -> bool:
+    """Whether every pinned part of a named model is installed (or its GGUF already assembled)."""
+    try:
+        for p in m.parts:
+            part_path(p)
+        return True
+    except ModelError:
+        return gguf_path(m).with_suffix(".verified").exists()
+
+
 def part_path(part: Part) -> Path:
     """Where an installed part lies; ModelError when the pinned distribution is missing or differs."""
     try:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .catalog import GEMMA_270M, NAMED, ModelError, assemble, default_models, file_lock
+from .catalog import GEMMA_270M, NAMED, ModelError, assemble, default_models, file_lock, installed
 from .paths import cache_root  # torch-free, shared with the LSP
 
 log = logging.getLogger(__name__)
@@ -186,6 +186,11 @@ def resolve(spec: str, role: str = "target", device: str = "cpu") -> tuple[Path 
     """
     if spec == "default" and role == "target":
         spec = default_models(device)[0]
+        if NAMED[spec] is not None and not installed(NAMED[spec]):  # e.g. CUDA without the [coder] extra
+            fallback = default_models("cpu")[0]
+            print(f"completiond: the {device} default {spec} is not installed ({NAMED[spec].install_hint}); "
+                  f"using {fallback}", file=sys.stderr)
+            spec = fallback
     if spec == "default":  # the shipped draft, trained for gemma3-270m
         if (DRAFT_DIR / "config.json").exists():
             return DRAFT_DIR, "default", None

@@ -113,3 +113,16 @@ def test_rewrite_uses_the_chat_template_and_keeps_the_selection_in_the_prompt():
     assert shown.endswith("<|im_start|>assistant\n```python\n")
     assert selection in shown and "Rename `a` to `b`." in shown
     assert stops.cut("def f(b):\n    return b\n```\n") == len("def f(b):\n    return b")
+
+
+def test_related_files_open_buffers_first_then_imported_workspace_files(tmp_path):
+    from completiond.context import related_files
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "util.py").write_text("def helper():\n    return 1\n")
+    (tmp_path / "pkg" / "other.py").write_text("X = 2\n")
+    ws = [("pkg/util.py", tmp_path / "pkg" / "util.py"), ("pkg/other.py", tmp_path / "pkg" / "other.py")]
+    text = "from pkg.util import helper\nimport json\n\nhelper()\n"
+    got = related_files("pkg/main.py", text, [("notes.py", "N = 1\n"), ("pkg/main.py", text)], ws)
+    assert [f.path for f in got] == ["notes.py", "pkg/util.py"]
+    assert got[1].text.startswith("def helper")

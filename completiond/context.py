@@ -1,0 +1,65 @@
+"""Repository context for a completion: which other files the model sees before the current one.
+
+Other open buffers come first (what the user works on now, most recently edited first), then
+workspace files that the current file imports (by module name). The order depends only on those
+files, not on the cursor, so the prompt's head, and with it the reusable KV cache, stays put
+while the user types in the current file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+
+from .prompt import ContextFile
+
+IMPORT = re.compile(r"^\s*(?:from\s+([.\w]+)\s+import|import\s+([.\w]+))", re.M)
+MAX_FILES = 4
+MAX_CHARS = 8000  # per file, before the token budget cuts it further
+
+
+def imported_modules(text: str) -> list[str]:
+    """Dotted module names the text imports (Python), in order of appearance, without duplicates."""
+    seen: list[str] = []
+    for m in IMPORT.finditer(text[:200_000]):
+        name = (m.group(1) or m.group(2)).lstrip(".")
+        if name and name not in seen:
+            seen.append(name)
+    return seen
+
+
+def related_files(path: str, text: str, open_buffers: Iterable[tuple[str, str]],
+                  workspace: Iterable[tuple[str, Path]] = ()) -> list[ContextFile]:
+    """Up to MAX_FILES context files for the file at `path` (a repository-relative path).
+
+    open_buffers: (relative path, text) of the other open documents, most recent first;
+    workspace: (relative path, absolute path) of indexed workspace files.
+    """
+    out: list[ContextFile] = []
+    taken = {path}
+    for rel, body in open_buffers:
+        if rel not in taken and len(out) < MAX_FILES:
+            out.append(ContextFile(rel, body[:MAX_CHARS]))
+            taken.add(rel)
+    if len(out) >= MAX_FILES:
+        return out
+    wanted = imported_modules(text)
+    by_module: dict[str, tuple[str, Path]] = {}
+    for rel, abs_path in workspace:
+        p = PurePosixPath(rel)
+        if p.suffix == ".py":
+            parts = p.with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            for k in range(len(parts)):  # a module is known by each dotted suffix of its path
+                by_module.setdefault(".".join(parts[k:]), (rel, abs_path))
+    for name in wanted:
+        hit = by_module.get(name) or by_module.get(name.rsplit(".", 1)[-1])
+        if hit and hit[0] not in taken and len(out) < MAX_FILES:
+            try:
+                body = hit[1].read_text(encoding="utf-8", errors="replace")[:MAX_CHARS]
+            except OSError:
+                continue
+            out.append(ContextFile(hit[0], body))
+            taken.add(hit[0])
+    return out
