@@ -67,7 +67,7 @@ class QuantLinear(nn.Module):
             raise RuntimeError("int4 chunks must be whole packing blocks")
         for s in range(0, n, _ROWS):
             rows = w[s:s + _ROWS]
-            q, sc, deq = _int8(rows) if scheme == "int8" else _int4(rows, group)
+            q, sc, deq = _int8(rows, norms) if scheme == "int8" else _int4(rows, group, norms)
             if scheme == "int4":
                 if len(rows) % 16:  # the packer wants N % 16 == 0: zero rows (scale 0, zero 0), sliced off
                     pad = 16 - len(rows) % 16
@@ -141,26 +141,27 @@ class _Parts(nn.Module):
         return torch.cat([p(x) for p in self.parts], -1)
 
 
-def _int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """w [n, K] -> q int8 [n, K], scales [n] (w's dtype), dequantized float32 [n, K]."""
+def _int8(w: torch.Tensor, deq: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """w [n, K] -> q int8 [n, K], scales [n] (w's dtype), dequantized float32 [n, K] (if deq)."""
     wf = w.float()
     s = (wf.abs().amax(1) / 127).clamp(min=1e-12).to(w.dtype)  # the stored scale is what the kernel uses
     sf = s.float()[:, None]
     q = torch.round(wf / sf).clamp(-127, 127).to(torch.int8)
-    return q, s, q.float() * sf
+    return q, s, q.float() * sf if deq else None
 
 
-def _int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """w [n, K] -> q int32 [n, K] in [0, 15], scale_zero [K / group, n, 2] (w's dtype), dequantized float32."""
+def _int4(w: torch.Tensor, group: int, deq: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """w [n, K] -> q int32 [n, K] in [0, 15], scale_zero [K / group, n, 2] (w's dtype), dequantized
+    float32 [n, K] (if deq)."""
     n, k = w.shape
     wg = w.float().view(n, k // group, group)
     lo, hi = wg.amin(-1), wg.amax(-1)
     scale = ((hi - lo) / 15).clamp(min=1e-12).to(w.dtype).float()  # [n, G]
     zero = (lo + 8 * scale).to(w.dtype).float()  # the value of q = 8
     q = torch.round((wg - zero[..., None]) / scale[..., None] + 8).clamp(0, 15)
-    deq = ((q - 8) * scale[..., None] + zero[..., None]).view(n, k)
     sz = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(w.dtype)
-    return q.to(torch.int32).view(n, k), sz, deq
+    dq = ((q - 8) * scale[..., None] + zero[..., None]).view(n, k) if deq else None
+    return q.to(torch.int32).view(n, k), sz, dq
 
 
 def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP) -> None:
@@ -216,25 +217,40 @@ def head_bound(head: QuantLinear, hidden: torch.Tensor, low: torch.Tensor) -> to
     return h * (head.err_norm * 1.001 + slack * head.deq_norm) + slack * low.abs() + 1e-6
 
 
+def _rounding_bound(head: QuantLinear, hidden: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """Bound on |float32 logit - logit of the full-precision head run in hidden's dtype|: rounding only
+    (||w_i|| <= ||w^_i|| + ||w_i - w^_i||)."""
+    slack = _SLACK.get(hidden.dtype, 2.0 ** -7)
+    h = hidden.float().norm(dim=-1, keepdim=True)
+    return slack * (h * (head.deq_norm + head.err_norm) + low.abs()) + 1e-6
+
+
+def _can_win(low: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    """Rows [c] whose upper bound reaches the best lower bound of some token (the union over tokens)."""
+    best = (low - bound).amax(-1, keepdim=True)  # [n, 1]: a lower bound on each token's max logit
+    return ((low + bound) >= best).any(0).nonzero().squeeze(1)
+
+
 def exact_head_logits(head: QuantLinear, hidden: torch.Tensor, max_share: float = 0.25) -> torch.Tensor:
     """float32 logits [n, V] whose argmax is exactly the full-precision head's (greedy only).
 
     The low-bit head gives every row a logit within `head_bound` of the exact one; rows whose upper
     bound reaches the best lower bound of their token can win, and every such row (over the union of
     the n tokens) is recomputed in float32 with the full-precision weight. Other rows are -inf.
+    When more than max_share of the vocabulary could win (a flat distribution, or int4's wide bound),
+    the full-precision head runs in the model's dtype instead and only its rounding is bounded.
     Sampling needs the whole distribution: use the full head (`full_weight`) for it instead.
     "Exact" means float32 dot products with the full weight, as the runner's refinement computes them.
-    When more than max_share of the vocabulary can win, the whole full head is computed.
     """
     n = hidden.shape[0]
-    low = head(hidden).float()  # [n, V]
-    bound = head_bound(head, hidden, low)
-    best = (low - bound).amax(-1, keepdim=True)  # [n, 1]: a lower bound on each token's max logit
-    cols = ((low + bound) >= best).any(0).nonzero().squeeze(1)  # rows that can win for some token
     w = full_weight(head)
+    low = head(hidden).float()  # [n, V]
+    cols = _can_win(low, head_bound(head, hidden, low))
     if len(cols) > max_share * head.out_features:
-        logits = F.linear(hidden.float(), w.float())
-        return logits if head.bias is None else logits + head.bias.float()
+        low = F.linear(hidden.to(w.dtype), w).float()
+        if head.bias is not None:
+            low = low + head.bias.float()
+        cols = _can_win(low, _rounding_bound(head, hidden, low))
     exact = hidden.float() @ w[cols].float().T  # [n, c]
     if head.bias is not None:
         exact = exact + head.bias[cols].float()

@@ -184,9 +184,10 @@ def test_head_bound_holds(scheme, dtype):
     assert ((exact - low).abs() <= head_bound(q, h, low)).all()
 
 
+@pytest.mark.parametrize("max_share", [0.25, 0.0])  # 0.0: the fallback through the dense head in bf16/fp32
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_exact_head_argmax_with_forced_near_ties(scheme, dtype):
+def test_exact_head_argmax_with_forced_near_ties(scheme, dtype, max_share):
     """Rows b and a whose full-precision logits differ by less than the quantization bound: the cheap
     head's argmax is the full head's either way round, while the low-bit head alone gets some wrong."""
     low_wrong = 0
@@ -206,7 +207,7 @@ def test_exact_head_argmax_with_forced_near_ties(scheme, dtype):
         q.full_weight = lin.weight.detach()
         full = hf @ lin.weight.detach().float().T
         assert abs(full[b] - full[a]) < head_bound(q, h, q(h).float())[0, [a, b]].min()  # a real near-tie
-        got = exact_head_logits(q, h)
+        got = exact_head_logits(q, h, max_share)
         assert got.argmax() == full.argmax() == (b if full[b] > full[a] else a)
         finite = got[0].isfinite()
         assert finite.sum() < 32  # only the rows that could win were recomputed
