@@ -63,7 +63,9 @@ BAD = {
     "unknown model dir": (["complete", "{src}", "--line", "1", "--col", "1", "--target", "/no/such/model"],
                           "not found"),
     "unknown hub id": (["complete", "{src}", "--line", "1", "--col", "1", "--target", "nobody/no-such-model"],
-                       "cannot load"),
+                       "not in the local Hugging Face cache"),
+    "unknown model name": (["complete", "{src}", "--line", "1", "--col", "1", "--target", "qwen-coder"],
+                           "unknown model 'qwen-coder'"),
     "bad mode": (["complete", "{src}", "--line", "1", "--col", "1", "--mode", "fast"], "invalid choice"),
     "bad flag": (["complete", "{src}", "--line", "1", "--col", "1", "--frobnicate"], "unrecognized"),
     "bad number": (["complete", "{src}", "--line", "one", "--col", "1"], "invalid int"),
@@ -92,3 +94,27 @@ def test_console_script_error_has_no_traceback(src):
                         "1", "--target", "/no/such/model"], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 2
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
+
+
+EARLY = {  # flag errors found before any model loads, in the CLI's own 1-based numbers
+    "self:abc": (["--draft", "self:abc"], "whole number"),
+    "draft none in draft mode": (["--draft", "none", "--mode", "draft"], "needs a draft model"),
+    "missing workspace": (["--workspace", "/nonexistent"], "--workspace /nonexistent: not a directory"),
+    "line past the end": (["--line", "99999"], "line 99999 is past the end (the file has 10 lines)"),
+    "column past the end": (["--line", "2", "--col", "9999"], "column 9999 is past the end of line 2 (last column: 17)"),
+}
+
+
+@pytest.mark.parametrize("case", EARLY)
+def test_flag_errors_before_any_model_loads(capsys, src, case, monkeypatch):
+    from completiond import models
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded before the flags were checked")
+
+    monkeypatch.setattr(models, "load", no_load)
+    extra, needle = EARLY[case]
+    argv = ["complete", str(src), "--line", "1", "--col", "1", *extra]
+    code, out, err = run_main(capsys, *argv)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err, err
