@@ -27,6 +27,7 @@ class Client:
         self._unpacker = P.unpacker()
         self._task = asyncio.create_task(self._read_loop())
         self.closed = asyncio.Event()
+        self.close_reason = ""  # the daemon's last error frame with no msgid (sent before it hangs up)
 
     @classmethod
     async def connect(cls, path: str | Path | None = None, host: str | None = None, port: int | None = None
@@ -43,6 +44,7 @@ class Client:
         return lambda: self._handlers[method].remove(handler)
 
     def send_request(self, method: str, params: dict | None = None) -> tuple[int, asyncio.Future]:
+        """Write a request now (lone surrogates in strings are sent as U+FFFD); its future resolves later."""
         msgid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._pending[msgid] = fut
@@ -68,13 +70,16 @@ class Client:
             pass
         finally:
             self.closed.set()
+            reason = f": {self.close_reason}" if self.close_reason else ""
             for fut in self._pending.values():
                 if not fut.done():
-                    fut.set_exception(ConnectionError("daemon connection closed"))
+                    fut.set_exception(ConnectionError(f"daemon connection closed{reason}"))
             self._pending.clear()
 
     def _dispatch(self, obj) -> None:
         if obj[0] == P.RESPONSE:
+            if obj[1] is None and obj[2] is not None:
+                self.close_reason = obj[2].get("message", "")
             fut = self._pending.pop(obj[1], None)
             if fut is None or fut.done():
                 return

@@ -72,7 +72,7 @@ async def test_document_changes_utf16_and_version(daemon):
     assert e.value.code == -32602
     with pytest.raises(DaemonError) as e:
         await c.request("complete", {"uri": URI, "position": {"line": 0, "character": 1}, "version": 1})
-    assert "version" in e.value.message
+    assert e.value.code == -32801 and "version" in e.value.message
     res = await c.request("complete", {"uri": URI, "position": {"line": 0, "character": 9}, "version": 2,
                                        "max_tokens": 4})
     assert isinstance(res["text"], str)
@@ -345,8 +345,9 @@ async def test_shutdown_method_and_tcp_token(tmp_path, tiny_dir):
         c = await Client.connect(host="127.0.0.1", port=port)
         with pytest.raises(DaemonError):
             await c.request("status", {})  # not authenticated yet
-        with pytest.raises((DaemonError, ConnectionError)):
+        with pytest.raises(DaemonError) as e:  # an error frame, then the close
             await c.request("initialize", {"token": "wrong"})
+        assert e.value.code == -32600
         await c.close()
         c = await Client.connect(host="127.0.0.1", port=port)
         await c.request("initialize", {"token": token_file.read_text().strip(), "protocol": 1})
