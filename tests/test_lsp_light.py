@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def test_lsp_server_import_leaves_torch_unloaded():
     # a fresh interpreter: this test process may already have torch from other tests
@@ -104,3 +106,134 @@ async def test_failed_handshake_closes_the_connection(tmp_path):
         assert not link.connected and statuses[-1][0] == "error"
     finally:
         fake.close()
+
+
+def test_daemon_errors_keep_their_lsp_codes():
+    from completiond import protocol as P
+    from completiond.client import DaemonError
+    from completiond_lsp.server import lsp_error
+
+    for code in (P.INVALID_PARAMS, P.INTERNAL_ERROR, -32800, P.CONTENT_MODIFIED):
+        err = lsp_error(DaemonError(code, "why")).to_response_error()
+        assert (err.code, err.message) == (code, "why")
+    assert lsp_error(DaemonError(0, "no code")).code == -32603
+
+
+class StandInDaemon:
+    """A unix-socket stand-in for `completiond serve` that answers every `complete` with -32801 (stale
+    version), optionally only after the editor's edit to `hold_until` arrived; it records what it got."""
+
+    def __init__(self, hold_until: int | None = None):
+        import asyncio
+
+        self.hold_until, self.changed = hold_until, asyncio.Event()
+        self.opens: list[dict] = []
+        self.completes: list[dict] = []
+
+    async def serve(self, reader, writer) -> None:
+        import asyncio
+
+        from completiond import protocol as P
+
+        unpacker = P.unpacker()
+        while data := await reader.read(65536):
+            unpacker.feed(data)
+            for frame in unpacker:
+                if frame[0] == P.NOTIFICATION:
+                    if frame[1] == "document/open":
+                        self.opens.append(frame[2])
+                    elif frame[1] == "document/change" and frame[2].get("version") == self.hold_until:
+                        self.changed.set()
+                elif frame[2] == "initialize":
+                    writer.write(P.response(frame[1], None, {"protocol": 1, "target": "stand-in", "device": "cpu"}))
+                elif frame[2] == "complete":
+                    self.completes.append(frame[3])
+                    answer = P.response(frame[1], P.RpcError(P.CONTENT_MODIFIED, "document moved on"))
+                    if self.hold_until is None:
+                        writer.write(answer)
+                    else:  # answer once the edit arrived; keep reading meanwhile
+                        self.held = asyncio.create_task(self.answer_after_edit(writer, answer))
+                else:
+                    writer.write(P.response(frame[1], None, None))
+        writer.close()
+
+    async def answer_after_edit(self, writer, answer: bytes) -> None:
+        import asyncio
+
+        await asyncio.wait_for(self.changed.wait(), 60)
+        writer.write(answer)
+
+
+async def lsp_against(daemon: StandInDaemon, sock, version_after_open: int):
+    """The real server over stdio, connected to the stand-in; one document opened and edited to
+    `version_after_open`; returns (client, inline-completion future)."""
+    import asyncio
+
+    from lsprotocol import types
+    from pygls.lsp.client import LanguageClient
+
+    server = await asyncio.start_unix_server(daemon.serve, path=str(sock))
+    client = LanguageClient("light", "1")
+    await client.start_io(sys.executable, "-m", "completiond_lsp.server")
+    await client.initialize_async(types.InitializeParams(capabilities=types.ClientCapabilities(),
+                                                         initialization_options={"socket": str(sock),
+                                                                                 "autostart": False,
+                                                                                 "debounceMs": 0}))
+    client.initialized(types.InitializedParams())
+    uri = "file:///w/a.py"
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text="x = 1\n")))
+    for version in range(2, version_after_open + 1):
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[types.TextDocumentContentChangeWholeDocument(text=f"x = {version}\n")]))
+    pending = client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line=1, character=0),
+        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
+    return server, client, pending
+
+
+async def stop(server, client) -> None:
+    await client.shutdown_async(None)
+    client.exit(None)
+    await client.stop()
+    server.close()
+
+
+async def test_stale_version_resyncs_once_then_reports_content_modified(tmp_path):
+    import asyncio
+
+    daemon = StandInDaemon()
+    server, client, pending = await lsp_against(daemon, tmp_path / "s.sock", version_after_open=2)
+    try:
+        with pytest.raises(Exception) as e:
+            await asyncio.wait_for(pending, 60)
+        assert getattr(e.value, "code", None) == -32801
+        # the editor is at the version the request named: the server re-sent its text and retried once
+        assert [c["version"] for c in daemon.completes] == [2, 2]
+        assert [(o["version"], o["text"]) for o in daemon.opens][-1] == (2, "x = 2\n")
+    finally:
+        await stop(server, client)
+
+
+async def test_request_outdated_by_an_edit_is_not_retried(tmp_path):
+    import asyncio
+
+    from lsprotocol import types
+
+    daemon = StandInDaemon(hold_until=3)
+    server, client, pending = await lsp_against(daemon, tmp_path / "s.sock", version_after_open=2)
+    try:
+        for _ in range(600):  # until the request reached the stand-in, then edit (the answer waits for it)
+            if daemon.completes:
+                break
+            await asyncio.sleep(0.05)
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri="file:///w/a.py", version=3),
+            content_changes=[types.TextDocumentContentChangeWholeDocument(text="x = 3\n")]))
+        with pytest.raises(Exception) as e:
+            await asyncio.wait_for(pending, 60)
+        assert getattr(e.value, "code", None) == -32801 and "while the request ran" in str(e.value)
+        assert [c["version"] for c in daemon.completes] == [2] and len(daemon.opens) == 1  # no resync
+    finally:
+        await stop(server, client)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
-from pygls.exceptions import JsonRpcInvalidParams
+from pygls.exceptions import (JsonRpcContentModified, JsonRpcException, JsonRpcInternalError,
+                              JsonRpcInvalidParams)
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
@@ -151,6 +152,13 @@ def is_stale_version(e: DaemonError) -> bool:
     return e.code == P.INVALID_PARAMS and "version" in e.message
 
 
+def lsp_error(e: DaemonError) -> JsonRpcException:
+    """The daemon's codes are JSON-RPC / LSP ones (-32602 invalid params, -32603 internal, -32800
+    cancelled, -32801 content modified): pass them on, so that editors drop cancelled and outdated
+    requests quietly and report the rest."""
+    return JsonRpcException(message=e.message, code=e.code or JsonRpcInternalError.CODE)
+
+
 async def daemon_request(ls: CompletiondServer, method: str, params: dict, partial: str, on_partial) -> dict:
     """Send a streaming request to the daemon; cancel it there if this task is cancelled."""
     try:
@@ -165,8 +173,13 @@ async def daemon_request(ls: CompletiondServer, method: str, params: dict, parti
         except DaemonError as e:
             if not is_stale_version(e) or "uri" not in params:
                 raise
+            doc = ls.workspace.get_text_document(params["uri"])
+            if params.get("version", doc.version) != doc.version:
+                # the editor moved on since this request: it is outdated, and re-sending the text won't help
+                raise JsonRpcContentModified(f"{params['uri']} changed (version {params['version']} -> "
+                                             f"{doc.version}) while the request ran") from None
             # out of sync (an edit the daemon refused): send the editor's full text, then try once more
-            await client.notify("document/open", open_params(ls.workspace.get_text_document(params["uri"])).to_wire())
+            await client.notify("document/open", open_params(doc).to_wire())
             unsubscribe()
             msgid, fut = client.send_request(method, params)
             unsubscribe = client.on(partial, lambda p: on_partial(p["text"]) if p.get("id") == msgid else None)
@@ -176,7 +189,7 @@ async def daemon_request(ls: CompletiondServer, method: str, params: dict, parti
             client.send_request("cancel", P.Cancel(id=msgid).to_wire())  # the daemon stops within one forward pass
         raise
     except DaemonError as e:
-        raise JsonRpcInvalidParams(e.message) from None
+        raise lsp_error(e) from None
     except ConnectionError:
         raise JsonRpcInvalidParams("the completiond daemon went away; it is restarted on the next request") \
             from None
