@@ -15,7 +15,7 @@ M.config = nil
 M.status = {}
 
 --- The value, or nil when the server sent JSON null (vim.NIL, a truthy userdata in Lua).
-function M.present(v)
+local function present(v)
   if v == vim.NIL then
     return nil
   end
@@ -183,11 +183,11 @@ function M.statusline()
   if not s then
     return ''
   end
-  local ms = tonumber(M.present(s.lastLatencyMs))
+  local ms = tonumber(present(s.lastLatencyMs))
   if s.state == 'ready' and ms then
     return ('completiond %dms'):format(math.floor(ms + 0.5))
   end
-  return 'completiond ' .. tostring(M.present(s.state) or '?')
+  return 'completiond ' .. tostring(present(s.state) or '?')
 end
 
 --- Rewrite lines line1..line2 (1-based, inclusive) of the current buffer following instruction.
