@@ -74,6 +74,26 @@ def did_open(client, text=SRC, uri=URI):
         text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
 
 
+def edit(client, version: int, start: tuple[int, int], end: tuple[int, int], text: str, uri=URI):
+    """An incremental didChange replacing start..end ((line, character) in the negotiated encoding)."""
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+        content_changes=[types.TextDocumentContentChangePartial(
+            range=types.Range(start=types.Position(*start), end=types.Position(*end)), text=text)]))
+
+
+async def direct_complete(sock, text: str, line: int, char: int) -> str:
+    """The daemon's completion for `text` on a connection of its own (what the LSP result must equal)."""
+    from completiond.client import Client as RpcClient
+
+    rpc = await RpcClient.connect(sock)
+    await rpc.request("document/open", {"uri": URI, "text": text, "version": 1})
+    res = await rpc.request("complete", {"uri": URI, "position": {"line": line, "character": char},
+                                         "max_tokens": 16})
+    await rpc.close()
+    return res["text"]
+
+
 def inline(client, line, char, uri=URI, msg_id=None):
     params = types.InlineCompletionParams(
         text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line=line, character=char),
@@ -123,29 +143,19 @@ async def test_client_without_position_encodings_gets_completions(daemon_sock):
 
 
 async def test_utf8_client_positions_in_bytes(daemon_sock):
-    from completiond.client import Client as RpcClient
-
     client, init = await start_lsp(options(daemon_sock), encodings=[types.PositionEncodingKind.Utf8])
     try:
         assert init.capabilities.position_encoding == "utf-8"
         did_open(client, text="s = 'é'\n")
         # an incremental edit in UTF-8 units: append "x = 1" after the closing quote (byte 8)
-        client.text_document_did_change(types.DidChangeTextDocumentParams(
-            text_document=types.VersionedTextDocumentIdentifier(uri=URI, version=2),
-            content_changes=[types.TextDocumentContentChangePartial(
-                range=types.Range(start=types.Position(line=0, character=8), end=types.Position(line=0, character=8)),
-                text="\nx = 1")]))
+        edit(client, 2, (0, 8), (0, 8), "\nx = 1")
         via_lsp = await asyncio.wait_for(inline(client, 1, 5), 60)
         assert len(via_lsp.items) == 1 and via_lsp.items[0].insert_text
         with pytest.raises(Exception):  # byte 6 is inside "é" (2 bytes in UTF-8)
             await asyncio.wait_for(inline(client, 0, 6), 60)
     finally:
         await stop_lsp(client)
-    rpc = await RpcClient.connect(daemon_sock)
-    await rpc.request("document/open", {"uri": URI, "text": "s = 'é'\nx = 1\n", "version": 1})
-    direct = await rpc.request("complete", {"uri": URI, "position": {"line": 1, "character": 5}, "max_tokens": 16})
-    await rpc.close()
-    assert via_lsp.items[0].insert_text == direct["text"]
+    assert via_lsp.items[0].insert_text == await direct_complete(daemon_sock, "s = 'é'\nx = 1\n", 1, 5)
 
 
 async def test_bad_settings_are_shown_and_defaults_kept(daemon_sock):
@@ -168,62 +178,41 @@ async def test_bad_settings_are_shown_and_defaults_kept(daemon_sock):
 
 
 async def test_incremental_utf16_edits_match_direct_daemon(daemon_sock):
-    from completiond.client import Client as RpcClient
-
     client, _ = await start_lsp(options(daemon_sock))
     try:
         did_open(client, text="s = '😀'\n")
         # insert "é = 1\nt" after the emoji (UTF-16 character 7), then replace "1" by "22"
-        client.text_document_did_change(types.DidChangeTextDocumentParams(
-            text_document=types.VersionedTextDocumentIdentifier(uri=URI, version=2),
-            content_changes=[types.TextDocumentContentChangePartial(
-                range=types.Range(start=types.Position(line=0, character=7), end=types.Position(line=0, character=7)),
-                text="é = 1\nt")]))
-        client.text_document_did_change(types.DidChangeTextDocumentParams(
-            text_document=types.VersionedTextDocumentIdentifier(uri=URI, version=3),
-            content_changes=[types.TextDocumentContentChangePartial(
-                range=types.Range(start=types.Position(line=0, character=11), end=types.Position(line=0, character=12)),
-                text="22")]))
+        edit(client, 2, (0, 7), (0, 7), "é = 1\nt")
+        edit(client, 3, (0, 11), (0, 12), "22")
         via_lsp = await asyncio.wait_for(inline(client, 1, 1), 60)
         with pytest.raises(Exception):  # inside the surrogate pair: an error, not a wrong answer
             await asyncio.wait_for(inline(client, 0, 6), 60)
     finally:
         await stop_lsp(client)
     # the same final text sent directly to the daemon completes identically (greedy is deterministic)
-    rpc = await RpcClient.connect(daemon_sock)
-    await rpc.request("document/open", {"uri": URI, "text": "s = '😀é = 22\nt'\n", "version": 1})
-    direct = await rpc.request("complete", {"uri": URI, "position": {"line": 1, "character": 1}, "max_tokens": 16})
-    await rpc.close()
-    assert (via_lsp.items[0].insert_text if via_lsp.items else "") == direct["text"]
+    direct = await direct_complete(daemon_sock, "s = '😀é = 22\nt'\n", 1, 1)
+    assert (via_lsp.items[0].insert_text if via_lsp.items else "") == direct
 
 
 async def test_refused_edit_resyncs_the_document_and_retries(daemon_sock):
     from pygls.workspace import TextDocument
 
-    from completiond.client import Client as RpcClient
-
     # an edit past the end: pygls appends it, the daemon refuses it ("bad change range") and stays at
     # version 1; the completion names version 2, the daemon answers -32801 and the server re-sends the text
-    change = types.TextDocumentContentChangePartial(
-        range=types.Range(start=types.Position(line=50, character=0), end=types.Position(line=50, character=0)),
-        text="    return a * b\n\n\ndef div(a, b):\n")
+    added = "    return a * b\n\n\ndef div(a, b):\n"
     expected = TextDocument(URI, SRC, version=1)
-    expected.apply_change(change)
-    assert expected.source == SRC + change.text
+    expected.apply_change(types.TextDocumentContentChangePartial(
+        range=types.Range(start=types.Position(50, 0), end=types.Position(50, 0)), text=added))
+    assert expected.source == SRC + added
     client, _ = await start_lsp(options(daemon_sock))
     try:
         did_open(client)
-        client.text_document_did_change(types.DidChangeTextDocumentParams(
-            text_document=types.VersionedTextDocumentIdentifier(uri=URI, version=2), content_changes=[change]))
+        edit(client, 2, (50, 0), (50, 0), added)
         via_lsp = await asyncio.wait_for(inline(client, 12, 14), 60)
     finally:
         await stop_lsp(client)
-    rpc = await RpcClient.connect(daemon_sock)
-    await rpc.request("document/open", {"uri": URI, "text": expected.source, "version": 2})
-    direct = await rpc.request("complete", {"uri": URI, "position": {"line": 12, "character": 14},
-                                            "version": 2, "max_tokens": 16})
-    await rpc.close()
-    assert [i.insert_text for i in via_lsp.items] == ([direct["text"]] if direct["text"] else [])
+    direct = await direct_complete(daemon_sock, expected.source, 12, 14)
+    assert [i.insert_text for i in via_lsp.items] == ([direct] if direct else [])
 
 
 async def test_cancel_request_and_latest_wins(daemon_sock):
