@@ -212,6 +212,15 @@ def param(typ, default: Any = ..., check=None, bounds: str = ""):
     return field(metadata=meta) if default is ... else field(default=default, metadata=meta)
 
 
+def between(typ, default: Any, lo: float, hi: float):
+    """A number in [lo, hi]."""
+    return param(typ, default, lambda v: lo <= v <= hi, f"{lo:g}..{hi:g}")
+
+
+def one_of(choices: tuple[str, ...], default: Any):
+    return param(str, default, lambda v: v in choices, " / ".join(choices))
+
+
 class Params:
     """Base of the typed params: `parse(dict)` validates (RpcError -32602), `to_wire()` builds the map."""
 
@@ -259,7 +268,7 @@ class Initialize(Params):
     client: str = param(str, "")
     protocol: int = param(int, PROTOCOL_VERSION)
     token: str = param(str, "")  # TCP only
-    position_encoding: str = param(str, "utf-16", lambda e: e in ENCODINGS, " / ".join(ENCODINGS))
+    position_encoding: str = one_of(ENCODINGS, "utf-16")
     workspace_roots: list | tuple = param(list, (), lambda r: all(isinstance(x, str) for x in r), "a list of paths")
 
 
@@ -285,13 +294,23 @@ class DocumentClose(Params):
 
 
 @dataclass(frozen=True)
+class Cancel(Params):
+    id: int = param(int)
+
+
+@dataclass(frozen=True)
+class Empty(Params):
+    """`status`, `shutdown`: no params."""
+
+
+@dataclass(frozen=True)
 class Complete(Params):
     uri: str = param(str)
     position: Position = param(Position)
     version: int | None = param(int, None)  # the document version the position refers to
-    mode: str | None = param(str, None, lambda m: m in MODES, " / ".join(MODES))  # None: the daemon's --mode
-    max_tokens: int = param(int, DEFAULT_MAX_TOKENS, lambda n: 1 <= n <= MAX_TOKENS, f"1..{MAX_TOKENS}")
-    temperature: float = param(float, 0.0, lambda t: 0 <= t <= MAX_TEMPERATURE, f"0..{MAX_TEMPERATURE:g}")
+    mode: str | None = one_of(MODES, None)  # None: the daemon's --mode
+    max_tokens: int = between(int, DEFAULT_MAX_TOKENS, 1, MAX_TOKENS)
+    temperature: float = between(float, 0.0, 0, MAX_TEMPERATURE)  # under 1e-5: greedy (verify.MIN_TEMPERATURE)
     top_p: float = param(float, 1.0, lambda p: 0 < p <= 1, "0 < top_p <= 1")
     top_k: int = param(int, 0, _nonneg, ">= 0, 0 = off")
     seed: int | None = param(int, None)
@@ -307,26 +326,15 @@ class Rewrite(Params):
     instruction: str = param(str, check=lambda s: 0 < len(s) <= MAX_INSTRUCTION_CHARS,
                              bounds=f"1..{MAX_INSTRUCTION_CHARS} characters")
     version: int | None = param(int, None)
-    max_tokens: int | None = param(int, None, lambda n: 1 <= n <= MAX_REWRITE_TOKENS,
-                                   f"1..{MAX_REWRITE_TOKENS}")  # None: twice the selection's tokens + 64
-    mode: str | None = param(str, None, lambda m: m in MODES, " / ".join(MODES))
-
-
-@dataclass(frozen=True)
-class Cancel(Params):
-    id: int = param(int)
+    max_tokens: int | None = between(int, None, 1, MAX_REWRITE_TOKENS)  # None: twice the selection's tokens + 64
+    mode: str | None = one_of(MODES, None)
 
 
 @dataclass(frozen=True)
 class Lookup(Params):
     uri: str = param(str)
     position: Position = param(Position)
-    max_len: int = param(int, 16, lambda n: 1 <= n <= MAX_LOOKUP_LEN, f"1..{MAX_LOOKUP_LEN}")
-
-
-@dataclass(frozen=True)
-class Empty(Params):
-    """`status`, `shutdown`: no params."""
+    max_len: int = between(int, 16, 1, MAX_LOOKUP_LEN)
 
 
 RESULT_FIELDS = ("text", "tokens", "token_ids", "target_passes", "mean_accepted", "ms_first_token", "ms_total",
