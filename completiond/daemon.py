@@ -24,10 +24,9 @@ from . import protocol as P
 from .engine import Engine, Result
 from .handlers import METHODS, Method, Prepared
 from .session import Job, Session
-from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, StartError, bind_unix, drain, read_frames, remove_own
+from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, bind_unix, drain, read_frames, remove_own
 from .workspace import WorkspaceWatcher
 
-__all__ = ["Daemon", "StartError"]
 log = logging.getLogger("completiond.daemon")
 
 
@@ -98,6 +97,8 @@ class Daemon:
                     await method.fn(self, s, method.params.parse(frame.params), None)
                 except P.RpcError as e:
                     log.info("notification %s rejected: %s", frame.method, e.message)
+                except Exception:  # a bug must cost this notification, not the connection
+                    log.exception("notification %s failed", frame.method)
             return
         if method is None:
             s.send(P.response(frame.msgid, P.RpcError(P.METHOD_NOT_FOUND, f"unknown method {frame.method!r}")))
