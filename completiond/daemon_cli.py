@@ -93,8 +93,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     engine = Engine(target, draft)
     engine.calibrate()
-    info = {"target": target.name, "draft": draft.name if draft else None, "device": str(target.device),
-            "dtype": str(target.dtype).replace("torch.", ""), "socket": str(sock)}
+    info = {**P.model_info(target, draft), "socket": str(sock)}
 
     async def main() -> None:
         daemon = Daemon(engine, info, token=token, default_mode=a.mode, roots=[Path(r) for r in a.workspace],

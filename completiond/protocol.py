@@ -337,6 +337,12 @@ class Lookup(Params):
     max_len: int = between(int, 16, 1, MAX_LOOKUP_LEN)
 
 
+def model_info(target: Any, draft: Any) -> dict:
+    """target, draft, device, dtype of loaded models (initialize, status, `complete --json`); no torch import."""
+    return {"target": target.name, "draft": draft.name if draft is not None else None, "device": str(target.device),
+            "dtype": str(target.dtype).replace("torch.", "")}
+
+
 RESULT_FIELDS = ("text", "tokens", "token_ids", "target_passes", "mean_accepted", "ms_first_token", "ms_total",
                  "cancelled", "stopped_by", "mode", "prompt_tokens", "reused_tokens")
 
