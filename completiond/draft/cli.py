@@ -15,49 +15,101 @@ import sys
 from pathlib import Path
 
 
+DTYPES = ["auto", "bfloat16", "float16", "float32"]
+DEVICES = ["auto", "cpu", "cuda"]
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("train-draft", help="build the default draft model (label, train, export)")
     steps = p.add_subparsers(dest="step", required=True, parser_class=type(p))
     lab = steps.add_parser("label", help="label stdlib code with the default target's top-k predictions")
-    lab.add_argument("--out", default="data/draft-corpus")
+    lab.add_argument("--out", default="data/draft-corpus",
+                     help="corpus directory for the labelled shards (created; an existing one is resumed)")
     lab.add_argument("--tokens", type=int, default=1_100_000, help="training tokens to label")
-    lab.add_argument("--seq-len", type=int, default=512)
-    lab.add_argument("--seed", type=int, default=0)
-    lab.add_argument("--source", default="stdlib", choices=["stdlib", "site-packages"])
-    lab.add_argument("--dtype", default="auto")
-    lab.add_argument("--device", default="auto")
+    lab.add_argument("--seq-len", type=int, default=512, help="tokens per labelled window")
+    lab.add_argument("--seed", type=int, default=0, help="seed of the file order (and so of the held-out split)")
+    lab.add_argument("--source", default="stdlib", choices=["stdlib", "site-packages"],
+                     help="whose code to label: this Python's standard library or its installed packages")
+    lab.add_argument("--dtype", default="auto", choices=DTYPES, help="the target's dtype while labelling")
+    lab.add_argument("--device", default="auto", choices=DEVICES, help="where the target runs")
     lab.set_defaults(func=cmd_label)
     tr = steps.add_parser("train", help="train (or resume) the draft on labelled shards")
-    tr.add_argument("--corpus", default="data/draft-corpus")
-    tr.add_argument("--out", default="data/draft-train")
-    tr.add_argument("--steps", type=int, default=1000)
-    tr.add_argument("--batch", type=int, default=8)
-    tr.add_argument("--lr", type=float, default=2e-3)
-    tr.add_argument("--layers", type=int, default=4)
-    tr.add_argument("--hidden", type=int, default=320)
-    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--corpus", default="data/draft-corpus", help="directory written by `train-draft label`")
+    tr.add_argument("--out", default="data/draft-train",
+                    help="directory for checkpoint.pt (a checkpoint already there is resumed)")
+    tr.add_argument("--steps", type=int, default=1000, help="total optimizer steps (a resumed run continues to it)")
+    tr.add_argument("--batch", type=int, default=8, help="sequences per step")
+    tr.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (AdamW, cosine decay)")
+    tr.add_argument("--layers", type=int, default=4, help="draft layers (a new run only)")
+    tr.add_argument("--hidden", type=int, default=320,
+                    help="draft hidden size, a multiple of 64: one head per 64 (a new run only)")
+    tr.add_argument("--seed", type=int, default=0, help="seed of initialisation and batch order")
     tr.add_argument("--no-bf16", action="store_true", help="train in fp32 (slower on CPUs with bf16 support)")
     tr.set_defaults(func=cmd_train)
     ex = steps.add_parser("export", help="write the trained draft (bf16 safetensors + vocab map + card)")
-    ex.add_argument("--ckpt", default="data/draft-train/checkpoint.pt")
-    ex.add_argument("--out", default=str(Path(__file__).parent / "weights"))
-    ex.add_argument("--corpus", default="data/draft-corpus")
+    ex.add_argument("--ckpt", default="data/draft-train/checkpoint.pt", help="checkpoint written by `train-draft train`")
+    ex.add_argument("--out", default=str(Path(__file__).parent / "weights"),
+                    help="directory for the exported draft (default: the package's shipped weights)")
+    ex.add_argument("--corpus", default="data/draft-corpus",
+                    help="the corpus the checkpoint was trained on (its file lists go into the card)")
     ex.add_argument("--recipe", default="completiond train-draft label && completiond train-draft train && "
                     "completiond train-draft export", help="the commands that made this draft (for the card)")
     ex.add_argument("--extra", default="", help="markdown appended to the model card (measured acceptance)")
     ex.set_defaults(func=cmd_export)
     ev = steps.add_parser("eval", help="draft vs target on held-out code: cost, agreement, acceptance by length")
     ev.add_argument("--repo", default="pypi:toolz==1.0.0", help="held-out code (not in the training corpus)")
-    ev.add_argument("--draft", default="default")
-    ev.add_argument("--positions", type=int, default=24)
-    ev.add_argument("--lengths", default="1,2,4,8")
-    ev.add_argument("--max-tokens", type=int, default=48)
-    ev.add_argument("--json", default=None)
-    ev.add_argument("--plot", default=None)
+    ev.add_argument("--draft", default="default", help="the draft to evaluate: as `complete --draft`")
+    ev.add_argument("--positions", type=int, default=24, help="completion positions sampled from the repo")
+    ev.add_argument("--lengths", default="1,2,4,8", help="comma-separated draft lengths to measure acceptance at")
+    ev.add_argument("--max-tokens", type=int, default=48, help="tokens generated per position")
+    ev.add_argument("--json", default=None, help="also write the result to this JSON file")
+    ev.add_argument("--plot", default=None, help="write a plot of acceptance by length to this image file")
     ev.set_defaults(func=cmd_eval)
 
 
+def _usage(message: str) -> Exception:
+    from ..cli import UsageError
+
+    return UsageError(message)
+
+
+def _at_least(a: argparse.Namespace, low: float, *names: str) -> None:
+    for name in names:
+        value = getattr(a, name)
+        if value < low:
+            flag = "--" + name.replace("_", "-")
+            raise _usage(f"{flag} {value}: must be at least {low}")
+
+
+def _out_dir(flag: str, path: str) -> None:
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise _usage(f"{flag} {path}: exists and is not a directory")
+
+
+def _corpus(path: str, splits: tuple[str, ...]) -> None:
+    p = Path(path)
+    if not p.is_dir():
+        raise _usage(f"--corpus {path}: no such directory (run `completiond train-draft label` first)")
+    for split in splits:
+        if not any(p.glob(f"{split}_*.npz")):
+            raise _usage(f"--corpus {path}: no {split}_*.npz shards (run `completiond train-draft label` first)")
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        lengths = [int(k) for k in text.split(",")]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        raise _usage(f"--lengths {text}: give positive whole numbers separated by commas, e.g. 1,2,4,8")
+    return lengths
+
+
 def cmd_label(a: argparse.Namespace) -> int:
+    _at_least(a, 1, "tokens")
+    _at_least(a, 2, "seq_len")  # a window predicts each token from those before it
+    _out_dir("--out", a.out)
     from ..models import load
     from .corpus import label
 
@@ -67,6 +119,13 @@ def cmd_label(a: argparse.Namespace) -> int:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
+    _at_least(a, 1, "steps", "batch", "layers")
+    if a.lr <= 0:
+        raise _usage(f"--lr {a.lr}: must be positive")
+    if a.hidden < 64 or a.hidden % 64:
+        raise _usage(f"--hidden {a.hidden}: must be a positive multiple of 64 (one attention head per 64)")
+    _corpus(a.corpus, ("train", "heldout"))
+    _out_dir("--out", a.out)
     import torch
 
     from ..models import load
@@ -88,14 +147,23 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
     import torch
 
+    from ..cli import check_model_flags
+
+    check_model_flags(a)
+    _at_least(a, 1, "positions", "max_tokens")
+    lengths = _lengths(a.lengths)
     from ..bench.repo import read_text_file, resolve_repo, sample_positions, source_files
+
+    try:
+        root, label = resolve_repo(a.repo)  # a bad --repo fails here, before the models load
+    except ValueError as e:
+        raise _usage(str(e)) from None
     from ..models import load, load_draft
     from ..prompt import build_prompt
     from .evaluate import agreement, by_draft_length, pass_cost, plot
 
     target = load("default")
     draft = load_draft(a.draft, target)
-    root, label = resolve_repo(a.repo)
     files = source_files(root)
     texts = [read_text_file(f) or "" for f in files]
     context = target.tokenizer.encode("\n".join(texts), add_special_tokens=False)[:1000]
@@ -111,8 +179,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         "target_pass_ms": round(pass_cost(target, context), 2),
         "draft_pass_ms": round(pass_cost(draft, draft_ctx, lean=True), 2),
         "agreement": round(agreement(target, draft, texts), 4),
-        "by_draft_length": by_draft_length(target, draft, prompts, [int(k) for k in a.lengths.split(",")],
-                                           a.max_tokens),
+        "by_draft_length": by_draft_length(target, draft, prompts, lengths, a.max_tokens),
     }
     result["cost_ratio"] = round(result["target_pass_ms"] / result["draft_pass_ms"], 2)
     text = json.dumps(result, indent=2)
@@ -137,9 +204,18 @@ def _portable(path: str) -> str:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
-    from .train import export
-
+    if not Path(a.ckpt).is_file():
+        raise _usage(f"--ckpt {a.ckpt}: no such file (run `completiond train-draft train` first)")
+    _corpus(a.corpus, ("train",))
+    _out_dir("--out", a.out)
     import numpy as np
+
+    from .train import export, load_checkpoint
+
+    try:
+        ck = load_checkpoint(Path(a.ckpt))
+    except ValueError as e:
+        raise _usage(str(e)) from None
 
     used = {split: sorted({str(f) for p in Path(a.corpus).glob(f"{split}_*.npz") for f in np.load(p)["files"]})
             for split in ("train", "heldout")}
@@ -158,7 +234,7 @@ def cmd_export(a: argparse.Namespace) -> int:
         "recipe": a.recipe,
         "extra": a.extra,
     }
-    out = export(Path(a.ckpt), Path(a.out), card)
+    out = export(ck, Path(a.out), card)
     (out / "training_files.json").write_text(json.dumps({k: [_portable(f) for f in v] for k, v in used.items()},
                                                         indent=0) + "\n")
     print(f"draft written to {out}", file=sys.stderr)

@@ -125,10 +125,10 @@ def loss_on(model, ids, lengths, top_ids, top_lp, from_target, unk, autocast: bo
 def train(corpus: Path, out: Path, cfg: TrainConfig, target_embed_fn=None, specials: list[int] | None = None,
           bos: int = 2, eos: int = 1) -> Path:
     """Train (or resume) into out/; returns the checkpoint path. `target_embed_fn()` -> embedding matrix."""
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt_path = out / "checkpoint.pt"
     data = load_shards(corpus, "train")
     held = load_shards(corpus, "heldout")
+    out.mkdir(parents=True, exist_ok=True)  # only once the corpus is known to be there
+    ckpt_path = out / "checkpoint.pt"
     torch.manual_seed(cfg.seed)
     if ckpt_path.exists():
         ck = torch.load(ckpt_path, weights_only=False)
@@ -200,9 +200,24 @@ def evaluate(model, held: dict[str, np.ndarray], from_target, unk, cfg: TrainCon
     return agree_sum / max(1, n_sum)
 
 
-def export(ckpt_path: Path, out_dir: Path, card: dict) -> Path:
+CHECKPOINT_KEYS = {"cfg", "keep", "model", "step", "log"}
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint written by `train`; ValueError (one line) for anything else."""
+    try:
+        ck = torch.load(path, weights_only=False, map_location="cpu")
+    except Exception as e:  # torch raises many kinds (pickle, zip, EOF) for a file that is not a checkpoint
+        raise ValueError(f"{path}: not a train-draft checkpoint ({type(e).__name__})") from None
+    if not isinstance(ck, dict) or not CHECKPOINT_KEYS <= ck.keys():
+        missing = sorted(CHECKPOINT_KEYS - ck.keys()) if isinstance(ck, dict) else "everything"
+        raise ValueError(f"{path}: not a train-draft checkpoint (missing {missing})")
+    return ck
+
+
+def export(ckpt: Path | dict, out_dir: Path, card: dict) -> Path:
     """Write the shipped draft: bf16 safetensors, config, vocab map and a model card."""
-    ck = torch.load(ckpt_path, weights_only=False)
+    ck = load_checkpoint(ckpt) if isinstance(ckpt, Path) else ckpt
     cfg = TrainConfig(**ck["cfg"])
     keep = ck["keep"]
     model = make_model(cfg, None, keep, card.get("bos", 2), card.get("eos", 1))
