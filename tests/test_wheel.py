@@ -1,0 +1,118 @@
+"""A built wheel installs into a fresh venv, carries the draft weights, and its `completiond-lsp` answers
+an LSP `initialize` over stdio (autostart off, so no daemon or model is needed)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("build", reason="`build` is not installed (pip install -e '.[test]')")
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = ["pyproject.toml", "README.md", "completiond", "lsp"]
+WEIGHTS = ["config.json", "model.safetensors", "vocab_map.json", "MODEL_CARD.md"]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """Built from a copy of the sources: setuptools writes build/ and *.egg-info next to pyproject.toml."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    src.mkdir()
+    for name in SOURCES:
+        p = REPO / name
+        if p.is_dir():
+            shutil.copytree(p, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(p, src / name)
+    # --no-isolation: build with the setuptools already installed, no index needed
+    done = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp / "dist"),
+                           str(src)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (whl,) = (tmp / "dist").glob("completiond-*.whl")
+    return whl
+
+
+def test_wheel_carries_package_data_and_entry_points(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for w in WEIGHTS:
+        assert f"completiond/draft/weights/{w}" in names
+    assert "completiond_lsp/server.py" in names and "completiond/cli.py" in names
+    entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    text = zipfile.ZipFile(wheel).read(entry).decode()
+    assert "completiond-lsp = completiond_lsp.server:main" in text and "completiond = completiond.cli:main" in text
+
+
+def frame(msg: dict) -> bytes:
+    body = json.dumps(msg).encode()
+    return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+def read_message(stream) -> dict:
+    length = None
+    while True:
+        line = stream.readline()
+        if not line:
+            raise EOFError("completiond-lsp closed stdout")
+        if line in (b"\r\n", b"\n"):
+            break
+        key, _, value = line.decode().partition(":")
+        if key.lower() == "content-length":
+            length = int(value)
+    return json.loads(stream.read(length))
+
+
+def read_response(stream, id_: int) -> dict:
+    while True:  # skip notifications (window/logMessage ...) until our answer
+        msg = read_message(stream)
+        if msg.get("id") == id_ and "method" not in msg:
+            return msg
+
+
+def test_installed_wheel_lsp_answers_initialize(wheel, tmp_path):
+    env_dir = tmp_path / "venv"
+    # system site packages: torch and the rest come from here; the wheel itself is installed into the venv
+    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    done = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall",
+                           "--disable-pip-version-check", "-q", str(wheel)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    env = {**os.environ, "COMPLETIOND_CACHE": str(tmp_path / "cache"), "PYTHONNOUSERSITE": "1"}
+    env.pop("PYTHONPATH", None)
+    where = subprocess.run([str(py), "-c", "import completiond, completiond_lsp; print(completiond.__file__); "
+                            "print(completiond_lsp.__file__)"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert where.returncode == 0, where.stderr
+    assert all(line.startswith(str(env_dir)) for line in where.stdout.split()), where.stdout  # not the checkout
+    assert (env_dir / "bin" / "completiond").exists()
+
+    proc = subprocess.Popen([str(env_dir / "bin" / "completiond-lsp")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path, env=env)
+    killer = threading.Timer(120, proc.kill)  # a hung server fails the test instead of hanging it
+    killer.start()
+    try:
+        proc.stdin.write(frame({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "processId": os.getpid(), "rootUri": tmp_path.as_uri(), "capabilities": {},
+            "initializationOptions": {"autostart": False, "socket": str(tmp_path / "no-daemon.sock")}}}))
+        proc.stdin.flush()
+        init = read_response(proc.stdout, 1)
+        assert "inlineCompletionProvider" in init["result"]["capabilities"], init
+        assert init["result"]["serverInfo"]["name"] == "completiond-lsp", init
+        proc.stdin.write(frame({"jsonrpc": "2.0", "method": "initialized", "params": {}}))
+        proc.stdin.write(frame({"jsonrpc": "2.0", "id": 2, "method": "shutdown", "params": None}))
+        proc.stdin.flush()
+        assert "error" not in read_response(proc.stdout, 2)
+        proc.stdin.write(frame({"jsonrpc": "2.0", "method": "exit", "params": None}))
+        proc.stdin.flush()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()[-2000:]
+    finally:
+        killer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
