@@ -57,7 +57,10 @@ class Daemon:
 
     def configured(self, path: Path) -> bool:
         """Is `path` one of the owner's roots or inside one (symlinks and `..` resolved first)?"""
-        real = path.resolve()
+        try:
+            real = path.resolve()
+        except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop: not one of ours
+            return False
         return any(real == r or r in real.parents for r in self.roots)
 
     # ---- connections --------------------------------------------------------------------------
