@@ -51,6 +51,7 @@ class Daemon:
         self.started = time.time()
         self.stopping = asyncio.Event()
         self.servers: list[asyncio.AbstractServer] = []
+        self._tasks: set[asyncio.Task] = set()  # complete / rewrite answers in flight
 
     def model_info(self) -> dict:
         return {k: self.info[k] for k in ("target", "draft", "device")}
@@ -110,11 +111,13 @@ class Daemon:
         elif method.job:
             try:  # prepared now, in frame order; the answer comes from its own task
                 prepared: Prepared = method.fn(self, s, method.params.parse(frame.params))
-            except P.RpcError as e:
-                s.send(P.response(frame.msgid, e))
+            except Exception as e:
+                self._error(s, frame, e)
                 return
             job = s.start(frame.msgid, prepared.uri)
-            asyncio.create_task(self._answer(s, frame, lambda: self._run(s, job, prepared)))
+            task = asyncio.create_task(self._answer(s, frame, lambda: self._run(s, job, prepared)))
+            self._tasks.add(task)  # the loop holds tasks weakly
+            task.add_done_callback(self._tasks.discard)
         else:
             await self._answer(s, frame, lambda: self._call(s, frame, method))
 
@@ -124,14 +127,18 @@ class Daemon:
     async def _answer(self, s: Session, frame: P.Frame, run) -> None:
         try:
             s.send(P.response(frame.msgid, None, await run()))
-        except P.RpcError as e:
-            s.send(P.response(frame.msgid, e))
-            if e.close:
-                s.closed = True
-        except Exception as e:  # a bug must cost one request, not the daemon
-            log.exception("%s failed", frame.method)
-            s.send(P.response(frame.msgid, P.RpcError(P.INTERNAL_ERROR, f"{type(e).__name__}: {e}")))
+        except Exception as e:
+            self._error(s, frame, e)
         await drain(s.writer)
+
+    @staticmethod
+    def _error(s: Session, frame: P.Frame, e: Exception) -> None:
+        if isinstance(e, P.RpcError):
+            s.send(P.response(frame.msgid, e))
+            s.closed = s.closed or e.close
+        else:  # a bug must cost one request, not the daemon
+            log.exception("%s failed", frame.method, exc_info=e)
+            s.send(P.response(frame.msgid, P.RpcError(P.INTERNAL_ERROR, f"{type(e).__name__}: {e}")))
 
     async def _run(self, s: Session, job: Job, prep: Prepared) -> dict:
         """Run one request on the engine thread and stream its partial text; the latest per document wins."""
