@@ -16,6 +16,8 @@
 #   E2E_KEEP=1                keep the temporary directory (user data, logs, workspace)
 # Debian packages needed: chromium ripgrep (and for installing code-server: build-essential python3
 # libkrb5-dev libx11-dev libxkbfile-dev libsecret-1-dev).
+# test/e2e/ci-install.sh installs all of it on a fresh Debian machine (.ci/run does, as root); pytest
+# runs this script through tests/test_vscode_e2e.py.
 set -euo pipefail
 
 EXT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
