@@ -163,3 +163,24 @@ def test_one_shot_walk_skips_the_same_trees(tmp_path, tok):
     assert files == {".gitignore", "main.py", "src/pkg/mod.py"}
     index = TokenIndex()
     assert index_workspace(index, tok, tmp_path, max_files=2) == 2
+
+
+def test_moved_and_deleted_directories(tmp_path, watcher):
+    make_tree(tmp_path)
+    w = watcher()
+    w.add_root(tmp_path)
+    settle(w)
+    root = tmp_path.resolve()
+    (root / "src" / "pkg").rename(root / "src" / "lib")
+    moved = str(root / "src" / "lib" / "mod.py")
+    wait_for(lambda: moved in w.index.files)
+    settle(w)
+    assert str(root / "src" / "pkg" / "mod.py") not in w.index.files
+    assert root / "src" / "lib" in watched_paths(w) and root / "src" / "pkg" not in watched_paths(w)
+    import shutil
+
+    shutil.rmtree(root / "src")
+    wait_for(lambda: moved not in w.index.files)
+    settle(w)
+    assert watched_paths(w) == {root}
+    assert set(w.index.files) == {str(root / ".gitignore"), str(root / "main.py")}
