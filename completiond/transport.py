@@ -70,6 +70,7 @@ def claim(path: Path) -> SocketLock:
         raise StartError(f"socket directory {d} belongs to another user")
     if st.st_mode & 0o077 and d.name in ("completiond", f"completiond-{os.getuid()}"):
         os.chmod(d, 0o700)  # our own directory: keep it private
+    _socket_or_nothing(path)  # before the lock file appears next to, say, a user's regular file
     lock = SocketLock(path)
     lock.acquire()
     try:
@@ -82,12 +83,8 @@ def claim(path: Path) -> SocketLock:
 
 def check_socket(path: Path) -> None:
     """Refuse a live daemon or a non-socket on `path`; remove a socket whose connections are refused."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
+    if not _socket_or_nothing(path):
         return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise StartError(f"{path} exists and is not a socket: not replacing it (choose another --socket)")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1.0)
     try:
@@ -102,6 +99,17 @@ def check_socket(path: Path) -> None:
     finally:
         probe.close()
     raise StartError(f"a daemon is already running on {path} (use `completiond stop` first)")
+
+
+def _socket_or_nothing(path: Path) -> bool:
+    """True if a socket sits at `path`, False if nothing does; StartError for anything else."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISSOCK(st.st_mode):
+        raise StartError(f"{path} exists and is not a socket: not replacing it (choose another --socket)")
+    return True
 
 
 def bind_unix(path: Path) -> tuple[socket.socket, tuple[int, int]]:

@@ -27,7 +27,7 @@ def test_socket_path_at_a_regular_file_is_refused_and_kept(tmp_path, tiny_dir):
     victim.write_text("precious\n")
     res = serve(victim, tiny_dir)
     assert res.returncode == 2 and "not a socket" in one_line(res.stderr)
-    assert victim.read_text() == "precious\n"
+    assert victim.read_text() == "precious\n" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 def test_second_serve_loses_before_loading_any_model(tmp_path):
