@@ -32,8 +32,7 @@ def run_repo(target, draft, repo: str, positions: int, max_tokens: int) -> dict:
     root, label = resolve_repo(repo)
     engines = {}
     for name, (mode, branch) in CONFIGS.items():
-        e = Engine(target, draft)
-        e.draft.branch = branch
+        e = Engine(target, draft, draft_branch=branch)
         e.calibrate()
         engines[name] = (e, mode)
     prompts = prepare(engines["ar"][0], root, sample_positions(root, positions, "both", 0), multiline=True, max_prompt=3072)

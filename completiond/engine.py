@@ -127,18 +127,18 @@ class Engine:
     """Target (+ optional draft) resident, with a token index for prompt lookup. One request at a time."""
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, index: TokenIndex | None = None,
-                 capacity: int = 4096, max_nodes: int = 64, max_candidate_len: int = 16, always_speculate: bool = False):
+                 capacity: int = 4096, max_nodes: int = 64, max_candidate_len: int = 16, always_speculate: bool = False,
+                 draft_branch: int = 4):
         self.target = target
         self.runner = Runner(target, capacity)
         self.index = index or TokenIndex()
-        self.lookup = PromptLookup(self.index)
-        self.draft = DraftModel(draft, capacity) if draft is not None else None
+        self.prompt_lookup = PromptLookup(self.index)
+        self.draft = DraftModel(draft, capacity, branch=draft_branch) if draft is not None else None
         self.adaptive = Adaptive(max_nodes, always=always_speculate)
         self.max_candidate_len = max_candidate_len
         self.eos = target.eos_ids()
         self.lock = threading.Lock()
         self.stats = {"requests": 0, "passes": 0, "accepted": 0}
-        self._draft_skips = 0
 
     # ---- set-up -------------------------------------------------------------------------------
     def calibrate(self, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), context: int = 64) -> dict[int, float]:
@@ -183,6 +183,32 @@ class Engine:
         except OSError:
             pass  # a read-only cache only costs a calibration next time
 
+    @torch.inference_mode()
+    def warm(self, prompt: list[int], cancel: threading.Event | None = None) -> int:
+        """Prefill the caches with `prompt` ahead of a request (on open, after edits, in benchmarks);
+        a later request with the same prefix reuses it. Returns the tokens now cached."""
+
+        def check() -> None:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled()
+
+        with self.lock:
+            try:
+                self.runner.extend(prompt, check=check)
+                for p in (self.draft,) if self.draft is not None else ():
+                    p.warm(prompt)
+            except Cancelled:
+                pass
+            return self.runner.length
+
+    def lookup(self, context: list[int], max_len: int = 16, n: int = 6) -> list[list[int]]:
+        """What prompt lookup proposes after `context` (debugging: `debug/lookup`)."""
+        limits = Limits(max_len=max_len, min_value=0.0)
+        return [c.tokens for c in self.lookup_proposer(n).propose(context, limits)]
+
+    def lookup_proposer(self, n: int) -> PromptLookup:
+        return self.prompt_lookup if n == self.prompt_lookup.max_candidates else PromptLookup(self.index, n)
+
     def proposers(self, mode: str) -> list[Proposer]:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
@@ -190,7 +216,7 @@ class Engine:
             raise ValueError("mode 'draft' needs a draft model")
         chosen: list[Proposer] = []
         if mode in ("pld", "combined"):
-            chosen.append(self.lookup)
+            chosen.append(self.prompt_lookup)
         if mode in ("draft", "combined") and self.draft is not None:
             chosen.append(self.draft)
         return chosen
@@ -259,39 +285,22 @@ class Engine:
                       prompt_tokens=len(req.prompt), reused_tokens=reused, accepted_by_depth=by_depth)
 
     def _propose(self, root: int, proposers: list[Proposer], remaining: int) -> TokenTree:
-        """Candidates from every proposer, merged into one tree and cut to the size that pays."""
+        """Candidates from every proposer that says it pays, merged into one tree and cut to the
+        size that pays. Prompt lookup runs first: whether the draft pays depends on what it found."""
         max_len = min(self.max_candidate_len, remaining - 1)
         if max_len <= 0 or not proposers:
             return TokenTree.root_only(root)
         context = self.runner.tokens + [root]
+        pass_ms = self.adaptive.cost(1)
+        always = self.adaptive.always
         candidates = []
-        for p in proposers:  # prompt lookup first: whether the draft pays depends on what it found
-            if p is self.draft and not self._draft_pays(candidates):
+        for p in proposers:
+            if not always and not p.pays(candidates, pass_ms):
                 continue
-            min_value = 0.0 if self.adaptive.always else 0.02
-            if p is self.draft and self.draft.step_ms.value > 0 and not self.adaptive.always:
-                min_value = max(min_value, self.draft.step_ms.value / self.adaptive.cost(1))
+            min_value = 0.0 if always else max(0.02, p.min_value(pass_ms))
             candidates += p.propose(context, Limits(max_len=max_len, min_value=min_value))
         tree = build_tree(root, candidates, self.adaptive.max_nodes)
         return _truncate(tree, self.adaptive.best_size(tree.value))
-
-    def _draft_pays(self, found: list) -> bool:
-        """Run the draft when what it should add beats what it costs.
-
-        Its tokens matter where the candidates already found fail at their first token (1 - p);
-        there it brings about a / (1 - a) accepted tokens (a: its measured first-token acceptance),
-        each saving about one target pass, for about as many draft steps plus one. A skipped draft
-        is still probed every 8th time so that its estimate can recover.
-        """
-        if self.adaptive.always or self.draft.step_ms.value == 0:
-            return True
-        p = max((c.probs[0] for c in found), default=0.0)
-        a = min(self.draft.first_accept.value, 0.9)
-        expected = a / (1 - a)
-        if (1 - p) * expected * self.adaptive.cost(1) > (1 + expected) * self.draft.step_ms.value:
-            return True
-        self._draft_skips += 1
-        return self._draft_skips % 8 == 0
 
     def _observe(self, tree: TokenTree, path: list[int], proposers: list[Proposer]) -> None:
         on_path = set(path)

@@ -34,11 +34,26 @@ class Outcome:
 
 
 class Proposer(Protocol):
+    """A source of candidates. It judges itself: whether running it now pays (`pays`) and which
+    candidate nodes are worth its own cost (`min_value`), from its measured cost and acceptance."""
+
     name: str
+
+    def pays(self, found: list[Candidate], pass_ms: float) -> bool:
+        """Run now? `found`: candidates of the proposers that ran before; pass_ms: a target pass."""
+        ...
+
+    def min_value(self, pass_ms: float) -> float:
+        """Stop extending below this P(path accepted): a node must save more than it costs."""
+        ...
 
     def propose(self, context: list[int], limits: Limits) -> list[Candidate]: ...
 
     def observe(self, outcomes: list[Outcome]) -> None: ...
+
+    def warm(self, context: list[int]) -> None:
+        """Prepare for proposing after `context` (e.g. prefill a model's cache), off the hot path."""
+        ...
 
 
 class PromptLookup:
@@ -53,6 +68,15 @@ class PromptLookup:
         self.first = {b: Ewma(p, 0.05) for b, p in ((2, 0.3), (4, 0.5), (8, 0.7), (16, 0.8))}
         self.next = Ewma(0.8, 0.05)
         self._last_match: dict[int, int] = {}
+
+    def pays(self, found: list[Candidate], pass_ms: float) -> bool:
+        return True  # an index lookup costs microseconds
+
+    def min_value(self, pass_ms: float) -> float:
+        return 0.0
+
+    def warm(self, context: list[int]) -> None:
+        pass
 
     @staticmethod
     def _bucket(match: int) -> int:
@@ -87,7 +111,7 @@ class DraftModel:
 
     def __init__(self, lm: LoadedModel, capacity: int = 4096, branch: int = 4, top: int = 2):
         self.lm = lm
-        self.runner = Runner(lm, capacity, lean=True)
+        self.runner = Runner(lm, capacity, lean=True)  # lean forward, no fp32 refinement: it only ranks
         self.branch, self.top = branch, top
         # Calibration: draft probabilities times accepted.value / raw.value match observed acceptance.
         self.accepted = Ewma(0.5, 0.05)
@@ -95,6 +119,32 @@ class DraftModel:
         self._c_used = 1.0
         self.first_accept = Ewma(0.6, 0.1)  # measured acceptance of the first draft token
         self.step_ms = Ewma(0.0, 0.2)
+        self._skips = 0
+
+    def pays(self, found: list[Candidate], pass_ms: float) -> bool:
+        """Run when what the draft should add beats what it costs.
+
+        Its tokens matter where the candidates already found fail at their first token (1 - p);
+        there it brings about a / (1 - a) accepted tokens (a: its measured first-token acceptance),
+        each saving about one target pass, for about as many draft steps plus one. A skipped draft
+        is still probed every 8th time so that its estimate can recover.
+        """
+        if self.step_ms.value == 0:
+            return True  # not measured yet
+        p = max((c.probs[0] for c in found), default=0.0)
+        a = min(self.first_accept.value, 0.9)
+        expected = a / (1 - a)
+        if (1 - p) * expected * pass_ms > (1 + expected) * self.step_ms.value:
+            return True
+        self._skips += 1
+        return self._skips % 8 == 0
+
+    def min_value(self, pass_ms: float) -> float:
+        return self.step_ms.value / pass_ms if self.step_ms.value > 0 else 0.0
+
+    @torch.inference_mode()
+    def warm(self, context: list[int]) -> None:
+        self.runner.extend(self._to_model(context))
 
     def _to_model(self, ids: list[int]) -> list[int]:
         if self.lm.from_target is None:

@@ -64,12 +64,7 @@ def index_repo(engine: Engine, root: Path) -> dict[Path, list[int]]:
 def warm(engine: Engine, prompt: list[int]) -> int:
     """Caches hold prompt[:cut]; return cut."""
     cut = max(1, len(prompt) - WARM_GAP)
-    engine.runner.extend(prompt[:cut])
-    engine.runner.rollback(cut)
-    if engine.draft is not None:
-        ids = engine.draft._to_model(prompt[:cut])
-        engine.draft.runner.extend(ids)
-        engine.draft.runner.rollback(cut)
+    engine.warm(prompt[:cut])
     return cut
 
 

@@ -77,8 +77,8 @@ def by_draft_length(target: LoadedModel, draft: LoadedModel, prompts: list, leng
         ar_tokens += len(r.token_ids)
         ar_ids.append(r.token_ids)
     for k in lengths:
-        engine = Engine(target, draft, max_candidate_len=k, always_speculate=True)
-        engine.draft.branch = 1  # a chain of exactly k tokens (plus a runner-up at each step)
+        # a chain of exactly k tokens (plus a runner-up at each step)
+        engine = Engine(target, draft, max_candidate_len=k, always_speculate=True, draft_branch=1)
         ms = tokens = passes = accepted = 0.0
         same = 0
         depth = [0] * k
