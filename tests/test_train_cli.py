@@ -32,6 +32,9 @@ def cases(tmp: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
     a_file.write_text("not a directory\n")
     junk = tmp / "junk.pt"
     junk.write_bytes(b"this is not a checkpoint")
+    broken = tmp / "broken"  # a run to resume whose checkpoint is not one
+    broken.mkdir()
+    (broken / "checkpoint.pt").write_bytes(b"truncated")
     half = tmp / "half"  # labelled train shards but no held-out ones
     half.mkdir()
     (half / "train_00000.npz").write_bytes(b"")
@@ -48,6 +51,8 @@ def cases(tmp: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
         "train missing corpus": (["train", "--corpus", str(tmp / "missing"), *out], "no such directory"),
         "train corpus without heldout": (["train", "--corpus", str(half), *out], "no heldout_*.npz shards"),
         "train out is a file": (["train", "--corpus", str(corpus), "--out", str(a_file)], "not a directory"),
+        "train broken resume": (["train", "--corpus", str(corpus), "--out", str(broken)],
+                                "not a train-draft checkpoint"),
         "train zero steps": (["train", "--corpus", str(corpus), "--steps", "0", *out], "--steps 0: must be at least 1"),
         "train zero batch": (["train", "--corpus", str(corpus), "--batch", "0", *out], "--batch 0"),
         "train negative lr": (["train", "--corpus", str(corpus), "--lr", "-1", *out], "--lr -1.0: must be positive"),
@@ -67,7 +72,7 @@ def cases(tmp: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
 
 CASES = [
     "export without checkpoint", "export junk checkpoint", "export missing corpus", "export out is a file",
-    "train missing corpus", "train corpus without heldout", "train out is a file", "train zero steps",
+    "train missing corpus", "train corpus without heldout", "train out is a file", "train broken resume", "train zero steps",
     "train zero batch", "train negative lr", "train hidden not x64", "train steps not a number",
     "label zero tokens", "label out is a file", "label bad dtype", "eval bad lengths", "eval zero length",
     "eval missing repo", "eval unpinned pypi repo", "eval bad self draft", "eval zero positions"]

@@ -126,6 +126,14 @@ def cmd_train(a: argparse.Namespace) -> int:
         raise _usage(f"--hidden {a.hidden}: must be a positive multiple of 64 (one attention head per 64)")
     _corpus(a.corpus, ("train", "heldout"))
     _out_dir("--out", a.out)
+    resume = Path(a.out) / "checkpoint.pt"
+    if resume.exists():  # a run to resume: a broken checkpoint is an error now, not after the data loads
+        from .train import load_checkpoint
+
+        try:
+            load_checkpoint(resume)
+        except ValueError as e:
+            raise _usage(f"--out {a.out}: {e}") from None
     import torch
 
     from ..models import load

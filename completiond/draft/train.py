@@ -122,6 +122,21 @@ def loss_on(model, ids, lengths, top_ids, top_lp, from_target, unk, autocast: bo
     return (loss * valid).sum() / n, (agree & valid).sum().float() / n
 
 
+CHECKPOINT_KEYS = {"cfg", "keep", "model", "step", "log"}
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint written by `train`; ValueError (one line) for anything else."""
+    try:
+        ck = torch.load(path, weights_only=False, map_location="cpu")
+    except Exception as e:  # torch raises many kinds (pickle, zip, EOF) for a file that is not a checkpoint
+        raise ValueError(f"{path}: not a train-draft checkpoint ({type(e).__name__})") from None
+    if not isinstance(ck, dict) or not CHECKPOINT_KEYS <= ck.keys():
+        missing = sorted(CHECKPOINT_KEYS - ck.keys()) if isinstance(ck, dict) else "everything"
+        raise ValueError(f"{path}: not a train-draft checkpoint (missing {missing})")
+    return ck
+
+
 def train(corpus: Path, out: Path, cfg: TrainConfig, target_embed_fn=None, specials: list[int] | None = None,
           bos: int = 2, eos: int = 1) -> Path:
     """Train (or resume) into out/; returns the checkpoint path. `target_embed_fn()` -> embedding matrix."""
@@ -131,7 +146,7 @@ def train(corpus: Path, out: Path, cfg: TrainConfig, target_embed_fn=None, speci
     ckpt_path = out / "checkpoint.pt"
     torch.manual_seed(cfg.seed)
     if ckpt_path.exists():
-        ck = torch.load(ckpt_path, weights_only=False)
+        ck = load_checkpoint(ckpt_path)
         cfg = replace(TrainConfig(**ck["cfg"]), steps=cfg.steps)  # architecture from the checkpoint
         keep = ck["keep"]
         model = make_model(cfg, None, keep, bos, eos)
@@ -198,21 +213,6 @@ def evaluate(model, held: dict[str, np.ndarray], from_target, unk, cfg: TrainCon
         n_sum += n
     model.train()
     return agree_sum / max(1, n_sum)
-
-
-CHECKPOINT_KEYS = {"cfg", "keep", "model", "step", "log"}
-
-
-def load_checkpoint(path: Path) -> dict:
-    """A checkpoint written by `train`; ValueError (one line) for anything else."""
-    try:
-        ck = torch.load(path, weights_only=False, map_location="cpu")
-    except Exception as e:  # torch raises many kinds (pickle, zip, EOF) for a file that is not a checkpoint
-        raise ValueError(f"{path}: not a train-draft checkpoint ({type(e).__name__})") from None
-    if not isinstance(ck, dict) or not CHECKPOINT_KEYS <= ck.keys():
-        missing = sorted(CHECKPOINT_KEYS - ck.keys()) if isinstance(ck, dict) else "everything"
-        raise ValueError(f"{path}: not a train-draft checkpoint (missing {missing})")
-    return ck
 
 
 def export(ckpt: Path | dict, out_dir: Path, card: dict) -> Path:
