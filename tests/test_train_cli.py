@@ -72,7 +72,8 @@ def cases(tmp: Path, corpus: Path) -> dict[str, tuple[list[str], str]]:
 
 CASES = [
     "export without checkpoint", "export junk checkpoint", "export missing corpus", "export out is a file",
-    "train missing corpus", "train corpus without heldout", "train out is a file", "train broken resume", "train zero steps",
+    "train missing corpus", "train corpus without heldout", "train out is a file", "train broken resume",
+    "train zero steps",
     "train zero batch", "train negative lr", "train hidden not x64", "train steps not a number",
     "label zero tokens", "label out is a file", "label bad dtype", "eval bad lengths", "eval zero length",
     "eval missing repo", "eval unpinned pypi repo", "eval bad self draft", "eval zero positions"]

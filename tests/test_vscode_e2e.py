@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 EXT = Path(__file__).resolve().parent.parent / "editors" / "vscode"
-CODE_SERVER = Path(os.environ.get("CODE_SERVER") or EXT / ".e2e" / "code-server" / "node_modules" / ".bin" / "code-server")
+CODE_SERVER = Path(os.environ.get("CODE_SERVER")
+                   or EXT / ".e2e" / "code-server" / "node_modules" / ".bin" / "code-server")
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 
 

@@ -47,7 +47,8 @@ def add_parser(sub) -> None:
     tr.add_argument("--no-bf16", action="store_true", help="train in fp32 (slower on CPUs with bf16 support)")
     tr.set_defaults(func=cmd_train)
     ex = steps.add_parser("export", help="write the trained draft (bf16 safetensors + vocab map + card)")
-    ex.add_argument("--ckpt", default="data/draft-train/checkpoint.pt", help="checkpoint written by `train-draft train`")
+    ex.add_argument("--ckpt", default="data/draft-train/checkpoint.pt",
+                    help="checkpoint written by `train-draft train`")
     ex.add_argument("--out", default=str(Path(__file__).parent / "weights"),
                     help="directory for the exported draft (default: the package's shipped weights)")
     ex.add_argument("--corpus", default="data/draft-corpus",
