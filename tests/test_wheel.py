@@ -1,6 +1,7 @@
 """A built wheel installs into a fresh venv, carries the draft weights, and its `completiond-lsp` answers
 an LSP `initialize` over stdio (autostart off, so no daemon or model is needed)."""
 
+import importlib.util
 import json
 import os
 import shutil
@@ -32,8 +33,9 @@ def wheel(tmp_path_factory) -> Path:
             shutil.copytree(p, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
             shutil.copy2(p, src / name)
-    # --no-isolation: build with the setuptools already installed, no index needed
-    done = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp / "dist"),
+    # --no-isolation: build with the setuptools already installed, no index needed (else build fetches it)
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-isolation"]
+    done = subprocess.run([sys.executable, "-m", "build", "--wheel", *isolation, "--outdir", str(tmp / "dist"),
                            str(src)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (whl,) = (tmp / "dist").glob("completiond-*.whl")
