@@ -166,7 +166,7 @@ class Daemon:
         finally:
             s.finish(job)
         if res is None:
-            return P.cancelled_result(prep.mode)
+            return P.Completion.superseded(prep.mode).to_wire()
         self.served += 1
         return prep.result(res)
 

@@ -145,7 +145,7 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
                        sampling=Sampling(p.temperature, p.top_p, p.top_k), deadline_ms=p.deadline_ms,
                        reuse_prefix=p.reuse_prefix)
 
-    return Prepared(doc.uri, mode, make, "complete/partial", P.completion_result)
+    return Prepared(doc.uri, mode, make, "complete/partial", lambda res: P.Completion.of(res).to_wire())
 
 
 def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> Prepared:
@@ -165,7 +165,7 @@ def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> Prepared:
         return Request(prompt=ids, mode=mode, max_tokens=max_tokens, stops=stops)
 
     def result(res: Result) -> dict:
-        return {**P.completion_result(res), "text": finish(res.text, text[start:end])}
+        return P.Completion.of(res, text=finish(res.text, text[start:end])).to_wire()
 
     return Prepared(doc.uri, mode, make, "rewrite/partial", result)
 

@@ -343,24 +343,44 @@ def model_info(target: Any, draft: Any) -> dict:
             "dtype": str(target.dtype).replace("torch.", "")}
 
 
-RESULT_FIELDS = ("text", "tokens", "token_ids", "target_passes", "mean_accepted", "ms_first_token", "ms_total",
-                 "cancelled", "stopped_by", "mode", "prompt_tokens", "reused_tokens")
+@dataclass(frozen=True)
+class Completion:
+    """The result of `complete` and `rewrite` (keys: DESIGN.md; extend, don't rename)."""
+    text: str
+    tokens: list
+    token_ids: list
+    target_passes: int
+    mean_accepted: float  # draft tokens accepted per verify pass, bonus excluded
+    ms_first_token: float
+    ms_total: float
+    cancelled: bool
+    stopped_by: str
+    mode: str
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
 
+    @classmethod
+    def of(cls, res: Any, text: str | None = None) -> Completion:
+        """From an engine Result (duck-typed: this module imports no torch); `text` overrides its text."""
+        return cls(text=res.text if text is None else text, tokens=res.tokens, token_ids=res.token_ids,
+                   target_passes=res.target_passes, mean_accepted=round(res.mean_accepted, 4),
+                   ms_first_token=round(res.ms_first_token, 2), ms_total=round(res.ms_total, 2),
+                   cancelled=res.cancelled, stopped_by=res.stopped_by, mode=res.mode,
+                   prompt_tokens=res.prompt_tokens, reused_tokens=res.reused_tokens)
 
-def completion_result(res: Any) -> dict:
-    """The result map of `complete` / `rewrite` (and `completiond complete --json`) from an engine Result."""
-    out = {k: getattr(res, k) for k in RESULT_FIELDS}
-    out["mean_accepted"] = round(res.mean_accepted, 4)
-    out["ms_first_token"] = round(res.ms_first_token, 2)
-    out["ms_total"] = round(res.ms_total, 2)
-    return out
+    @classmethod
+    def superseded(cls, mode: str) -> Completion:
+        """What a request cancelled before it reached the engine answers (no pass was run)."""
+        return cls(text="", tokens=[], token_ids=[], target_passes=0, mean_accepted=0.0, ms_first_token=0.0,
+                   ms_total=0.0, cancelled=True, stopped_by="cancelled", mode=mode)
 
+    @classmethod
+    def from_wire(cls, result: dict) -> Completion:
+        """A client's view of a result map (keys it does not know are ignored)."""
+        return cls(**{f.name: result[f.name] for f in fields(cls) if f.name in result})
 
-def cancelled_result(mode: str) -> dict:
-    """What a request superseded before it reached the engine answers (no pass was run)."""
-    return {"text": "", "tokens": [], "token_ids": [], "target_passes": 0, "mean_accepted": 0.0,
-            "ms_first_token": 0.0, "ms_total": 0.0, "cancelled": True, "stopped_by": "cancelled", "mode": mode,
-            "prompt_tokens": 0, "reused_tokens": 0}
+    def to_wire(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 # ---- where the socket lives ---------------------------------------------------------------------
