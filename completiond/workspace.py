@@ -181,6 +181,7 @@ class WorkspaceWatcher:
         self.capped: dict[Path, str] = {}
         self._left_out: dict[Path, set[str]] = {}  # files over the cap
         self._dirs_over: dict[Path, bool] = {}
+        self._handlers: dict[Path, object] = {}
         self._pending: dict[str, bool] = {}  # file paths to re-read
         self._dirty: set[Path] = set()  # roots to re-walk
         self._cv = threading.Condition()
@@ -197,6 +198,7 @@ class WorkspaceWatcher:
             return
         self.roots[root] = Ignore(root)
         self.watched[root], self.indexed[root], self._left_out[root] = {}, {}, set()
+        self._handlers[root] = self._handler(root)  # one handler serves every watch of the root
         self._mark(root)
 
     def status(self) -> dict[str, dict]:
@@ -280,7 +282,7 @@ class WorkspaceWatcher:
         for d in dirs:
             if d not in watched:
                 try:
-                    watched[d] = self.observer.schedule(self._handler(root), str(d), recursive=False)
+                    watched[d] = self.observer.schedule(self._handlers[root], str(d), recursive=False)
                 except OSError as e:  # gone or unreadable since the walk
                     log.debug("cannot watch %s: %s", d, e)
         old, new = self.indexed[root], {}
