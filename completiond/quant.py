@@ -50,6 +50,7 @@ class QuantLinear(nn.Module):
         self.err_norm: torch.Tensor | None = None  # [N] float32: ||w_i - w^_i||_2 (output layer)
         self.deq_norm: torch.Tensor | None = None  # [N] float32: ||w^_i||_2 (output layer)
         self._scales_as: dict[torch.dtype, torch.Tensor] = {}
+        self.exact_calls = self.exact_fallbacks = 0  # exact_head_logits, and how often it fell back
 
     @classmethod
     def from_linear(cls, linear: nn.Module, scheme: str, group: int = INT4_GROUP,
@@ -246,7 +247,9 @@ def exact_head_logits(head: QuantLinear, hidden: torch.Tensor, max_share: float 
     w = full_weight(head)
     low = head(hidden).float()  # [n, V]
     cols = _can_win(low, head_bound(head, hidden, low))
+    head.exact_calls += 1
     if len(cols) > max_share * head.out_features:
+        head.exact_fallbacks += 1
         low = F.linear(hidden.to(w.dtype), w).float()
         if head.bias is not None:
             low = low + head.bias.float()

@@ -1,0 +1,233 @@
+"""Target pass cost by tree size, per backend x weights, side by side in one process.
+
+Every variant holds the same context length in its KV cache (random K/V: a pass's cost does not
+depend on the values, and prefilling 1.5k tokens per variant would dominate the run), then runs a
+tree of n nodes with logits at every node, as verification does, and rolls it back. Sizes and
+variants are interleaved rep by rep so that this shared machine's noise hits them alike; each cell
+is the median of at least --min-reps passes (no warm-up pass: the median drops the first call).
+Variants: backend (transformers / lean) x weights (bf16, fp32, int8, int4: weight-only, bf16
+activations, completiond.quant), plus the lean int8/int4 target with the exact cheap head.
+
+    python benchmarks/pass_cost.py --random-0.5b --threads 1 --clock cpu \
+        --json benchmarks/results/pass-cost-random-0.5b.json --plot benchmarks/results/pass-cost-random-0.5b.png
+    python benchmarks/pass_cost.py --model PATH ...     # a local HF model directory
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from completiond import quant
+from completiond.models import LoadedModel
+from completiond.runner import Runner
+
+SIZES = [1, 2, 4, 8, 16, 32, 64]
+
+
+def random_05b() -> torch.nn.Module:
+    """A Qwen2 with Qwen2.5-Coder-0.5B's shapes and random weights (tied head)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                      num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                      rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.bfloat16).eval()
+
+
+def cpu_info() -> dict:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        out = ""
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    flags = fields.get("Flags", "").split()
+    return {"model": fields.get("Model name", platform.processor()).strip(), "cores": os.cpu_count(),
+            "avx512_bf16": "avx512_bf16" in flags, "amx": "amx_tile" in flags, "torch": torch.__version__}
+
+
+def fill_cache(r: Runner, context: int) -> None:
+    """Make the runner's cache hold `context` committed slots of random K/V (token ids all 0)."""
+    cfg = r.model.config
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    r.cache.reserve(context + 2 * max(SIZES))
+    g = torch.Generator().manual_seed(0)
+    for i in range(cfg.num_hidden_layers):
+        kv = torch.randn(1, cfg.num_key_value_heads, context, d, generator=g).to(r.lm.dtype)
+        r.cache.pending = 0
+        r.cache.update(kv, kv, i)
+    r.cache.length = context
+    r.tokens = [0] * context
+
+
+def tree(n: int) -> list[int]:
+    """Parents of an n-node tree as the product builds them: a chain with branches (node i under (i-1)//2)."""
+    return [-1] + [(i - 1) // 2 for i in range(1, n)]
+
+
+def kernel_row(heads: dict[str, tuple[torch.nn.Module, torch.dtype]], clock) -> dict:
+    """ms of one output-layer matmul at one row, per weights and activation dtype (the fp32-activation
+    path of the low-bit kernels is the slow one)."""
+    out = {}
+    for name, (head, dtype) in heads.items():
+        x = torch.randn(1, head.in_features if hasattr(head, "in_features") else head.weight.shape[1]).to(dtype)
+        head(x)
+        ts = []
+        for _ in range(3):
+            t0 = clock()
+            head(x)
+            ts.append((clock() - t0) * 1000)
+        out[name] = round(min(ts), 2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", type=Path, help="a local HF model directory")
+    src.add_argument("--random-0.5b", dest="random", action="store_true", help="Qwen2.5-Coder-0.5B shapes, random weights")
+    ap.add_argument("--context", type=int, default=1536)
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    ap.add_argument("--reps", type=int, default=5, help="most timed passes per cell (the median drops a first-call outlier)")
+    ap.add_argument("--min-reps", type=int, default=3)
+    ap.add_argument("--budget-s", type=float, default=220, help="stop adding reps after this many seconds")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="cpu: process CPU time, steadier on a shared machine (use with --threads 1)")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--plot", type=Path)
+    args = ap.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    t_start = time.perf_counter()
+
+    if args.random:
+        bf16, name = random_05b(), "random Qwen2.5-Coder-0.5B shapes"
+    else:
+        if not args.model.is_dir():
+            print(f"pass_cost: no model directory at {args.model}", file=sys.stderr)
+            return 2
+        from transformers import AutoModelForCausalLM
+        bf16 = AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+        name = str(args.model)
+    models = {"bf16": bf16, "fp32": copy.deepcopy(bf16).float()}
+    for scheme in quant.SCHEMES:
+        m = copy.deepcopy(bf16)
+        quant.quantize(m, scheme)
+        models[scheme] = m
+    print(f"models ready in {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
+
+    runners: dict[str, Runner] = {}
+    for weights, m in models.items():
+        lm = LoadedModel(name=name, model=m, tokenizer=None, device=torch.device("cpu"), dtype=next(m.parameters()).dtype)
+        for backend in ("transformers", "lean"):
+            runners[f"{backend}/{weights}"] = Runner(lm, capacity=args.context + 256, backend=backend)
+        if weights in quant.SCHEMES:
+            runners[f"lean/{weights}+cheap-head"] = Runner(lm, capacity=args.context + 256, backend="lean", cheap_head=True)
+    for r in runners.values():
+        fill_cache(r, args.context)
+
+    times: dict[str, dict[int, list[float]]] = {v: {n: [] for n in sizes} for v in runners}
+    kept: dict[str, dict[int, list[int]]] = {v: {n: [] for n in sizes} for v in runners}
+    g = torch.Generator().manual_seed(1)
+    for rep in range(args.reps):
+        if rep >= args.min_reps and time.perf_counter() - t_start > args.budget_s:
+            break
+        for n in sizes:
+            ids = torch.randint(0, bf16.config.vocab_size, (n,), generator=g).tolist()
+            for v, r in runners.items():
+                t0 = clock()
+                logits = r.forward(ids, tree(n), range(n))
+                times[v][n].append((clock() - t0) * 1000)
+                r.rollback(args.context)
+                kept[v][n].append(int(logits.isfinite().sum(-1).max()))
+        print(f"rep {rep} done at {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
+
+    base = "transformers/bf16"
+    # The fastest pass of each cell: contention on a shared machine only ever adds time.
+    ms = {v: {n: round(min(t), 2) for n, t in by.items() if t} for v, by in times.items()}
+    median = {v: {n: round(statistics.median(t), 2) for n, t in by.items() if t} for v, by in times.items()}
+    print(f"\nms per pass ({args.clock} clock, fastest of the reps) after {args.context} tokens of context "
+          f"({name}; {cpu_info()['model']}, {torch.get_num_threads()} threads); ratio to {base} in brackets")
+    print(f"{'variant':28s}" + "".join(f"{n:>14d}" for n in sizes))
+    for v in runners:
+        cells = "".join(f"{ms[v][n]:>8.1f} ({ms[v][n] / ms[base][n]:.2f})" for n in sizes)
+        print(f"{v:28s}{cells}")
+    heads = {"bf16": (models["bf16"].get_output_embeddings(), torch.bfloat16),
+             "fp32": (models["fp32"].get_output_embeddings(), torch.float32)}
+    for scheme in quant.SCHEMES:
+        for dt in (torch.bfloat16, torch.float32):
+            heads[f"{scheme} weights, {str(dt)[6:]} activations"] = (models[scheme].get_output_embeddings(), dt)
+    kernels = kernel_row(heads, clock)
+    print("output layer, one row (ms):", kernels)
+    cheap_rows = {v: {n: max(k) for n, k in by.items() if k} for v, by in kept.items() if "cheap" in v}
+    print("cheap head, most rows recomputed for one node:", cheap_rows)
+    fallbacks = {s: f"{models[s].get_output_embeddings().exact_fallbacks}/{models[s].get_output_embeddings().exact_calls}"
+                 for s in quant.SCHEMES}
+    print("cheap head passes that ran the bf16 head because over 1/4 of the vocabulary could win:", fallbacks)
+
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", *sys.argv]), "model": name, "cpu": cpu_info(),
+        "context": args.context, "sizes": sizes, "tree": "node i under node (i-1)//2, logits at every node",
+        "cache": "random K/V for the context (pass cost does not depend on the values)",
+        "quantization": {"int8": "per-output-channel symmetric, aten._weight_int8pack_mm",
+                         "int4": f"group {quant.INT4_GROUP} asymmetric, aten._weight_int4pack_mm_for_cpu",
+                         "activations": "bf16 (the model dtype); embeddings stay bf16"},
+        "refine": "top-8 float32 refinement on (the target's setting)",
+        "clock": args.clock, "threads": torch.get_num_threads(), "load_average": list(os.getloadavg()),
+        "ms_per_pass": ms, "ms_per_pass_median": median, "ratio_to": base,
+        "ratio": {v: {n: round(ms[v][n] / ms[base][n], 3) for n in ms[v]} for v in ms},
+        "reps": {v: {n: len(t) for n, t in by.items()} for v, by in times.items()},
+        "output_layer_one_row_ms": kernels,
+        "cheap_head_max_rows_recomputed": cheap_rows,
+        "cheap_head_fallbacks_to_dense_head": fallbacks,
+        "note": "random weights give flat next-token distributions: the cheap head's rows and fallbacks "
+                "say little about a trained model",
+        "wall_s": round(time.perf_counter() - t_start, 1),
+    }
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    if args.plot:
+        plot(result, args.plot)
+    return 0
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
+    for v, by in result["ms_per_pass"].items():
+        xs = [int(n) for n in by]
+        style = "-" if v.startswith("lean") else "--"
+        a.plot(xs, list(by.values()), style, marker="o", label=v)
+        b.plot(xs, list(result["ratio"][v].values()), style, marker="o", label=v)
+    for ax, title in ((a, "ms per pass"), (b, f"relative to {result['ratio_to']}")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tree nodes")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    a.set_yscale("log")
+    b.legend(fontsize=7)
+    fig.suptitle(f"{result['model']}, {result['context']}-token context, {result['cpu']['model']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
