@@ -145,7 +145,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
     prompt = build_prompt(target.tokenizer, text, offset, multiline=a.multiline, path=rel, repo=root.name)
     req = Request(prompt=prompt.ids, mode=a.mode, max_tokens=a.max_tokens, seed=a.seed, stops=prompt.stops,
-                  sampling=Sampling(a.temperature, a.top_p, a.top_k))
+                  sampling=Sampling(a.temperature, a.top_p, a.top_k), heal=prompt.heal)
     res = engine.complete(req)
     if a.json:
         out = {

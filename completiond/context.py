@@ -63,3 +63,16 @@ def related_files(path: str, text: str, open_buffers: Iterable[tuple[str, str]],
             out.append(ContextFile(hit[0], body))
             taken.add(hit[0])
     return out
+
+
+def locate(uri: str, roots: Iterable[Path]) -> tuple[str, str]:
+    """(path shown to the model, repository name) for a document: relative to the workspace root
+    that holds it, else its file name under its directory's name."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(uri)
+    path = Path(unquote(parsed.path)) if parsed.scheme == "file" else Path(parsed.path or uri)
+    for root in roots:
+        if path.is_relative_to(root):
+            return path.relative_to(root).as_posix(), root.name
+    return path.name, path.parent.name or "workspace"

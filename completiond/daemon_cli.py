@@ -15,6 +15,8 @@ from pathlib import Path
 
 from . import protocol as P
 
+log = logging.getLogger("completiond.serve")
+
 
 def add_parsers(sub, model_flags) -> None:
     s = sub.add_parser("serve", help="run the daemon: resident models behind a Unix socket")
@@ -73,7 +75,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from .daemon import Daemon
     from .transport import StartError, claim, parse_tcp
     from .engine import Engine
-    from .models import ModelError, load, load_draft
+    from .models import ModelError, draft_label, load, load_draft
 
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
@@ -92,8 +94,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     except (StartError, ModelError, ValueError, OSError) as e:
         raise UsageError(str(e)) from None
     engine = Engine(target, draft)
-    engine.calibrate()
-    info = {**P.model_info(target, draft), "socket": str(sock)}
+    log.info("calibration: %s", engine.calibrate_cached())  # cached per machine/model: seconds, not minutes
+    info = {**P.model_info(target, draft), "draft": draft_label(a.draft, draft, target), "socket": str(sock)}
 
     async def main() -> None:
         daemon = Daemon(engine, info, token=token, default_mode=a.mode, roots=[Path(r) for r in a.workspace],

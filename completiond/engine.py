@@ -29,6 +29,7 @@ from .adaptive import Adaptive
 from .index import TokenIndex
 from .models import LoadedModel
 from .paths import cache_root
+from .prompt import Heal
 from .proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
 from .runner import Cancelled, Runner
 from .stops import StopRules
@@ -49,6 +50,7 @@ class Request:
     deadline_ms: float | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     reuse_prefix: bool = True  # False: prefill the whole prompt (benchmarks measure what reuse saves)
+    heal: Heal | None = None  # token healing: constrains the first token, hides the text it repeats
 
 
 @dataclass
@@ -78,8 +80,10 @@ class Result:
 class Output:
     """Generated ids -> completion text, applying the stop rules token by token."""
 
-    def __init__(self, tokenizer, prompt: list[int], stops: StopRules, eos: set[int], max_tokens: int):
+    def __init__(self, tokenizer, prompt: list[int], stops: StopRules, eos: set[int], max_tokens: int,
+                 hidden: str = ""):
         self.tok = tokenizer
+        self.hidden = hidden  # leading text the editor already shows (a healed token's text)
         self.tail = prompt[-4:]  # decoded with the completion so leading spaces survive detokenization
         self.tail_text = self.decode(self.tail)
         self.stops, self.eos, self.max_tokens = stops, eos, max_tokens
@@ -104,6 +108,7 @@ class Output:
             added.append(t)
             full = self.decode(self.tail + self.ids)
             text = full[len(self.tail_text):] if full.startswith(self.tail_text) else self.decode(self.ids)
+            text = text[len(self.hidden):] if text.startswith(self.hidden) else ""
             cut = self.stops.cut(text)
             if cut is not None:
                 self.text, self.stopped_by = text[:cut], "stop_rule"
@@ -240,7 +245,8 @@ class Engine:
             self.runner.reset()
             if self.draft is not None:
                 self.draft.runner.reset()
-        out = Output(self.target.tokenizer, req.prompt, req.stops, self.eos, req.max_tokens)
+        out = Output(self.target.tokenizer, req.prompt, req.stops, self.eos, req.max_tokens,
+                     req.heal.text if req.heal else "")
         passes = accepted = 0
         by_depth: list[int] = []
         ms_first = 0.0
@@ -248,6 +254,10 @@ class Engine:
         cancelled = False
         try:
             logits = self.runner.extend(req.prompt, check=check)  # prefill
+            if req.heal is not None:  # only tokens that start with the healed text may come first
+                allowed = torch.full_like(logits, float("-inf"))
+                allowed[req.heal.allowed] = 0.0
+                logits = logits + allowed
             token = sample(logits, req.sampling, gen)
             step = out.push([token])
             ms_first = (time.perf_counter() - t0) * 1000

@@ -16,13 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from . import __version__
 from . import protocol as P
+from .context import locate, related_files
 from .documents import Document, DocumentError
 from .engine import Request, Result
-from .index import continuations
 from .prompt import build_prompt
 from .rewrite import finish, rewrite_prompt
 from .session import Session
@@ -100,10 +98,12 @@ async def status(d: Daemon, s: Session, p: P.Empty, msgid) -> dict:
     st = d.engine.stats
     return {
         **d.info, "server_version": __version__, "pid": os.getpid(),
-        "uptime_s": round(time.time() - d.started, 1), "clients": len(d.sessions),
+        "uptime_s": round(time.time() - d.started, 1),
+        "clients": sum(1 for c in d.sessions.values() if c is not s),  # not the one asking
         "documents": sum(len(c.docs) for c in d.sessions.values()),
         "indexed_files": d.engine.index.n_files, "workspace_roots": [str(r) for r in d.watcher.roots],
         "index_idle": d.watcher.idle, "requests_served": d.served,
+        "workspace": d.watcher.status(),  # per root: files, bytes, watched dirs, cap message
         "mean_accepted": round(st["accepted"] / st["passes"], 4) if st["passes"] else 0.0,
     }
 
@@ -116,8 +116,7 @@ async def lookup(d: Daemon, s: Session, p: P.Lookup, msgid) -> dict:
 
     def work() -> list[str]:
         ids = build_prompt(tok, text, offset).ids
-        found = continuations(np.asarray(ids), d.engine.index.segments(), p.max_len, 8)
-        return [tok.decode(c) for c, _ in found]
+        return [tok.decode(c) for c in d.engine.lookup(ids, p.max_len, 8)]
 
     return {"candidates": await asyncio.get_running_loop().run_in_executor(d.executor, work)}
 
@@ -138,12 +137,21 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
     doc = s.current(p.uri, p.version)
     offset = s.offset(doc, p.position)
     mode, text, tok = _mode(d, p.mode), doc.text, d.engine.target.tokenizer
+    # Repository context, snapshotted on the event loop (the engine thread must not read sessions):
+    # this client's other open documents, most recently opened first, and the indexed workspace files.
+    roots = list(d.watcher.roots)
+    others = [(o.uri, o.text) for o in reversed(list(s.docs.values())) if o.uri != doc.uri]
+    indexed = [(root, list(d.watcher.indexed.get(root, {}))) for root in roots]
 
     def make() -> Request:
-        prompt = build_prompt(tok, text, offset, multiline=p.multiline)
+        path, repo = locate(doc.uri, roots)
+        workspace = [(Path(f).relative_to(root).as_posix(), Path(f)) for root, files in indexed for f in files
+                     if Path(f).is_relative_to(root)]
+        context = related_files(path, text, [(locate(u, roots)[0], t) for u, t in others], workspace)
+        prompt = build_prompt(tok, text, offset, multiline=p.multiline, path=path, repo=repo, context=context)
         return Request(prompt=prompt.ids, mode=mode, max_tokens=p.max_tokens, seed=p.seed, stops=prompt.stops,
                        sampling=Sampling(p.temperature, p.top_p, p.top_k), deadline_ms=p.deadline_ms,
-                       reuse_prefix=p.reuse_prefix)
+                       reuse_prefix=p.reuse_prefix, heal=prompt.heal)
 
     return Prepared(doc.uri, mode, make, "complete/partial", lambda res: P.Completion.of(res).to_wire())
 

@@ -104,7 +104,13 @@ class LeanOutput:
 class _Lean:
     """Shared parts: rotary tables, attention over the tree cache. Callable like the decoder
     (`base(input_ids=, position_ids=, attention_mask=, cache=)`); returns the final-normed hidden
-    states [1, n, hidden] as `.last_hidden_state`."""
+    states [1, n, hidden] as `.last_hidden_state`.
+
+    Attention runs in float32 when the model runs in bf16/fp16: torch's bf16 SDPA on CPU gives a
+    query a different result over L keys than over L + 1 keys with the extra one masked (up to ~4e-3),
+    so a tree node and the same token in a one-token pass would differ by more than rounding and
+    could flip a near-tied argmax. In float32 they agree to ~1e-6 before the cast back; the cost is
+    nil up to 8 nodes and ~12 % of attention at 64 (0.5B shapes, 1.5k keys)."""
 
     def __init__(self, base: nn.Module):
         cfg = base.config
@@ -162,7 +168,11 @@ class _Lean:
         k, v = cache.update(k, v, i)  # [1, kv, keys, d]: the keys this layer sees
         mask = folded_mask[self.types[i]] if isinstance(folded_mask, dict) else folded_mask
         q = q.reshape(1, self.kv_heads, -1, self.head_dim)  # head j = kv (j // g), row (j % g) n + t
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        if q.dtype == torch.float32:
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        else:  # see the class docstring: float32 keeps a node's output independent of the pass's shape
+            a = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                               scale=scale).to(q.dtype)
         return a.reshape(1, self.heads, n, self.head_dim).transpose(1, 2).reshape(1, n, self.heads * self.head_dim)
 
 

@@ -54,11 +54,21 @@ def offset_at(text: str, line: int, character: int, encoding: str = "utf-16") ->
 
 
 @dataclass
+class Heal:
+    """Token healing: the prompt's last token was taken off (a cursor mid-word splits a token the
+    model never saw split); the first generated token must start with its text, which the editor
+    already shows, so that text is hidden from the completion."""
+    text: str
+    allowed: list[int]  # token ids whose text starts with `text`
+
+
+@dataclass
 class Prompt:
     ids: list[int]
     prefix: str  # text of the document before the cursor (possibly cut at the front)
     suffix: str
     stops: StopRules
+    heal: Heal | None = None
 
 
 @dataclass
@@ -150,7 +160,75 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
         ids = assemble(prefix)
     if len(ids) > max_tokens + len(bos) + 4:  # a single enormous line: keep its tail
         ids = ids[:len(bos)] + ids[-max_tokens:]
-    return Prompt(ids=ids, prefix=prefix, suffix=suffix, stops=stops)
+    heal = None
+    if fim and prefix and not prefix.endswith("\n"):  # heal the token before <fim_suffix>
+        cut = len(ids) - len(suffix_ids) - 3  # ids end: last prefix token, <fim_suffix>, suffix, <fim_middle>
+        if cut > 0 and ids[cut] != fim.prefix:
+            heal = _heal(tokenizer, ids[cut])
+            if heal is not None:
+                ids = ids[:cut] + ids[cut + 1:]
+    return Prompt(ids=ids, prefix=prefix, suffix=suffix, stops=stops, heal=heal)
+
+
+_VOCAB: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _heal(tokenizer, token: int) -> Heal | None:
+    """The Heal for taking `token` off the prompt, or None when its text cannot be matched."""
+    by_first = _vocab_bytes(tokenizer)
+    if by_first is None:
+        return None
+    text = next((b for b in by_first.get(_first_byte_of(tokenizer, token), ()) if b[0] == token), None)
+    if text is None or not text[1]:
+        return None
+    allowed = [i for i, b in by_first.get(text[1][0], ()) if b.startswith(text[1])]
+    try:
+        return Heal(text[1].decode("utf-8"), allowed)
+    except UnicodeDecodeError:  # a token that ends inside a character: leave it
+        return None
+
+
+def _first_byte_of(tokenizer, token: int) -> int:
+    s = tokenizer.convert_ids_to_tokens(token)
+    return _BYTE_OF.get(s[0], -1) if s else -1
+
+
+def _byte_level_map() -> dict[str, int]:
+    """GPT-2 byte-level BPE's printable stand-in character -> the byte it stands for."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + n)] = b
+            n += 1
+    return chars
+
+
+_BYTE_OF = _byte_level_map()
+
+
+def _vocab_bytes(tokenizer) -> dict[int, list[tuple[int, bytes]]] | None:
+    """Byte strings of every regular token, grouped by first byte (built once per tokenizer);
+    None for tokenizers that are not byte-level BPE."""
+    if tokenizer not in _VOCAB:
+        special = set(getattr(tokenizer, "all_special_ids", ())) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+        out: dict[int, list[tuple[int, bytes]]] = {}
+        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        byte_level = True
+        for i, piece in enumerate(pieces):
+            if piece is None or i in special:
+                continue
+            try:
+                b = bytes(_BYTE_OF[c] for c in piece)
+            except KeyError:
+                byte_level = False
+                break
+            if b:
+                out.setdefault(b[0], []).append((i, b))
+        _VOCAB[tokenizer] = out if byte_level else None
+    return _VOCAB[tokenizer]
 
 
 def _stops(prefix: str, suffix: str, multiline: bool) -> StopRules:

@@ -22,7 +22,7 @@ def test_prefix_suffix_middle_with_the_real_suffix():
     p = build_prompt(tok, TEXT, at)
     assert p.ids[0] == pre and p.ids[-1] == mid
     k = p.ids.index(suf)
-    assert tok.decode(p.ids[1:k]) == TEXT[:at]
+    assert tok.decode(p.ids[1:k]) + p.heal.text == TEXT[:at]  # the last prefix token is healed
     assert tok.decode(p.ids[k + 1:-1]) == TEXT[at:]
 
 
@@ -90,8 +90,9 @@ def test_lossless_with_a_tiny_qwen2_and_fim_prompts(mode):
     for at in (800, 2500, 4100):
         p = build_prompt(target.tokenizer, source, at, path="t.py", repo="r",
                          context=[ContextFile("u.py", source[:300])], max_tokens=400)
-        ref = engine.complete(Request(prompt=p.ids, mode="ar", max_tokens=24))
-        got = engine.complete(Request(prompt=p.ids, mode=mode, max_tokens=24))
+        assert p.heal is not None  # mid-line cursors: the last prefix token is healed
+        ref = engine.complete(Request(prompt=p.ids, mode="ar", max_tokens=24, heal=p.heal))
+        got = engine.complete(Request(prompt=p.ids, mode=mode, max_tokens=24, heal=p.heal))
         assert got.token_ids == ref.token_ids
         assert len(ref.token_ids) > 0
     assert torch.get_default_dtype() == torch.float32
@@ -126,3 +127,30 @@ def test_related_files_open_buffers_first_then_imported_workspace_files(tmp_path
     got = related_files("pkg/main.py", text, [("notes.py", "N = 1\n"), ("pkg/main.py", text)], ws)
     assert [f.path for f in got] == ["notes.py", "pkg/util.py"]
     assert got[1].text.startswith("def helper")
+
+
+def test_token_healing_takes_the_split_token_off_and_constrains_the_first_token():
+    tok = tiny.qwen_tokenizer()
+    text = "def main():\n    pass\n\n\nif __name__ == '__main__':\n    ma\n"
+    at = text.index("    ma") + 6
+    p = build_prompt(tok, text, at)
+    whole = tok.encode(text[:at], add_special_tokens=False)
+    assert tok.decode(p.ids).startswith("<|fim_prefix|>" + tok.decode(whole[:-1]) + "<|fim_suffix|>")
+    assert p.heal.text == tok.decode(whole[-1:]) and "ma".endswith(p.heal.text)  # the tiny BPE splits "m", "a"
+    assert whole[-1] in p.heal.allowed
+    assert all(tok.decode([i]).startswith(p.heal.text) for i in p.heal.allowed)
+    assert build_prompt(tok, text, text.index("\n\n\nif") + 1).heal is None
+
+
+def test_healed_completion_hides_the_text_the_editor_shows():
+    target = tiny.loaded(tiny.qwen2_config(), seed=7, scale=4.0)
+    tok = target.tokenizer
+    text = "def main():\n    pass\n\n\nif __name__ == '__main__':\n    ma\n"
+    at = text.index("    ma") + 6
+    p = build_prompt(tok, text, at, multiline=True)
+    res = Engine(target).complete(Request(prompt=p.ids, mode="ar", max_tokens=6, stops=p.stops, heal=p.heal))
+    assert res.token_ids and res.token_ids[0] in p.heal.allowed
+    full = tok.decode(res.token_ids)
+    assert full.startswith(p.heal.text)
+    cut = p.stops.cut(full[len(p.heal.text):])
+    assert res.text == full[len(p.heal.text):][:cut]

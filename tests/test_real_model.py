@@ -98,10 +98,10 @@ def test_coder_greedy_identical_fp32_fim(coder_fp32):
     for o in (text.index("def py_scanstring"), text.index("        end = _w(s, end).end()")):
         p = build_prompt(target.tokenizer, text, o, multiline=True, path="json/decoder.py", repo="json",
                          max_tokens=1024)
-        ar = engine.complete(Request(prompt=p.ids, mode="ar", max_tokens=16, stops=p.stops))
+        ar = engine.complete(Request(prompt=p.ids, mode="ar", max_tokens=16, stops=p.stops, heal=p.heal))
         assert ar.token_ids, "the real model produced nothing"
         for mode in ("pld", "draft", "combined"):
-            res = engine.complete(Request(prompt=p.ids, mode=mode, max_tokens=16, stops=p.stops))
+            res = engine.complete(Request(prompt=p.ids, mode=mode, max_tokens=16, stops=p.stops, heal=p.heal))
             assert res.token_ids == ar.token_ids, mode
 
 
@@ -114,6 +114,6 @@ def test_cuda_default_pairing_is_coder_15b_with_05b_draft():
     engine = Engine(target, draft)
     text = SOURCE.read_text()
     p = build_prompt(target.tokenizer, text, text.index("def py_scanstring"), multiline=True, path="decoder.py")
-    ar = engine.complete(Request(prompt=p.ids, mode="ar", max_tokens=16, stops=p.stops))
-    res = engine.complete(Request(prompt=p.ids, mode="combined", max_tokens=16, stops=p.stops))
+    ar = engine.complete(Request(prompt=p.ids, mode="ar", max_tokens=16, stops=p.stops, heal=p.heal))
+    res = engine.complete(Request(prompt=p.ids, mode="combined", max_tokens=16, stops=p.stops, heal=p.heal))
     assert ar.token_ids and res.token_ids[:4] == ar.token_ids[:4]  # bf16 near-ties may differ later

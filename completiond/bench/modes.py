@@ -41,6 +41,7 @@ class Prepared:
     reference: str
     file: Path
     runs: dict = field(default_factory=dict)
+    heal: object = None  # prompt.Heal of a mid-word cursor
 
 
 def prepare(engine: Engine, root: Path, positions: list[Position], multiline: bool, max_prompt: int
@@ -52,7 +53,7 @@ def prepare(engine: Engine, root: Path, positions: list[Position], multiline: bo
         doc, offset = p.document(text)
         pr = build_prompt(tok, doc, offset, multiline=multiline, max_tokens=max_prompt,
                           path=p.file.relative_to(root).as_posix(), repo=root.name)
-        out.append(Prepared(pr.ids, doc, pr.stops, p.reference, p.file))
+        out.append(Prepared(pr.ids, doc, pr.stops, p.reference, p.file, heal=pr.heal))
     return out
 
 
@@ -91,7 +92,8 @@ def run_modes(engine: Engine, root: Path, positions: list[Position], modes: list
                                                                                 add_special_tokens=False))
         for mode in modes:
             cut = warm(engine, pp.prompt)
-            res = engine.complete(Request(prompt=pp.prompt, mode=mode, max_tokens=max_tokens, stops=pp.stops))
+            res = engine.complete(Request(prompt=pp.prompt, mode=mode, max_tokens=max_tokens, stops=pp.stops,
+                                          heal=pp.heal))
             line = first_line(res.text)
             run = Run(i, mode, res, exact=line == pp.reference, similarity=edit_similarity(line, pp.reference),
                       exact_middle=res.text.rstrip() == pp.reference)

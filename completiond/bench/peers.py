@@ -125,6 +125,8 @@ def run_llama_cpp(engine: Engine, prepared: list[Prepared], threads: int) -> dic
                     break
             ms = (time.perf_counter() - t0) * 1000
             text = tok.decode([t for t in gen if t not in engine.eos], skip_special_tokens=False)
+            if pp.heal is not None:  # the same prompt, unconstrained: hide the healed text if it came back
+                text = text[len(pp.heal.text):] if text.startswith(pp.heal.text) else text
             cut = pp.stops.cut(text)
             line = first_line(text if cut is None else text[:cut])
             rows.append({"position": prepared.index(pp), "ms_total": ms, "tokens": len(gen),

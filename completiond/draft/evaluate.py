@@ -72,7 +72,7 @@ def by_draft_length(target: LoadedModel, draft: LoadedModel, prompts: list, leng
     ar_ids = []
     for p in tqdm(prompts, desc="ar"):
         warm(ar_engine, p.ids)
-        r = ar_engine.complete(Request(prompt=p.ids, mode="ar", max_tokens=max_tokens, stops=p.stops))
+        r = ar_engine.complete(Request(prompt=p.ids, mode="ar", max_tokens=max_tokens, stops=p.stops, heal=p.heal))
         ar_ms += r.ms_total
         ar_tokens += len(r.token_ids)
         ar_ids.append(r.token_ids)
@@ -84,7 +84,7 @@ def by_draft_length(target: LoadedModel, draft: LoadedModel, prompts: list, leng
         depth = [0] * k
         for p, ref in tqdm(list(zip(prompts, ar_ids)), desc=f"draft k={k}"):
             warm(engine, p.ids)
-            r = engine.complete(Request(prompt=p.ids, mode="draft", max_tokens=max_tokens, stops=p.stops))
+            r = engine.complete(Request(prompt=p.ids, mode="draft", max_tokens=max_tokens, stops=p.stops, heal=p.heal))
             ms += r.ms_total
             tokens += len(r.token_ids)
             passes += r.target_passes
