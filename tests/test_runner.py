@@ -172,13 +172,14 @@ def test_backend_choice():
 @pytest.mark.parametrize("backend", ["transformers", "lean"])
 def test_bf16_refined_tree_argmax_equals_path_argmax(backend, code_ids):
     """In bf16 with refinement (as the target runs), each tree node's argmax equals its path's one-token
-    pass (this seed's nodes are all clear of bf16 noise: see test_quant.BF16_NOISE)."""
+    pass (through transformers this seed's nodes are clear of bf16 noise, see test_quant.BF16_NOISE;
+    the lean forward, attending in float32, gives the same logits to 1e-4)."""
     lm = tiny.loaded(tiny.qwen2_config(), dtype=torch.bfloat16, scale=4.0)
     ctx = code_ids[:30]
     nodes, parents = [101, 102, 103, 104, 105, 106], [-1, 0, 0, 1, 3, 2]
     r = Runner(lm, backend=backend, refine=True)
     r.extend(ctx)
-    tree = r.forward(nodes, parents, range(len(nodes))).argmax(-1)
+    tree = r.forward(nodes, parents, range(len(nodes)))
     for i in range(len(nodes)):
         path, j = [], i
         while j >= 0:
@@ -189,4 +190,7 @@ def test_bf16_refined_tree_argmax_equals_path_argmax(backend, code_ids):
         for t in path[::-1][:-1]:
             alone.forward([t], [-1], [])
             alone.keep([0])
-        assert alone.forward([path[0]], [-1], [0])[0].argmax() == tree[i], f"node {i}"
+        one = alone.forward([path[0]], [-1], [0])[0]
+        assert one.argmax() == tree[i].argmax(), f"node {i}"
+        if backend == "lean":  # float32 attention: the pass's shape no longer shows in bf16 logits
+            torch.testing.assert_close(one, tree[i], rtol=0, atol=1e-4)
