@@ -161,7 +161,10 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     if len(ids) > max_tokens + len(bos) + 4:  # a single enormous line: keep its tail
         ids = ids[:len(bos)] + ids[-max_tokens:]
     heal = None
-    if fim and prefix and not prefix.endswith("\n"):  # heal the token before <fim_suffix>
+    # Heal the token before <fim_suffix> when the cursor follows code on its line (mid-word, after
+    # an operator). Not in a line's indentation: "    " would force whitespace-only first tokens,
+    # where the model's own tokenization is "   " + " word".
+    if fim and prefix[prefix.rfind("\n") + 1:].strip():
         cut = len(ids) - len(suffix_ids) - 3  # ids end: last prefix token, <fim_suffix>, suffix, <fim_middle>
         if cut > 0 and ids[cut] != fim.prefix:
             heal = _heal(tokenizer, ids[cut])

@@ -87,15 +87,16 @@ def test_lossless_with_a_tiny_qwen2_and_fim_prompts(mode):
     engine = Engine(target, draft, always_speculate=True)
     source = (tiny.STDLIB / "textwrap.py").read_text()[:6000]
     engine.index.set_open("file:///t.py", target.tokenizer.encode(source, add_special_tokens=False))
+    healed = 0
     for at in (800, 2500, 4100):
         p = build_prompt(target.tokenizer, source, at, path="t.py", repo="r",
                          context=[ContextFile("u.py", source[:300])], max_tokens=400)
-        assert p.heal is not None  # mid-line cursors: the last prefix token is healed
+        healed += p.heal is not None  # mid-line cursors: the last prefix token is healed
         ref = engine.complete(Request(prompt=p.ids, mode="ar", max_tokens=24, heal=p.heal))
         got = engine.complete(Request(prompt=p.ids, mode=mode, max_tokens=24, heal=p.heal))
         assert got.token_ids == ref.token_ids
         assert len(ref.token_ids) > 0
-    assert torch.get_default_dtype() == torch.float32
+    assert healed >= 1 and torch.get_default_dtype() == torch.float32
 
 
 def test_rewrite_uses_the_chat_template_and_keeps_the_selection_in_the_prompt():
@@ -154,3 +155,10 @@ def test_healed_completion_hides_the_text_the_editor_shows():
     assert full.startswith(p.heal.text)
     cut = p.stops.cut(full[len(p.heal.text):])
     assert res.text == full[len(p.heal.text):][:cut]
+
+
+def test_no_healing_in_indentation():
+    tok = tiny.qwen_tokenizer()
+    text = "def f():\n    x = 1\n    \n"
+    assert build_prompt(tok, text, text.index("    \n") + 4).heal is None  # cursor after indentation only
+    assert build_prompt(tok, text, text.index("= 1") + 2).heal is not None  # after "= ": healed
