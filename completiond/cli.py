@@ -32,8 +32,13 @@ def model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="default", help=MODEL_HELP)
     p.add_argument("--draft", default="default",
                    help="as --target, or 'default' (one that fits the target), 'self:N' (first N target layers), 'none'")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="weights/activations (auto: bf16 on CUDA and on CPUs where it measures faster, else fp32)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: CUDA when present")
+    p.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "int4"],
+                   help="weight-only quantization of the target (auto: int8 on CPU with bf16, none on CUDA)")
+    p.add_argument("--backend", default="auto", choices=["auto", "lean", "transformers"],
+                   help="target forward: lean (ours, Gemma 3 / Qwen2) or transformers (the reference)")
 
 
 def check_model_flags(a: argparse.Namespace) -> None:
@@ -129,13 +134,13 @@ def cmd_complete(a: argparse.Namespace) -> int:
     from .workspace import index_workspace
 
     try:
-        target = load(a.target, "target", a.device, a.dtype)
+        target = load(a.target, "target", a.device, a.dtype, a.quant)
         draft = load_draft(a.draft, target) if a.mode in ("draft", "combined") else None
     except ModelError as e:
         raise UsageError(str(e)) from None
     if a.mode == "draft" and draft is None:
         raise UsageError(f"--mode draft needs a draft model; {draft_label(a.draft, None, target)}")
-    engine = Engine(target, draft)
+    engine = Engine(target, draft, backend=a.backend)
     path = Path(a.file).resolve()
     if a.workspace:
         index_workspace(engine.index, target.tokenizer, Path(a.workspace), exclude={path})
@@ -154,6 +159,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
             "ms_first_token": round(res.ms_first_token, 2), "ms_total": round(res.ms_total, 2),
             "target": target.name, "draft": draft_label(a.draft, draft, target),
             "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
+            "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
             "stopped_by": res.stopped_by, "prompt_tokens": res.prompt_tokens,
             "accepted_by_depth": res.accepted_by_depth,
         }

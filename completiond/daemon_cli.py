@@ -89,11 +89,11 @@ def cmd_serve(a: argparse.Namespace) -> int:
             if not Path(root).is_dir():
                 raise StartError(f"--workspace {root}: not a directory")
         lock = claim(sock)  # before the slow model load: a second `serve` on this path stops here
-        target = load(a.target, "target", a.device, a.dtype)
+        target = load(a.target, "target", a.device, a.dtype, a.quant)
         draft = load_draft(a.draft, target)
     except (StartError, ModelError, ValueError, OSError) as e:
         raise UsageError(str(e)) from None
-    engine = Engine(target, draft)
+    engine = Engine(target, draft, backend=a.backend)
     log.info("calibration: %s", engine.calibrate_cached())  # cached per machine/model: seconds, not minutes
     info = {**P.model_info(target, draft), "draft": draft_label(a.draft, draft, target), "socket": str(sock)}
 

@@ -133,9 +133,9 @@ class Engine:
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, index: TokenIndex | None = None,
                  capacity: int = 4096, max_nodes: int = 64, max_candidate_len: int = 16, always_speculate: bool = False,
-                 draft_branch: int = 4):
+                 draft_branch: int = 4, backend: str = "auto"):
         self.target = target
-        self.runner = Runner(target, capacity)
+        self.runner = Runner(target, capacity, backend=backend)  # lean where the family allows
         self.index = index or TokenIndex()
         self.prompt_lookup = PromptLookup(self.index)
         self.draft = DraftModel(draft, capacity, branch=draft_branch) if draft is not None else None

@@ -286,7 +286,25 @@ def _check_hub_reachable(repo_id: str) -> None:
                          "or a .gguf file") from None
 
 
-def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "auto") -> LoadedModel:
+QUANTS = ("auto", "none", "int8", "int4")
+
+
+def pick_quant(quant: str, device: torch.device, dtype: torch.dtype) -> str:
+    """Weight-only quantization: auto = int8 on CPUs with fast bf16 (a decode pass reads half the bf16
+    bytes; the kernels want bf16 activations), none on CUDA and with float32 activations. int4
+    (group 32, requantized from the GGUF's dequantized weights) is faster still but measurably
+    worse on the Q4_K_M models: selectable, not the default (README "Fast target pass")."""
+    if quant not in QUANTS:
+        raise ModelError(f"unknown quantization {quant!r}: use {', '.join(QUANTS)}")
+    if quant == "auto":
+        return "int8" if device.type == "cpu" and dtype == torch.bfloat16 else "none"
+    if quant != "none" and device.type != "cpu":
+        raise ModelError(f"--quant {quant} runs on CPU kernels only; use --quant none on {device.type}")
+    return quant
+
+
+def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "auto",
+         quant: str = "none") -> LoadedModel:
     """Load a model from a spec; errors become ModelError with a message a user can act on."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -294,6 +312,7 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
 
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
+    scheme = pick_quant(quant, dev, dt)
     where, name, gguf = resolve(spec, role, dev.type)
     hf_logging.disable_progress_bar()  # "Loading weights" on every start is noise; conversion keeps its bars
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
@@ -315,6 +334,11 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
         attach_vocab_map(loaded, json.loads((where / VOCAB_MAP_FILE).read_text()))
     if gguf is not None:
         loaded.meta["gguf"] = str(gguf)
+    if scheme != "none":
+        from .quant import quantize
+
+        quantize(model, scheme)  # every linear layer and the output layer; embeddings stay bf16
+    loaded.meta["quant"] = scheme
     if name == "default" and role == "draft":
         loaded.name = "default (" + loaded.meta.get("name", "completiond-draft") + ")"
     return loaded

@@ -340,7 +340,7 @@ class Lookup(Params):
 def model_info(target: Any, draft: Any) -> dict:
     """target, draft, device, dtype of loaded models (initialize, status, `complete --json`); no torch import."""
     return {"target": target.name, "draft": draft.name if draft is not None else None, "device": str(target.device),
-            "dtype": str(target.dtype).replace("torch.", "")}
+            "dtype": str(target.dtype).replace("torch.", ""), "quant": target.meta.get("quant", "none")}
 
 
 @dataclass(frozen=True)

@@ -118,3 +118,25 @@ def test_flag_errors_before_any_model_loads(capsys, src, case, monkeypatch):
     code, out, err = run_main(capsys, *argv)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_quantized_target_reported_in_json(capsys, src, tiny_dir):
+    code, out, err = run_main(capsys, "complete", str(src), "--line", "9", "--col", "1", "--mode", "ar",
+                              "--target", str(tiny_dir), "--dtype", "bfloat16", "--quant", "int8", "--max-tokens", "4",
+                              "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["quant"] == "int8" and res["backend"] == "lean" and res["dtype"] == "bfloat16"
+
+
+def test_quant_auto_by_device_and_dtype():
+    import torch
+
+    from completiond.models import ModelError, pick_quant
+
+    cpu = torch.device("cpu")
+    assert pick_quant("auto", cpu, torch.bfloat16) == "int8"
+    assert pick_quant("auto", cpu, torch.float32) == "none"  # the low-bit kernels want bf16 activations
+    assert pick_quant("auto", torch.device("cuda"), torch.bfloat16) == "none"
+    with pytest.raises(ModelError, match="CPU kernels only"):
+        pick_quant("int4", torch.device("cuda"), torch.bfloat16)

@@ -60,14 +60,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
         torch.set_num_threads(a.threads)
     try:
         root, label = resolve_repo(a.repo)
-        target = load(a.target, "target", a.device, a.dtype)
+        target = load(a.target, "target", a.device, a.dtype, a.quant)
         draft = load_draft(a.draft, target) if {"draft", "combined"} & set(modes) or "hf-assisted" in peers else None
     except (ValueError, ModelError) as e:
         raise UsageError(str(e)) from None
     positions = sample_positions(root, a.positions, a.cursor, a.seed)
     if not positions:
         raise UsageError(f"no code positions found in {root}")
-    engine = Engine(target, draft)
+    engine = Engine(target, draft, backend=a.backend)
     costs = engine.calibrate()
     prepared = run_modes(engine, root, positions, modes, a.max_tokens, multiline=not a.single_line)
     peer_rows = run_transformers(engine, prepared, [p for p in peers if p.startswith("hf-")]) if peers else {}
@@ -82,6 +82,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         "command": "completiond " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
         "positions": len(prepared), "target": target.name, "draft": draft_label(a.draft, draft, target),
         "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
+        "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
         "max_tokens": a.max_tokens, "pass_cost_ms": {str(k): round(v, 2) for k, v in costs.items()},
         "modes": summarize_modes(prepared, modes), "peers": summarize_peers(prepared, peer_rows),
         "details": details(prepared, positions, root),
