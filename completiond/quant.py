@@ -24,7 +24,9 @@ rescore its top rows.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +35,23 @@ from torch import nn
 SCHEMES = ("int8", "int4")
 INT4_GROUP = 32
 _ROWS = 4096  # rows quantized at a time (bounds the float32 temporaries; a multiple of 64)
+BULK_ROWS = 32  # int8 passes with more rows than this inside `bulk()` run on dequantized weights
+_bulk = threading.local()
+
+
+@contextlib.contextmanager
+def bulk():
+    """Prefill: int8 layers with many rows dequantize their weight once and run a dense matmul.
+
+    The int8 kernel's cost grows with the rows (it wins for a few decode rows and loses from ~16);
+    a 512-token prefill chunk is far cheaper dense. Only prefill uses it: every mode prefills the
+    same way, while verify and one-token passes keep the kernel, so modes stay identical.
+    """
+    _bulk.on = True
+    try:
+        yield
+    finally:
+        _bulk.on = False
 
 
 class QuantLinear(nn.Module):
@@ -97,7 +116,10 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).contiguous()  # the kernels take 2-D inputs only
-        if self.scheme == "int8":
+        if self.scheme == "int8" and len(x2) > BULK_ROWS and getattr(_bulk, "on", False):
+            w = self.packed.to(x.dtype) * self._scales(x.dtype)[:, None]  # [N, K], one read of int8
+            y = F.linear(x2, w)
+        elif self.scheme == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x2, self.packed, self._scales(x.dtype))
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.group, self._scales(x.dtype))

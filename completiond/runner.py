@@ -16,7 +16,7 @@ import torch
 from .kvcache import TreeKVCache
 from .lean import lean_decoder, supports_lean
 from .models import LoadedModel
-from .quant import QuantLinear, exact_head_logits, full_weight
+from .quant import bulk, QuantLinear, exact_head_logits, full_weight
 
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 REFINE = 8  # top logits recomputed in float32 when the model runs in bf16/fp16
@@ -172,7 +172,8 @@ class Runner:
                 check()
             part = rest[s:s + chunk]
             last = s + chunk >= len(rest)
-            logits = self.forward(part, list(range(-1, len(part) - 1)), [len(part) - 1] if last else [])
+            with bulk():  # many rows: dequantized int8 weights beat the per-row kernel
+                logits = self.forward(part, list(range(-1, len(part) - 1)), [len(part) - 1] if last else [])
             self.keep(range(len(part)))
         return logits[-1]
 

@@ -239,3 +239,19 @@ def test_runner_cheap_head_is_the_full_heads_argmax(scheme, code_ids):
     finite = got.isfinite()
     assert finite.sum(-1).max() < got.shape[1]  # it did skip rows
     torch.testing.assert_close(got[finite], want[finite], rtol=0, atol=1e-5)
+
+
+def test_int8_prefill_in_bulk_equals_the_kernel_path():
+    """Prefill chunks run int8 layers on dequantized weights (cheaper for many rows); the logits
+    equal the per-row kernel's within float32 rounding."""
+    from completiond.quant import bulk
+
+    lm = tiny.loaded(tiny.qwen2_config(hidden=128), seed=4)
+    quantize(lm.model, "int8")
+    ids = tiny.qwen_tokenizer().encode((tiny.STDLIB / "textwrap.py").read_text()[:3000], add_special_tokens=False)[:200]
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        plain = lm.model(x).logits[0]
+        with bulk():
+            fast = lm.model(x).logits[0]
+    torch.testing.assert_close(fast, plain, rtol=0, atol=1e-4)
