@@ -134,10 +134,10 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     gets at most a quarter of the budget. Without FIM tokens: BOS + the prefix alone.
     """
     prefix, suffix = text[:offset], text[offset:]
-    stops = _stops(prefix, suffix, multiline)
     bos = bos_ids(tokenizer)
     enc = lambda s: tokenizer.encode(s, add_special_tokens=False) if s else []  # noqa: E731
     fim = fim_tokens(tokenizer)
+    stops = _stops(prefix, suffix, multiline, fim is not None)
     head: list[int] = []
     if fim and fim.repo_name is not None and fim.file_sep is not None and path:
         head = _repo_context(enc, fim, repo or "workspace", path, context or [], max_tokens // 4)
@@ -234,13 +234,14 @@ def _vocab_bytes(tokenizer) -> dict[int, list[tuple[int, bytes]]] | None:
     return _VOCAB[tokenizer]
 
 
-def _stops(prefix: str, suffix: str, multiline: bool) -> StopRules:
+def _stops(prefix: str, suffix: str, multiline: bool, fim: bool) -> StopRules:
     """Line rules for the cursor's line, and the suffix text a completion must not repeat."""
     line_start = prefix.rfind("\n") + 1
     rest, _, after = suffix.partition("\n")
     next_line = next((ln.strip() for ln in after.split("\n") if ln.strip()), "")
     return StopRules(multiline=multiline, cursor_indent=indent_width(prefix[line_start:] + rest),
-                     line_rest=rest.strip(), next_line=next_line, line_head=prefix[line_start:])
+                     line_rest=rest.strip(), next_line=next_line, line_head=prefix[line_start:],
+                     bracket_rule=not fim)
 
 
 def _repo_context(enc, fim: Fim, repo: str, path: str, files: list[ContextFile], budget: int) -> list[int]:

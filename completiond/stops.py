@@ -26,6 +26,9 @@ class StopRules:
     line_rest: str = ""  # text after the cursor on its line (stripped): a mid-line completion ends there
     next_line: str = ""  # the suffix's next non-blank line (stripped): never generated again
     line_head: str = ""  # text before the cursor on its line
+    # Stop at a bracket that closes one opened before the completion. Not for FIM prompts: the
+    # model sees the suffix, so it writes a closer only where the document lacks one.
+    bracket_rule: bool = True
 
     def cut(self, text: str) -> int | None:
         cuts = [i for i in (text.find(s) for s in self.stop_strings) if i >= 0]
@@ -77,7 +80,7 @@ class StopRules:
         return nl - 1 if nl > 0 and text[nl - 1] == "\r" else nl
 
     def _cut_multiline(self, text: str) -> int | None:
-        cut = _unbalanced_closer(text)
+        cut = _unbalanced_closer(text) if self.bracket_rule else None
         lines = text.split("\n")
         stop_indent = self.cursor_indent
         offset = len(lines[0]) + 1

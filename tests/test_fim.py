@@ -162,3 +162,13 @@ def test_no_healing_in_indentation():
     text = "def f():\n    x = 1\n    \n"
     assert build_prompt(tok, text, text.index("    \n") + 4).heal is None  # cursor after indentation only
     assert build_prompt(tok, text, text.index("= 1") + 2).heal is not None  # after "= ": healed
+
+
+def test_fim_completions_may_close_brackets_the_suffix_lacks():
+    tok = tiny.qwen_tokenizer()
+    text = "def f(\n\nx = 1\n"
+    s = build_prompt(tok, text, text.index("(") + 1, multiline=True).stops
+    gen = "self, level):\n    return level\n"
+    assert gen[:s.cut(gen)].startswith("self, level):")  # FIM: the model saw no ")" in the suffix
+    plain = build_prompt(tiny.tokenizer(), text, text.index("(") + 1, multiline=True).stops
+    assert gen[:plain.cut(gen)] == "self, level"  # no FIM: a closer ends the completion
