@@ -16,7 +16,6 @@ import asyncio
 import hashlib
 import json
 import os
-import platform
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,6 +26,7 @@ import torch
 
 from .adaptive import Adaptive
 from .index import TokenIndex
+from .device import cpu_name
 from .models import LoadedModel
 from .paths import cache_root
 from .prompt import Heal
@@ -357,11 +357,7 @@ def _truncate(tree: TokenTree, n: int) -> TokenTree:
 
 def calibration_path(target: LoadedModel) -> Path:
     """One calibration file per (CPU or GPU, model, dtype, threads): costs differ on each."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name()
     if target.device.type == "cuda":
         cpu = torch.cuda.get_device_name(target.device)
     key = f"{cpu}|{target.name}|{target.dtype}|{target.device}|{torch.get_num_threads()}|{target.meta.get('quant', '')}"
