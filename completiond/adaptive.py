@@ -28,14 +28,23 @@ class Adaptive:
         self.max_nodes = max_nodes
         self.always = always  # verify every proposed node and always run the draft (tests, experiments)
         self._cost: dict[int, Ewma] = {}
+        self._trees = 0  # trees with candidates seen (for the periodic probe in best_size)
 
     def costs(self) -> dict[int, float]:
         """Measured ms per pass by tree size (what a calibration cache stores)."""
         return {s: e.value for s, e in sorted(self._cost.items())}
 
     def load_costs(self, costs: dict[int, float]) -> None:
-        for n, ms in costs.items():
-            self._cost[int(n)] = Ewma(float(ms))
+        """Install measured costs, made consistent: a bigger tree never costs less than a smaller
+        one, and n nodes never more than n one-node passes (a noisy outlier otherwise switches
+        speculation off for good: the controller would never run that size again to correct it)."""
+        known = sorted((int(n), float(ms)) for n, ms in costs.items())
+        one = known[0][1] / known[0][0] if known else 0.0
+        prev = 0.0
+        for n, ms in known:
+            ms = max(prev, min(ms, one * n)) if one else ms
+            self._cost[n] = Ewma(ms)
+            prev = ms
 
     def observe_pass(self, n: int, ms: float) -> None:
         size = SIZES[min(bisect.bisect_left(SIZES, n), len(SIZES) - 1)]
@@ -58,9 +67,16 @@ class Adaptive:
         return c1 + (c1 - c0) * (n - s1) / max(1, s1 - s0)
 
     def best_size(self, values: list[float]) -> int:
-        """How many nodes (beyond the root) of a best-first tree to verify; values[0] is the root."""
+        """How many nodes (beyond the root) of a best-first tree to verify; values[0] is the root.
+
+        Every 64th tree that has candidates is verified at 2 or 4 nodes whatever the estimate says,
+        so a cost that was measured too high is corrected by a real pass.
+        """
         if self.always:
             return min(len(values) - 1, self.max_nodes)
+        self._trees += len(values) > 1
+        if len(values) > 1 and self._trees % 64 == 0:
+            return min(len(values) - 1, 3 if self._trees % 128 == 0 else 1)
         best_n, best_rate, gain = 0, 1.0 / self.cost(1), 1.0
         for n in range(1, min(len(values), self.max_nodes + 1)):
             gain += values[n]

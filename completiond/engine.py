@@ -146,22 +146,26 @@ class Engine:
         self.stats = {"requests": 0, "passes": 0, "accepted": 0}
 
     # ---- set-up -------------------------------------------------------------------------------
-    def calibrate(self, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), context: int = 64) -> dict[int, float]:
-        """Measure target pass cost by tree size on this device (feeds the adaptive controller)."""
+    def calibrate(self, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), context: int = 64,
+                  rounds: int = 3) -> dict[int, float]:
+        """Measure target pass cost by tree size on this device (feeds the adaptive controller).
+
+        Sizes are interleaved over `rounds` (a burst of load elsewhere then hits every size alike)
+        and each keeps its fastest pass; a warm-up pass per size pays one-time kernel set-up.
+        """
         with self.lock:
             self.runner.reset()
             v = self.target.vocab_size
             self.runner.extend([i * 7919 % v for i in range(context)])
-            out = {}
-            for n in sizes:
-                times = []
-                for _ in range(3):  # the first pass of a new shape pays one-time kernel set-up: dropped
+            best = {n: float("inf") for n in sizes}
+            for r in range(rounds + 1):
+                for n in sizes:
                     self.runner.forward([i * 104729 % v for i in range(n)], [-1] + list(range(n - 1)), range(n))
-                    times.append(self.runner.last_pass_ms)
-                self.adaptive.observe_pass(n, min(times[1:]))
-                out[n] = self.adaptive.cost(n)
+                    if r:
+                        best[n] = min(best[n], self.runner.last_pass_ms)
             self.runner.reset()
-            return out
+            self.adaptive.load_costs(best)
+            return self.adaptive.costs()
 
     def calibrate_cached(self, sizes: tuple[int, ...] = (1, 4, 16, 64)) -> str:
         """Pass costs from the calibration cache of this machine, model and dtype ("cached"), else a
