@@ -89,12 +89,21 @@ def cmd_serve(a: argparse.Namespace) -> int:
             if not Path(root).is_dir():
                 raise StartError(f"--workspace {root}: not a directory")
         lock = claim(sock)  # before the slow model load: a second `serve` on this path stops here
+        t0 = time.perf_counter()
+        log.info("start-up: loading target %s", a.target)
         target = load(a.target, "target", a.device, a.dtype, a.quant)
+        log.info("start-up: target %s (%s, %s, quant %s) loaded in %.1f s", target.name, target.device,
+                 str(target.dtype).replace("torch.", ""), target.meta.get("quant", "none"), time.perf_counter() - t0)
+        t1 = time.perf_counter()
         draft = load_draft(a.draft, target)
+        log.info("start-up: draft %s in %.1f s", draft_label(a.draft, draft, target), time.perf_counter() - t1)
     except (StartError, ModelError, ValueError, OSError) as e:
         raise UsageError(str(e)) from None
     engine = Engine(target, draft, backend=a.backend)
-    log.info("calibration: %s", engine.calibrate_cached())  # cached per machine/model: seconds, not minutes
+    t1 = time.perf_counter()
+    how = engine.calibrate_cached()  # cached per machine/model: seconds, not minutes
+    log.info("start-up: calibration %s in %.1f s (%s backend); ready after %.1f s", how, time.perf_counter() - t1,
+             engine.runner.backend, time.perf_counter() - t0)
     info = {**P.model_info(target, draft), "draft": draft_label(a.draft, draft, target), "socket": str(sock)}
 
     async def main() -> None:
