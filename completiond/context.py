@@ -45,6 +45,8 @@ def related_files(path: str, text: str, open_buffers: Iterable[tuple[str, str]],
     if len(out) >= MAX_FILES:
         return out
     wanted = imported_modules(text)
+    if not wanted:
+        return out
     by_module: dict[str, tuple[str, Path]] = {}
     for rel, abs_path in workspace:
         p = PurePosixPath(rel)

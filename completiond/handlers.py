@@ -145,8 +145,8 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
 
     def make() -> Request:
         path, repo = locate(doc.uri, roots)
-        workspace = [(Path(f).relative_to(root).as_posix(), Path(f)) for root, files in indexed for f in files
-                     if Path(f).is_relative_to(root)]
+        workspace = ((Path(f).relative_to(root).as_posix(), Path(f)) for root, files in indexed for f in files
+                     if Path(f).is_relative_to(root))  # walked only if the file imports something
         context = related_files(path, text, [(locate(u, roots)[0], t) for u, t in others], workspace)
         prompt = build_prompt(tok, text, offset, multiline=p.multiline, path=path, repo=repo, context=context)
         return Request(prompt=prompt.ids, mode=mode, max_tokens=p.max_tokens, seed=p.seed, stops=prompt.stops,

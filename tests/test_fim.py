@@ -1,7 +1,6 @@
 """Fill-in-the-middle as Qwen2.5-Coder was trained: prompt layout, repository context, stops, end tokens."""
 
 import pytest
-import torch
 
 import tiny
 from completiond.engine import Engine, Request
@@ -96,7 +95,7 @@ def test_lossless_with_a_tiny_qwen2_and_fim_prompts(mode):
         got = engine.complete(Request(prompt=p.ids, mode=mode, max_tokens=24, heal=p.heal))
         assert got.token_ids == ref.token_ids
         assert len(ref.token_ids) > 0
-    assert healed >= 1 and torch.get_default_dtype() == torch.float32
+    assert healed >= 1
 
 
 def test_rewrite_uses_the_chat_template_and_keeps_the_selection_in_the_prompt():

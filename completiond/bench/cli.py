@@ -10,7 +10,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shlex
 import sys
 from pathlib import Path
@@ -108,15 +107,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
 def machine(target) -> str:
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    dev = torch.cuda.get_device_name() if target.device.type == "cuda" else f"{os.cpu_count()} cores, {cpu}"
+    from ..device import cpu_name
+
+    dev = torch.cuda.get_device_name() if target.device.type == "cuda" else f"{os.cpu_count()} cores, {cpu_name()}"
     return f"{dev}, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
