@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -497,8 +498,14 @@ def test_native_renderer_option(daemon_sock, workspace):
         open_buffer(n, workspace / "native.py", PY)
         n.input("GA")
         ns = "vim.api.nvim_create_namespace('nvim.lsp.inline_completion')"
-        mark = wait_for(lambda: n.exec_lua(f"return vim.api.nvim_buf_get_extmarks(0, {ns}, 0, -1, {{ details = true }})[1]"),
-                        timeout=30, what="native inline completion")
+        try:
+            mark = wait_for(lambda: n.exec_lua(f"return vim.api.nvim_buf_get_extmarks(0, {ns}, 0, -1, "
+                                               "{ details = true })[1]"), timeout=30, what="native inline completion")
+        except TimeoutError as e:  # Neovim asks once per cursor move: say what that one request got
+            log = Path(n.exec_lua("return vim.lsp.log.get_filename()"))
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no LSP log)"
+            raise AssertionError(f"{e}; the server now suggests {n.exec_lua(SERVER_SUGGESTION)!r}; "
+                                 f"LSP log tail:\n{tail}") from None
         text = mark[3]["virt_text"][0][0]
         assert (mark[1], mark[2]) == (3, len(PY[3]))
         assert as_virtual_text(n.exec_lua(SERVER_SUGGESTION)) == text

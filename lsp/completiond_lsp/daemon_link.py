@@ -49,7 +49,7 @@ class DaemonLink:
         return self.client is not None and not self.client.closed.is_set()
 
     async def get(self) -> Client:
-        if self.connected:
+        if self.connected and not self._lock.locked():  # locked: still re-sending the documents
             return self.client
         async with self._lock:
             if not self.connected:
@@ -68,15 +68,18 @@ class DaemonLink:
                             position_encoding=self.encoding)
         try:
             self.info = await client.request("initialize", init.to_wire(), timeout=INITIALIZE_TIMEOUT)
+            # From here an editor's open/change goes straight to this connection: one that arrived while
+            # the documents below are sent would otherwise be lost (the daemon's copy left behind).
+            self.client = client
             for doc in self.documents():
                 await client.notify("document/open", doc.to_wire())
         except (DaemonError, asyncio.TimeoutError, ConnectionError, OSError) as e:
+            self.client = None
             # close it: a half-made connection would stay open on the daemon, holding its documents
             await client.close()
             why = f"no answer within {INITIALIZE_TIMEOUT:.0f} s" if isinstance(e, asyncio.TimeoutError) else str(e)
             self.on_status("error", f"completiond daemon: initialize failed: {why}", {})
             raise DaemonUnavailable(f"initialize with the daemon on {self.socket} failed: {why}") from None
-        self.client = client
         self.on_status("ready", f"completiond: {self.info.get('target')} on {self.info.get('device')}", self.info)
 
     async def _start(self) -> Client:
