@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import itertools
 import os
 import time
 from collections.abc import Callable
@@ -22,12 +23,15 @@ from .context import locate, related_files
 from .documents import Document, DocumentError
 from .engine import Request, Result
 from .prompt import build_prompt
-from .rewrite import finish, rewrite_prompt
+from .rewrite import TooLarge, check_selection, finish, rewrite_prompt
 from .session import Session
 from .verify import Sampling
 
 if TYPE_CHECKING:
     from .daemon import Daemon
+
+
+MAX_OTHER_BUFFERS = 16  # open buffers a completion considers for its repository context
 
 
 @dataclass
@@ -70,13 +74,19 @@ async def initialize(d: Daemon, s: Session, p: P.Initialize, msgid) -> dict:
 
 
 async def doc_open(d: Daemon, s: Session, p: P.DocumentOpen, msgid) -> None:
+    old = s.docs.get(p.uri)
+    if old is None and len(s.docs) >= P.MAX_OPEN_DOCUMENTS:
+        raise P.RpcError(P.INVALID_PARAMS, f"too many open documents: {P.MAX_OPEN_DOCUMENTS} per connection")
+    if s.chars() - (len(old.text) if old else 0) + len(p.text) > P.MAX_SESSION_CHARS:
+        raise P.RpcError(P.INVALID_PARAMS, f"open documents over {P.MAX_SESSION_CHARS} characters in all: close some")
     s.docs[p.uri] = Document(p.uri, p.text, p.version, p.language_id)
 
 
 async def doc_change(d: Daemon, s: Session, p: P.DocumentChange, msgid) -> None:
     doc = s.doc(p.uri)
+    room = min(P.MAX_DOCUMENT_CHARS, P.MAX_SESSION_CHARS - s.chars() + len(doc.text))
     try:
-        doc.apply(p.changes, doc.version + 1 if p.version is None else p.version, s.encoding)
+        doc.apply(p.changes, doc.version + 1 if p.version is None else p.version, s.encoding, room)
     except DocumentError as e:
         raise P.RpcError(P.INVALID_PARAMS, str(e)) from None
 
@@ -112,10 +122,10 @@ async def lookup(d: Daemon, s: Session, p: P.Lookup, msgid) -> dict:
     """What prompt lookup would propose at a position (texts), for debugging and tests."""
     doc = s.doc(p.uri)
     offset = s.offset(doc, p.position)
-    text, tok = doc.text, d.engine.target.tokenizer
+    text, starts, tok = doc.text, doc.starts, d.engine.target.tokenizer
 
     def work() -> list[str]:
-        ids = build_prompt(tok, text, offset).ids
+        ids = build_prompt(tok, text, offset, starts=starts).ids
         return [tok.decode(c) for c in d.engine.lookup(ids, p.max_len, 8)]
 
     return {"candidates": await asyncio.get_running_loop().run_in_executor(d.executor, work)}
@@ -136,11 +146,13 @@ def _mode(d: Daemon, mode: str | None) -> str:
 def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
     doc = s.current(p.uri, p.version)
     offset = s.offset(doc, p.position)
-    mode, text, tok = _mode(d, p.mode), doc.text, d.engine.target.tokenizer
+    mode, text, starts, tok = _mode(d, p.mode), doc.text, doc.starts, d.engine.target.tokenizer
     # Repository context, snapshotted on the event loop (the engine thread must not read sessions):
-    # this client's other open documents, most recently opened first, and the indexed workspace files.
+    # this client's other open documents, most recently opened first (a few: the prompt shows at
+    # most context.MAX_FILES), and the indexed workspace files.
     roots = list(d.watcher.roots)
-    others = [(o.uri, o.text) for o in reversed(list(s.docs.values())) if o.uri != doc.uri]
+    recent = itertools.islice(reversed(s.docs.values()), MAX_OTHER_BUFFERS + 1)
+    others = [(o.uri, o.text) for o in recent if o.uri != doc.uri][:MAX_OTHER_BUFFERS]
     indexed = [(root, list(d.watcher.indexed.get(root, {}))) for root in roots]
 
     def make() -> Request:
@@ -148,7 +160,8 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
         workspace = ((Path(f).relative_to(root).as_posix(), Path(f)) for root, files in indexed for f in files
                      if Path(f).is_relative_to(root))  # walked only if the file imports something
         context = related_files(path, text, [(locate(u, roots)[0], t) for u, t in others], workspace)
-        prompt = build_prompt(tok, text, offset, multiline=p.multiline, path=path, repo=repo, context=context)
+        prompt = build_prompt(tok, text, offset, multiline=p.multiline, path=path, repo=repo, context=context,
+                              starts=starts)
         return Request(prompt=prompt.ids, mode=mode, max_tokens=p.max_tokens, seed=p.seed, stops=prompt.stops,
                        sampling=Sampling(p.temperature, p.top_p, p.top_k), deadline_ms=p.deadline_ms,
                        reuse_prefix=p.reuse_prefix, heal=prompt.heal)
@@ -163,13 +176,18 @@ def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> Prepared:
     if end < start:
         raise P.RpcError(P.INVALID_PARAMS, "range ends before it starts")
     mode, text, lang, tok = _mode(d, p.mode), doc.text, doc.language_id, d.engine.target.tokenizer
+    try:  # sized now (one bounded tokenization): a selection over the budget is refused at once
+        n_sel = check_selection(tok, text[start:end], P.MAX_PROMPT_TOKENS)
+    except TooLarge as e:
+        raise P.RpcError(P.INVALID_PARAMS, str(e)) from None
 
     def make() -> Request:
-        max_tokens = p.max_tokens
-        if max_tokens is None:  # room for the selection rewritten at twice its length
-            n_sel = len(tok.encode(text[start:end], add_special_tokens=False))
-            max_tokens = min(P.MAX_TOKENS, 2 * n_sel + 64)
-        ids, stops = rewrite_prompt(tok, text, start, end, p.instruction, lang)
+        # default: room for the selection rewritten at twice its length
+        max_tokens = min(P.MAX_TOKENS, 2 * n_sel + 64) if p.max_tokens is None else p.max_tokens
+        try:  # the context before the selection is windowed to the prompt budget
+            ids, stops = rewrite_prompt(tok, text, start, end, p.instruction, lang, max_tokens=P.MAX_PROMPT_TOKENS)
+        except TooLarge as e:
+            raise P.RpcError(P.INVALID_PARAMS, str(e)) from None
         return Request(prompt=ids, mode=mode, max_tokens=max_tokens, stops=stops)
 
     def result(res: Result) -> dict:

@@ -201,7 +201,10 @@ DEFAULT_MAX_TOKENS = 64
 MAX_TOKENS = 2048  # complete
 MAX_REWRITE_TOKENS = 4096
 MAX_INSTRUCTION_CHARS = 4000
-MAX_DOCUMENT_CHARS = 4 * 1024 * 1024
+MAX_DOCUMENT_CHARS = 4 * 1024 * 1024  # cost per request no longer grows with it: prompts read a window
+MAX_OPEN_DOCUMENTS = 4096  # per connection, and MAX_SESSION_CHARS in all: memory is what they bound
+MAX_SESSION_CHARS = 16 * MAX_DOCUMENT_CHARS
+MAX_PROMPT_TOKENS = 3072  # one prompt, completion or rewrite (selection + instruction + context): prefill time
 MAX_TEMPERATURE = 10.0
 MAX_LOOKUP_LEN = 256
 

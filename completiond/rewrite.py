@@ -10,32 +10,76 @@ the rewrite ends at the closing fence.
 from __future__ import annotations
 
 from .prompt import bos_ids
+from .protocol import MAX_PROMPT_TOKENS
 from .stops import StopRules
 
 FENCE = "```"
 SYSTEM = ("You rewrite code. Apply the instruction to the selection and reply with the whole rewritten "
           "selection in one fenced code block, nothing else. Keep everything the instruction does not change.")
+CHECK_CHARS = 128 * 1024  # the most of a selection tokenized to size it (~40 ms); a longer one is refused unread
+
+
+class TooLarge(ValueError):
+    """A rewrite that cannot fit its prompt budget (the message says the limit and the size)."""
+
+
+def _lines(selection: str) -> int:
+    return selection.count("\n") + (1 if selection and not selection.endswith("\n") else 0)
+
+
+def check_selection(tokenizer, selection: str, budget: int = MAX_PROMPT_TOKENS) -> int:
+    """The selection's token count; TooLarge when it alone exceeds the rewrite prompt budget.
+
+    A 2,000-line selection (70k characters) took minutes of prefill and 2 GB before; this refuses it
+    in one bounded tokenization, so it is cheap enough to run as the request arrives."""
+    head = selection[:CHECK_CHARS]
+    n = len(tokenizer.encode(head, add_special_tokens=False)) if head else 0
+    if n <= budget and len(selection) <= CHECK_CHARS:
+        return n
+    lines = _lines(selection)
+    size = (f"{n:,} tokens" if len(selection) <= CHECK_CHARS else
+            f"{len(selection):,} characters ({n:,} tokens in its first {CHECK_CHARS:,})")
+    fit = lines * budget // max(n, 1)
+    hint = f" (about {fit:,} lines like these)" if fit >= 1 and lines > 1 else ""
+    raise TooLarge(f"selection too large to rewrite: {lines:,} line{'s' * (lines != 1)}, {size}; a rewrite prompt "
+                   f"holds at most {budget:,} tokens with its instruction and context{hint}")
 
 
 def rewrite_prompt(tokenizer, text: str, start: int, end: int, instruction: str, language: str = "",
-                   max_context_chars: int = 6000) -> tuple[list[int], StopRules]:
-    """Prompt ids and stop rules for rewriting text[start:end] according to the instruction."""
+                   max_context_chars: int = 6000, max_tokens: int = MAX_PROMPT_TOKENS) -> tuple[list[int], StopRules]:
+    """Prompt ids and stop rules for rewriting text[start:end] according to the instruction.
+
+    The prompt holds at most `max_tokens`: the code before the selection is windowed to what fits
+    (TooLarge if the selection and instruction alone do not)."""
     selection = text[start:end]
-    before = text[max(0, start - max_context_chars // 2):start]
     lang = language or ""
-    context = f"{FENCE}{lang}\n{before}\n{FENCE}\n\n" if before.strip() else ""
-    if getattr(tokenizer, "chat_template", None):
-        user = (f"Code before the selection:\n{context}" if context else "") + \
-            f"Selection:\n{FENCE}{lang}\n{selection}\n{FENCE}\n\nInstruction: {instruction.strip()}"
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
-        doc = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer.encode(doc + f"{FENCE}{lang}\n", add_special_tokens=False)
-    else:
+
+    def build(before: str) -> list[int]:
+        context = f"{FENCE}{lang}\n{before}\n{FENCE}\n\n" if before.strip() else ""
+        if getattr(tokenizer, "chat_template", None):
+            user = (f"Code before the selection:\n{context}" if context else "") + \
+                f"Selection:\n{FENCE}{lang}\n{selection}\n{FENCE}\n\nInstruction: {instruction.strip()}"
+            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+            doc = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return tokenizer.encode(doc + f"{FENCE}{lang}\n", add_special_tokens=False)
         doc = (f"Context (code before the selection):\n{context or FENCE + lang + chr(10) + FENCE + chr(10) * 2}"
                f"Original selection:\n{FENCE}{lang}\n{selection}\n{FENCE}\n\n"
                f"Instruction: {instruction.strip()}\n\n"
                f"Rewritten selection (the whole selection, changed as instructed):\n{FENCE}{lang}\n")
-        ids = bos_ids(tokenizer) + tokenizer.encode(doc, add_special_tokens=False)
+        return bos_ids(tokenizer) + tokenizer.encode(doc, add_special_tokens=False)
+
+    chars = max_context_chars // 2
+    while True:
+        before = text[max(0, start - chars):start]
+        if start > chars and "\n" in before:  # a cut context starts at a line
+            before = before[before.index("\n") + 1:]
+        ids = build(before)
+        if len(ids) <= max_tokens or not before.strip():
+            break
+        chars = int(chars * 0.6) if chars > 64 else 0  # dense code: a smaller window
+    if len(ids) > max_tokens:
+        raise TooLarge(f"rewrite prompt too large: {len(ids):,} tokens for a {_lines(selection):,}-line selection "
+                       f"and its instruction; a rewrite prompt holds at most {max_tokens:,} tokens")
     return ids, StopRules(line_rules=False, stop_strings=("\n" + FENCE, FENCE))
 
 

@@ -8,12 +8,15 @@ is never judged against a document version that a later keystroke produced.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import threading
 from dataclasses import dataclass, field
 
 from . import protocol as P
-from .documents import Document
-from .prompt import PositionError, offset_at
+from .documents import Document, IndexView
+from .prompt import PositionError
+
+MAX_INDEXED_BUFFERS = 16  # stale open buffers re-tokenized for prompt lookup per request, most recent first
 
 
 @dataclass
@@ -60,7 +63,7 @@ class Session:
     def offset(self, doc: Document, pos: P.Position, what: str = "position") -> int:
         """A wire position -> character offset in the document (negotiated encoding), -32602 if outside."""
         try:
-            return offset_at(doc.text, pos.line, pos.character, self.encoding)
+            return doc.offset(pos.line, pos.character, self.encoding)
         except PositionError as e:
             raise P.RpcError(P.INVALID_PARAMS, f"{what} out of range: {e}") from None
 
@@ -82,9 +85,16 @@ class Session:
         """Open buffers of different clients are different index entries, even under one URI."""
         return f"{uri}#client{self.id}"
 
-    def stale_buffers(self) -> list[tuple[str, Document]]:
-        """Documents whose text changed since the prompt-lookup index last saw them."""
-        return [(self.index_key(d.uri), d) for d in self.docs.values() if d.indexed_version != d.version]
+    def chars(self) -> int:
+        return sum(len(d.text) for d in self.docs.values())
+
+    def stale_buffers(self) -> list[tuple[str, IndexView]]:
+        """Documents whose text changed since the prompt-lookup index last saw them: the most recently
+        edited MAX_INDEXED_BUFFERS, each as its index window, so a request's indexing work is bounded
+        (20k open buffers or a 4M-character one were tokenized whole before a completion)."""
+        stale = [d for d in self.docs.values() if d.indexed_version != d.version]
+        stale = heapq.nlargest(MAX_INDEXED_BUFFERS, stale, key=lambda d: d.touched)
+        return [(self.index_key(d.uri), IndexView(d, d.index_window(), d.version)) for d in stale]
 
     def cancel_all(self) -> None:
         self.closed = True
