@@ -10,6 +10,20 @@ decoding, so speculation never costs much more than `ar`.
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from .device import cpu_name
+from .paths import cache_root
+
+if TYPE_CHECKING:
+    from .models import LoadedModel
+    from .runner import Runner
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -84,3 +98,51 @@ class Adaptive:
             if rate > best_rate:
                 best_n, best_rate = n, rate
         return best_n
+
+
+def measure_costs(runner: Runner, sizes: tuple[int, ...], context: int = 64, rounds: int = 3) -> dict[int, float]:
+    """Target pass cost (ms) by tree size on this device, on a `context`-token cache.
+
+    Sizes are interleaved over `rounds` (a burst of load elsewhere then hits every size alike) and
+    each keeps its fastest pass; a warm-up pass per size pays one-time kernel set-up. The runner's
+    cache is reset before and after."""
+    runner.reset()
+    v = runner.lm.vocab_size
+    runner.extend([i * 7919 % v for i in range(context)])
+    best = {n: float("inf") for n in sizes}
+    for r in range(rounds + 1):
+        for n in sizes:
+            runner.forward([i * 104729 % v for i in range(n)], [-1] + list(range(n - 1)), range(n))
+            if r:
+                best[n] = min(best[n], runner.last_pass_ms)
+    runner.reset()
+    return best
+
+
+def calibration_path(target: LoadedModel) -> Path:
+    """One calibration file per (CPU or GPU, model, dtype, threads): costs differ on each."""
+    cpu = cpu_name()
+    if target.device.type == "cuda":
+        cpu = torch.cuda.get_device_name(target.device)
+    key = f"{cpu}|{target.name}|{target.dtype}|{target.device}|{torch.get_num_threads()}|{target.meta.get('quant', '')}"
+    digest = hashlib.sha1(key.encode()).hexdigest()[:16]
+    return cache_root() / "calibration" / f"{digest}.json"
+
+
+def load_costs(path: Path) -> dict[int, float] | None:
+    """Cached pass costs, or None when there are none (or the file is unreadable)."""
+    try:
+        costs = json.loads(path.read_text())["costs"]
+        return {int(n): float(ms) for n, ms in costs.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def save_costs(path: Path, costs: dict[int, float]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"costs": costs}))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs a calibration next time

@@ -13,27 +13,23 @@ Modes: `ar` (tree = root only: plain decoding through the same path), `pld`, `dr
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
-import os
+import functools
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from .adaptive import Adaptive
+from .adaptive import Adaptive, calibration_path, load_costs, measure_costs, save_costs
 from .index import TokenIndex
-from .device import cpu_name
 from .models import LoadedModel
-from .paths import cache_root
 from .prompt import Heal
 from .proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
 from .runner import Cancelled, Runner
 from .stops import StopRules
 from .tree import TokenTree, build_tree
+from .typed import TypedThrough
 from .verify import Sampling, accept, sample
 
 MODES = ("ar", "pld", "draft", "combined")
@@ -51,6 +47,7 @@ class Request:
     cancel: threading.Event = field(default_factory=threading.Event)
     reuse_prefix: bool = True  # False: prefill the whole prompt (benchmarks measure what reuse saves)
     heal: Heal | None = None  # token healing: constrains the first token, hides the text it repeats
+    typed_through: bool = True  # greedy: serve a continuation the target already verified (typed.py)
 
 
 @dataclass
@@ -75,6 +72,7 @@ class Result:
     prompt_tokens: int = 0
     reused_tokens: int = 0
     accepted_by_depth: list[int] = field(default_factory=list)
+    served_tokens: int = 0  # tokens served from an earlier completion's verified tokens: no pass for them
 
 
 class Output:
@@ -143,72 +141,84 @@ class Engine:
         self.max_candidate_len = max_candidate_len
         self.eos = target.eos_ids()
         self.lock = threading.Lock()
-        self.stats = {"requests": 0, "passes": 0, "accepted": 0}
+        self.stats = {"requests": 0, "passes": 0, "accepted": 0, "served_tokens": 0}
+        self.typed = TypedThrough()
+        self._urgent = 0  # complete() calls waiting for or holding the lock: a warm-up yields to them
+        self._urgent_lock = threading.Lock()  # += on an int is not atomic across threads
+        self._warm_cancel: threading.Event | None = None  # the warm-up in flight (preempt_warm)
 
     # ---- set-up -------------------------------------------------------------------------------
     def calibrate(self, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), context: int = 64,
                   rounds: int = 3) -> dict[int, float]:
-        """Measure target pass cost by tree size on this device (feeds the adaptive controller).
-
-        Sizes are interleaved over `rounds` (a burst of load elsewhere then hits every size alike)
-        and each keeps its fastest pass; a warm-up pass per size pays one-time kernel set-up.
-        """
+        """Measure target pass cost by tree size on this device (feeds the adaptive controller)."""
         with self.lock:
-            self.runner.reset()
-            v = self.target.vocab_size
-            self.runner.extend([i * 7919 % v for i in range(context)])
-            best = {n: float("inf") for n in sizes}
-            for r in range(rounds + 1):
-                for n in sizes:
-                    self.runner.forward([i * 104729 % v for i in range(n)], [-1] + list(range(n - 1)), range(n))
-                    if r:
-                        best[n] = min(best[n], self.runner.last_pass_ms)
-            self.runner.reset()
-            self.adaptive.load_costs(best)
+            self.adaptive.load_costs(measure_costs(self.runner, sizes, context, rounds))
             return self.adaptive.costs()
 
     def calibrate_cached(self, sizes: tuple[int, ...] = (1, 4, 16, 64)) -> str:
         """Pass costs from the calibration cache of this machine, model and dtype ("cached"), else a
         short measurement that is then cached ("measured"). Real passes keep the costs fresh, and
         `save_calibration` writes them back, so later starts never wait for a full calibration."""
-        path = calibration_path(self.target)
-        try:
-            costs = json.loads(path.read_text())["costs"]
-            self.adaptive.load_costs({int(n): float(ms) for n, ms in costs.items()})
+        costs = load_costs(calibration_path(self.target))
+        if costs is not None:
+            self.adaptive.load_costs(costs)
             return "cached"
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            pass
         self.calibrate(sizes)
         self.save_calibration()
         return "measured"
 
     def save_calibration(self) -> None:
-        path = calibration_path(self.target)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"costs": self.adaptive.costs()}))
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only cache only costs a calibration next time
+        save_costs(calibration_path(self.target), self.adaptive.costs())
 
     @torch.inference_mode()
     def warm(self, prompt: list[int], cancel: threading.Event | None = None) -> int:
         """Prefill the caches with `prompt` ahead of a request (on open, after edits, in benchmarks);
-        a later request with the same prefix reuses it. Returns the tokens now cached."""
+        a later request with the same prefix reuses it. Returns the tokens now cached.
+
+        Low priority: it stops within one decoder layer when `cancel` is set, when `preempt_warm()`
+        is called or when a `complete` (from another thread) waits for the engine; every prefill
+        chunk that finished stays cached, so the request that preempted it starts from there."""
+        own = cancel if cancel is not None else threading.Event()
 
         def check() -> None:
-            if cancel is not None and cancel.is_set():
+            if own.is_set() or self._urgent:
                 raise Cancelled()
 
         with self.lock:
+            self._warm_cancel = own
+            runners = [self.runner] + ([self.draft.runner] if self.draft is not None else [])
             try:
-                self.runner.extend(prompt, check=check)
-                for p in (self.draft,) if self.draft is not None else ():
-                    p.warm(prompt)
+                if self._urgent or own.is_set():
+                    return self.runner.length
+                for r in runners:
+                    r.check = check
+                self.runner.sync(prompt)
+                if self.draft is not None:
+                    self.draft.warm(prompt)
             except Cancelled:
                 pass
+            finally:
+                for r in runners:
+                    r.check = None
+                self._warm_cancel = None
             return self.runner.length
+
+    def preempt_warm(self) -> None:
+        """Stop the warm-up in flight, if any, within one layer (thread-safe; the daemon calls it when a
+        request arrives). A warm-up still queued is stopped by its own `cancel` event."""
+        ev = self._warm_cancel
+        if ev is not None:
+            ev.set()
+
+    def cached_prefix_len(self, prompt: list[int]) -> int:
+        """How many leading tokens of `prompt` the target's cache holds now (warm/cold per document in
+        `status`). Thread-safe: reads a snapshot, so it may be one pass out of date."""
+        held = list(self.runner.tokens)  # one atomic copy: the engine thread may be changing it
+        n = min(len(held), len(prompt))
+        i = 0
+        while i < n and held[i] == prompt[i]:
+            i += 1
+        return i
 
     def lookup(self, context: list[int], max_len: int = 16, n: int = 6) -> list[list[int]]:
         """What prompt lookup proposes after `context` (debugging: `debug/lookup`)."""
@@ -234,17 +244,28 @@ class Engine:
     @torch.inference_mode()
     def complete(self, req: Request, on_step: Callable[[Step], None] | None = None) -> Result:
         proposers = self.proposers(req.mode)
-        with self.lock:
-            return self._complete(req, proposers, on_step)
+        with self._urgent_lock:
+            self._urgent += 1  # a warm-up in flight sees it between two layers and yields the lock
+        try:
+            self.preempt_warm()
+            with self.lock:
+                runners = [self.runner] + ([self.draft.runner] if self.draft is not None else [])
+                for r in runners:  # between layers and prefill chunks, not only between passes
+                    r.check = functools.partial(_raise_if, req.cancel)
+                try:
+                    return self._complete(req, proposers, on_step)
+                finally:
+                    for r in runners:
+                        r.check = None
+        finally:
+            with self._urgent_lock:
+                self._urgent -= 1
 
     def _complete(self, req: Request, proposers: list[Proposer], on_step) -> Result:
         t0 = time.perf_counter()
         gen = torch.Generator(device="cpu").manual_seed(req.seed) if req.seed is not None else None
 
-        def check() -> None:
-            if req.cancel.is_set():
-                raise Cancelled()
-
+        check = functools.partial(_raise_if, req.cancel)
         if not req.reuse_prefix:
             self.runner.reset()
             if self.draft is not None:
@@ -252,21 +273,39 @@ class Engine:
         out = Output(self.target.tokenizer, req.prompt, req.stops, self.eos, req.max_tokens,
                      req.heal.text if req.heal else "")
         passes = accepted = 0
+        token = -1
         by_depth: list[int] = []
         ms_first = 0.0
         reused = min(self.runner.common_prefix(req.prompt), len(req.prompt) - 1)
         cancelled = False
+        greedy = req.sampling.greedy
+        heal = req.heal.allowed if req.heal is not None else None
+        # typed-through: the prompt extends an earlier greedy prompt by a prefix of what the target
+        # verified after it, so the rest of those tokens is the greedy continuation: no pass for them
+        served = self.typed.lookup(req.prompt, heal) if greedy and req.typed_through and req.reuse_prefix else []
+        verified: list[int] = list(served)  # this request's tokens the target has verified, in order
         try:
-            logits = self.runner.extend(req.prompt, check=check)  # prefill
-            if req.heal is not None:  # only tokens that start with the healed text may come first
-                allowed = torch.full_like(logits, float("-inf"))
-                allowed[req.heal.allowed] = 0.0
-                logits = logits + allowed
-            token = sample(logits, req.sampling, gen)
-            step = out.push([token])
-            ms_first = (time.perf_counter() - t0) * 1000
-            if on_step and (step.text or step.token_ids):
-                on_step(step)
+            if served:
+                step = out.push(served)
+                ms_first = (time.perf_counter() - t0) * 1000
+                if on_step and (step.text or step.token_ids):
+                    on_step(step)
+                token = served[-1]  # all consumed unless done: the root of the next tree
+                if not out.done:  # speculate on from the served end: the cache must hold all before it
+                    reused = min(self.runner.common_prefix(req.prompt + served), len(req.prompt))
+                    self.runner.sync(req.prompt + served[:-1], check=check)
+            else:
+                logits = self.runner.extend(req.prompt, check=check)  # prefill
+                if req.heal is not None:  # only tokens that start with the healed text may come first
+                    allowed = torch.full_like(logits, float("-inf"))
+                    allowed[req.heal.allowed] = 0.0
+                    logits = logits + allowed
+                token = sample(logits, req.sampling, gen)
+                verified.append(token)
+                step = out.push([token])
+                ms_first = (time.perf_counter() - t0) * 1000
+                if on_step and (step.text or step.token_ids):
+                    on_step(step)
             while not out.done:
                 check()
                 if req.deadline_ms is not None and (time.perf_counter() - t0) * 1000 > req.deadline_ms:
@@ -283,7 +322,9 @@ class Engine:
                 by_depth.extend([0] * (len(path) - len(by_depth)))
                 for d in range(1, len(path)):
                     by_depth[d - 1] += 1
-                step = out.push([tree.tokens[i] for i in path[1:]] + [token])
+                new = [tree.tokens[i] for i in path[1:]] + [token]
+                verified += new
+                step = out.push(new)
                 if on_step and (step.text or step.token_ids):
                     on_step(step)
         except Cancelled:
@@ -292,11 +333,15 @@ class Engine:
         self.stats["requests"] += 1
         self.stats["passes"] += passes
         self.stats["accepted"] += accepted
+        self.stats["served_tokens"] += len(served)
+        if greedy and req.typed_through:  # tokens past a stop or a cancel were verified all the same
+            self.typed.record(req.prompt, verified, heal)
         tokens = [out.decode([t]) for t in out.ids]
         return Result(text=out.text, token_ids=list(out.ids), tokens=tokens, mode=req.mode, target_passes=passes,
                       mean_accepted=accepted / passes if passes else 0.0, ms_first_token=ms_first,
                       ms_total=(time.perf_counter() - t0) * 1000, stopped_by=out.stopped_by, cancelled=cancelled,
-                      prompt_tokens=len(req.prompt), reused_tokens=reused, accepted_by_depth=by_depth)
+                      prompt_tokens=len(req.prompt), reused_tokens=reused, accepted_by_depth=by_depth,
+                      served_tokens=len(served))
 
     def _propose(self, root: int, proposers: list[Proposer], remaining: int) -> TokenTree:
         """Candidates from every proposer that says it pays, merged into one tree and cut to the
@@ -350,6 +395,11 @@ class Engine:
             await asyncio.wait([worker])
 
 
+def _raise_if(cancel: threading.Event) -> None:
+    if cancel.is_set():
+        raise Cancelled()
+
+
 def _truncate(tree: TokenTree, n: int) -> TokenTree:
     """The first 1 + n nodes (best-first order, so parents come first)."""
     if n + 1 >= len(tree):
@@ -357,13 +407,3 @@ def _truncate(tree: TokenTree, n: int) -> TokenTree:
     keep = n + 1
     children = [{t: c for t, c in ch.items() if c < keep} for ch in tree.children[:keep]]
     return TokenTree(tree.tokens[:keep], tree.parents[:keep], tree.value[:keep], tree.source[:keep], children)
-
-
-def calibration_path(target: LoadedModel) -> Path:
-    """One calibration file per (CPU or GPU, model, dtype, threads): costs differ on each."""
-    cpu = cpu_name()
-    if target.device.type == "cuda":
-        cpu = torch.cuda.get_device_name(target.device)
-    key = f"{cpu}|{target.name}|{target.dtype}|{target.device}|{torch.get_num_threads()}|{target.meta.get('quant', '')}"
-    digest = hashlib.sha1(key.encode()).hexdigest()[:16]
-    return cache_root() / "calibration" / f"{digest}.json"

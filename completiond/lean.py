@@ -11,6 +11,7 @@ transformers' within 1e-5 in fp32 on trees, appended passes and past the sliding
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 import torch
@@ -104,7 +105,8 @@ class LeanOutput:
 class _Lean:
     """Shared parts: rotary tables, attention over the tree cache. Callable like the decoder
     (`base(input_ids=, position_ids=, attention_mask=, cache=)`); returns the final-normed hidden
-    states [1, n, hidden] as `.last_hidden_state`.
+    states [1, n, hidden] as `.last_hidden_state`. `check`, when given, runs before every layer (it
+    raises to stop the pass: how a new request preempts a running one within one layer).
 
     Attention runs in float32 when the model runs in bf16/fp16: torch's bf16 SDPA on CPU gives a
     query a different result over L keys than over L + 1 keys with the extra one masked (up to ~4e-3),
@@ -202,12 +204,14 @@ class LeanGemma3(_Lean):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * gain).type_as(x)
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, cache,
-                 **_) -> LeanOutput:
+                 check: Callable[[], None] | None = None, **_) -> LeanOutput:
         n = input_ids.shape[1]
         h = F.embedding(input_ids, self.embed) * self.embed_scale  # [1, n, H]
         ropes = {t: self.rope(t, position_ids[0]) for t in set(self.types)}
         attention_mask = self._fold(attention_mask)
         for i, L in enumerate(self.layers):
+            if check is not None:  # a cancel lands between layers (the runner keeps the cache consistent)
+                check()
             q, k, v = self._split(L.qkv(self._norm(h, L.in_norm)), n)
             q, k = self._norm(q, L.q_norm), self._norm(k, L.k_norm)
             a = self._attend(i, q, k, v, *ropes[self.types[i]], attention_mask, cache, self.scaling)
@@ -236,12 +240,14 @@ class LeanQwen2(_Lean):
         return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, cache,
-                 **_) -> LeanOutput:
+                 check: Callable[[], None] | None = None, **_) -> LeanOutput:
         n = input_ids.shape[1]
         h = F.embedding(input_ids, self.embed)  # [1, n, H]
         cos, sin = self.rope("full_attention", position_ids[0])
         attention_mask = self._fold(attention_mask)
         for i, L in enumerate(self.layers):
+            if check is not None:  # a cancel lands between layers (the runner keeps the cache consistent)
+                check()
             q, k, v = self._split(L.qkv(self._norm(h, L.in_norm)), n)
             h = h + L.o(self._attend(i, q, k, v, cos, sin, attention_mask, cache, self.scaling))
             gu = L.gate_up(self._norm(h, L.post_attn_norm))  # [1, n, 2 I]

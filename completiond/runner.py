@@ -21,10 +21,21 @@ from .quant import bulk, QuantLinear, exact_head_logits, full_weight
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 REFINE = 8  # top logits recomputed in float32 when the model runs in bf16/fp16
 BACKENDS = ("transformers", "lean", "auto")
+# Prefill chunk: a cancel lands between chunks and every finished chunk stays cached for the next
+# request. Chunks follow a fixed grid of absolute positions, so a prefill resumed after a cancel
+# runs the same shapes (hence the same K/V, bit for bit) as one that was never interrupted.
+CHUNK = 256
 
 
 class Cancelled(Exception):
-    """The request was cancelled between two forward passes."""
+    """The request was cancelled (between decoder layers, prefill chunks or passes)."""
+
+
+def _layer_hook(module, args) -> None:
+    """Forward pre-hook on each transformers decoder layer: the runner in flight may cancel here."""
+    check = getattr(module, "_completiond_check", None)
+    if check is not None:
+        check()
 
 
 class Runner:
@@ -68,6 +79,20 @@ class Runner:
         self._pass_ids: list[int] = []  # uncommitted nodes since the last keep/rollback, and their parents
         self._pass_parents: list[int] = []
         self.last_pass_ms = 0.0
+        # Called before every decoder layer and prefill chunk while set (raises Cancelled to stop);
+        # the engine sets it for the length of a request. A cancelled pass commits nothing.
+        self.check: Callable[[], None] | None = None
+        self.layers_run = 0  # decoder layers started, all passes together (tests count preemption points)
+        self._hf_layers = list(getattr(self.base, "layers", [])) if self.backend == "transformers" else []
+        for layer in self._hf_layers:
+            if not getattr(layer, "_completiond_hooked", False):  # once per module, however many runners
+                layer.register_forward_pre_hook(_layer_hook)
+                layer._completiond_hooked = True
+
+    def _layer_check(self) -> None:
+        self.layers_run += 1
+        if self.check is not None:
+            self.check()
 
     @property
     def length(self) -> int:
@@ -109,13 +134,23 @@ class Runner:
         anc = _ancestors(all_parents, self.device)[first:]  # [n, first + n] bool: ancestor-or-self
         self.cache.reserve(len(ids))
         mask = self._masks(anc, node_pos, L)
-        out = self.base(
-            input_ids=torch.tensor([list(ids)], device=self.device),
-            position_ids=node_pos[None, first:],
-            attention_mask=mask,
-            cache=self.cache,
-            use_cache=True,
-        )
+        # A Cancelled raised between layers leaves length, tokens and the earlier uncommitted nodes
+        # as they were: the half-written slots after them are overwritten by the next pass.
+        for layer in self._hf_layers:
+            layer._completiond_check = self._layer_check
+        kwargs = {"check": self._layer_check} if self.backend == "lean" else {}
+        try:
+            out = self.base(
+                input_ids=torch.tensor([list(ids)], device=self.device),
+                position_ids=node_pos[None, first:],
+                attention_mask=mask,
+                cache=self.cache,
+                use_cache=True,
+                **kwargs,
+            )
+        finally:
+            for layer in self._hf_layers:
+                layer._completiond_check = None
         self._pass_ids += list(ids)
         self._pass_parents = all_parents
         logits = self._logits(out.last_hidden_state[0, list(logits_at)])
@@ -158,24 +193,37 @@ class Runner:
         self.tokens.extend(self._pass_ids[i] for i in nodes)
         self._pass_ids, self._pass_parents = [], []
 
-    def extend(self, seq: Sequence[int], chunk: int = 512,
+    def extend(self, seq: Sequence[int], chunk: int = CHUNK,
                check: Callable[[], None] | None = None) -> torch.Tensor:
         """Make the cache hold `seq` (prefix reuse); return float32 logits [vocab] after its last token."""
         if not seq:
             raise ValueError("empty sequence")
         c = min(self.common_prefix(seq), len(seq) - 1)  # recompute at least the last token for its logits
-        self.rollback(c)
-        rest = list(seq[c:])
-        logits = None
-        for s in range(0, len(rest), chunk):
-            if check is not None:
-                check()
-            part = rest[s:s + chunk]
-            last = s + chunk >= len(rest)
-            with bulk():  # many rows: dequantized int8 weights beat the per-row kernel
-                logits = self.forward(part, list(range(-1, len(part) - 1)), [len(part) - 1] if last else [])
-            self.keep(range(len(part)))
+        logits = self._prefill(seq, c, chunk, check, logits=True)
         return logits[-1]
+
+    def sync(self, seq: Sequence[int], chunk: int = CHUNK, check: Callable[[], None] | None = None) -> None:
+        """Make the cache hold exactly `seq` (prefix reuse), without logits: no pass when it already does."""
+        self._prefill(seq, self.common_prefix(seq), chunk, check, logits=False)
+
+    def _prefill(self, seq: Sequence[int], c: int, chunk: int, check: Callable[[], None] | None,
+                 logits: bool) -> torch.Tensor | None:
+        """Roll back to `c` tokens, then run seq[c:] in chunks on the grid of multiples of `chunk`,
+        committing each: a cancel keeps every chunk that finished."""
+        self.rollback(c)
+        out = None
+        while c < len(seq):
+            for f in (check, self.check):
+                if f is not None:
+                    f()
+            end = min(len(seq), (c // chunk + 1) * chunk)
+            part = list(seq[c:end])
+            at = [len(part) - 1] if logits and end == len(seq) else []
+            with bulk():  # many rows: dequantized int8 weights beat the per-row kernel
+                out = self.forward(part, list(range(-1, len(part) - 1)), at)
+            self.keep(range(len(part)))
+            c = end
+        return out
 
     def _masks(self, anc: torch.Tensor, node_pos: torch.Tensor, L: int):
         """Boolean attention masks [1, 1, n, keys] for the pass; a dict by layer type for hybrid models.

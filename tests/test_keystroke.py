@@ -1,0 +1,257 @@
+"""Keystroke latency at engine level (issue 15): preemption between layers and prefill chunks, the
+cache left consistent after a cancel, typed-through served with no pass, warm-up that yields."""
+
+import random
+import threading
+
+import pytest
+import torch
+
+import tiny
+from completiond.engine import Engine, Request
+from completiond.models import self_draft
+from completiond.runner import CHUNK, Cancelled, Runner
+from completiond.stops import StopRules
+from completiond.verify import Sampling
+
+
+class Gate(threading.Event):
+    """A cancel event that, at its `at`-th poll, waits until another thread sets it: the cancel then
+    arrives at a known point of the work, with no timing involved."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at, self.polls = at, 0
+        self.reached = threading.Event()
+
+    def is_set(self) -> bool:
+        self.polls += 1
+        if self.polls == self.at:
+            self.reached.set()
+            assert self.wait(30), "nobody set the cancel"
+        return super().is_set()
+
+
+def _raise():
+    raise Cancelled()
+
+
+def cancel_from_thread(gate: Gate) -> threading.Thread:
+    t = threading.Thread(target=lambda: (gate.reached.wait(30), gate.set()), daemon=True)
+    t.start()
+    return t
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny.loaded(tiny.gemma_config(window=16, layers=4), seed=1, scale=4.0)
+
+
+def long_prompt(code_ids, n=3 * CHUNK + 40):
+    assert len(code_ids) > n
+    return code_ids[:n]
+
+
+@pytest.mark.parametrize("backend", ["lean", "transformers"])
+def test_cancel_mid_prefill_keeps_finished_chunks(target, code_ids, backend):
+    prompt = long_prompt(code_ids)
+    layers = target.model.config.num_hidden_layers
+    fresh = Engine(target, backend=backend).complete(Request(prompt=prompt, mode="ar", max_tokens=12))
+
+    e = Engine(target, backend=backend)
+    # polled twice before each chunk and once before each layer: the 10th poll is before layer 1 of
+    # the second chunk
+    gate = Gate(at=2 + layers + 2 + 2)
+    cancel_from_thread(gate)
+    res = e.complete(Request(prompt=prompt, mode="ar", max_tokens=12, cancel=gate))
+    assert res.cancelled and res.token_ids == [] and res.target_passes == 0
+    # stopped early: fewer layers ran than one full prefill needs (4 chunks x layers)
+    assert e.runner.layers_run == layers + 2 < 4 * layers
+    assert e.runner.layers_run % layers != 0  # inside a pass, between two layers
+    # the cache holds exactly the finished chunks, and the ids it claims
+    assert e.runner.length == CHUNK and e.runner.tokens == prompt[:CHUNK]
+    assert e.cached_prefix_len(prompt) == CHUNK
+
+    again = e.complete(Request(prompt=prompt, mode="ar", max_tokens=12))
+    assert again.reused_tokens == CHUNK
+    assert again.token_ids == fresh.token_ids and again.text == fresh.text
+
+
+@pytest.mark.parametrize("backend", ["lean", "transformers"])
+def test_cancel_mid_verify_leaves_the_cache_unchanged(target, code_ids, backend):
+    prompt = code_ids[:100]
+    tree_ids = code_ids[100:116]
+    parents = [-1] + [i // 2 for i in range(15)]  # a 16-node tree
+    ref = Runner(target, backend=backend)
+    ref.extend(prompt)
+    want = ref.forward(tree_ids, parents, range(16))
+
+    r = Runner(target, backend=backend)
+    r.extend(prompt)
+    r.forward(code_ids[200:203], [-1, 0, 1], range(3))  # uncommitted nodes an appended pass may follow
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) == 3:
+            raise Cancelled()
+
+    r.check = check
+    with pytest.raises(Cancelled):
+        r.forward(tree_ids, parents, range(16), append=True)
+    r.check = None
+    assert r.length == 100 and r.tokens == prompt and len(r._pass_ids) == 3
+    # the earlier uncommitted nodes still work, and a fresh pass gives the reference logits
+    r.forward([code_ids[203]], [2], [0], append=True)
+    r.keep([0, 1, 2, 3])
+    assert r.tokens == prompt + code_ids[200:204]
+    r.rollback(100)
+    got = r.forward(tree_ids, parents, range(16))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_resumed_prefill_matches_an_uninterrupted_one(target, code_ids):
+    """Chunks sit on a fixed grid: a prefill cancelled and resumed computes bit-identical K/V."""
+    prompt = long_prompt(code_ids)
+    whole = Runner(target)
+    want = whole.extend(prompt)
+    part = Runner(target)
+    layers = target.model.config.num_hidden_layers
+    part.check = lambda: part.layers_run > layers + 2 and _raise()  # before the 2nd chunk's 3rd layer
+    with pytest.raises(Cancelled):
+        part.extend(prompt)
+    assert part.length == CHUNK
+    part.check = None
+    got = part.extend(prompt)
+    assert torch.equal(got, want)
+    for a, b in zip(whole.cache.k, part.cache.k):
+        assert torch.equal(a[:, :, :len(prompt)], b[:, :, :len(prompt)])
+
+
+def test_warm_is_preempted_by_a_request_and_reused(target, code_ids):
+    prompt = long_prompt(code_ids)
+    fresh = Engine(target).complete(Request(prompt=prompt, mode="ar", max_tokens=10))
+    e = Engine(target)
+    layers = target.model.config.num_hidden_layers
+    gate = Gate(at=1 + (1 + layers) + 2)  # before layer 1 of the second chunk it waits to be cancelled
+    got: dict = {}
+    warm = threading.Thread(target=lambda: got.setdefault("cached", e.warm(prompt, gate)))
+    warm.start()
+    assert gate.reached.wait(30)
+    # a real request from another thread: it preempts the warm-up (sets its cancel) and takes over
+    res = e.complete(Request(prompt=prompt, mode="ar", max_tokens=10))
+    warm.join(30)
+    assert gate.is_set()
+    assert got["cached"] == CHUNK  # the chunks it finished ...
+    assert res.reused_tokens == CHUNK  # ... are what the request started from
+    assert res.token_ids == fresh.token_ids
+
+
+def test_warm_then_complete_reuses_everything(target, code_ids):
+    prompt = long_prompt(code_ids)
+    e = Engine(target)
+    assert e.cached_prefix_len(prompt) == 0
+    assert e.warm(prompt) == len(prompt)
+    assert e.cached_prefix_len(prompt) == len(prompt)
+    assert e.warm(prompt, threading.Event()) == len(prompt)  # already warm: nothing to do
+    stopped = threading.Event()
+    stopped.set()
+    assert e.warm(code_ids[:50], stopped) == len(prompt)  # cancelled before it starts: cache untouched
+    res = e.complete(Request(prompt=prompt, mode="ar", max_tokens=5))
+    assert res.reused_tokens == len(prompt) - 1  # only the last token is run again, for its logits
+
+
+# ---- typed-through ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pair():
+    t = tiny.loaded(tiny.gemma_config(window=16, layers=4), seed=1, scale=4.0)
+    return t, self_draft(t, 2)
+
+
+def cases(code_ids, n, seed=0):
+    rng = random.Random(seed)
+    for _ in range(n):
+        end = rng.randrange(20, len(code_ids))
+        yield code_ids[max(0, end - rng.choice([12, 60, 150])):end]
+
+
+def test_typed_through_matches_a_fresh_engine(pair, code_ids):
+    target, draft = pair
+    rng = random.Random(1)
+    e = Engine(target, draft, max_nodes=16, always_speculate=True)
+    e.index.set_file("textwrap.py", code_ids)
+    fresh_passes = typed_passes = served = 0
+    for i, prompt in enumerate(cases(code_ids, 24)):
+        first = e.complete(Request(prompt=prompt, mode="combined", max_tokens=rng.choice([6, 16])))
+        if len(first.token_ids) < 2:
+            continue
+        k = rng.randrange(1, len(first.token_ids))  # the user typed k tokens of the suggestion
+        stops = StopRules(multiline=True, cursor_indent=rng.choice([0, 4, 100]))
+        req = dict(prompt=prompt + first.token_ids[:k], max_tokens=rng.choice([3, 12, 24]), stops=stops)
+        typed = e.complete(Request(mode=rng.choice(["ar", "combined"]), **req))
+        ref = Engine(target)  # a fresh engine: nothing remembered, nothing cached
+        want = ref.complete(Request(mode="ar", **req))
+        assert typed.token_ids == want.token_ids, f"case {i} diverged"
+        assert typed.text == want.text and typed.stopped_by == want.stopped_by
+        assert typed.served_tokens > 0
+        if typed.served_tokens > len(typed.token_ids):  # it stopped inside what was served
+            assert typed.target_passes == 0
+        fresh_passes += want.target_passes
+        typed_passes += typed.target_passes
+        served += 1
+    assert served >= 15 and typed_passes < fresh_passes
+
+
+def test_fully_served_request_runs_no_pass(pair, code_ids):
+    target, _ = pair
+    e = Engine(target)
+    prompt = code_ids[100:160]
+    free = StopRules(line_rules=False)
+    first = e.complete(Request(prompt=prompt, mode="ar", max_tokens=12, stops=free))
+    assert len(first.token_ids) == 12
+    passes = e.stats["passes"]
+    steps = []
+    typed = e.complete(Request(prompt=prompt + first.token_ids[:4], mode="ar", max_tokens=8, stops=free),
+                       steps.append)
+    assert typed.token_ids == first.token_ids[4:] and typed.target_passes == 0 and e.stats["passes"] == passes
+    assert len(steps) == 1 and steps[0].token_ids == first.token_ids[4:]  # streamed at once, as one step
+
+
+def test_not_served_when_the_prompt_does_not_match_or_samples(pair, code_ids):
+    target, _ = pair
+    e = Engine(target)
+    prompt = code_ids[300:360]
+    first = e.complete(Request(prompt=prompt, mode="ar", max_tokens=8))
+    other = next(t for t in range(5, 500) if t != first.token_ids[0] and t not in e.eos)
+    miss = e.complete(Request(prompt=prompt + [other], mode="ar", max_tokens=4))
+    assert miss.served_tokens == 0 and miss.target_passes > 0
+    cut = e.complete(Request(prompt=prompt[1:] + first.token_ids[:1], mode="ar", max_tokens=4))
+    assert cut.served_tokens == 0  # the old prompt must be a prefix, not merely overlap
+    sampled = e.complete(Request(prompt=prompt + first.token_ids[:2], mode="ar", max_tokens=4,
+                                 sampling=Sampling(temperature=0.8), seed=3))
+    assert sampled.served_tokens == 0  # sampling is never served from what greedy verified
+    # and what a sampling request produced is never remembered as greedy
+    f = Engine(target)
+    s = f.complete(Request(prompt=prompt, mode="ar", max_tokens=6, sampling=Sampling(temperature=1.5), seed=1))
+    g = f.complete(Request(prompt=prompt + s.token_ids[:1], mode="ar", max_tokens=4))
+    assert g.served_tokens == 0
+    off = e.complete(Request(prompt=prompt + first.token_ids[:1], mode="ar", max_tokens=4, typed_through=False))
+    assert off.served_tokens == 0
+
+
+def test_typed_through_respects_token_healing(pair, code_ids):
+    from completiond.prompt import Heal
+    target, _ = pair
+    e = Engine(target)
+    prompt = code_ids[500:560]
+    first = e.complete(Request(prompt=prompt, mode="ar", max_tokens=8))
+    nxt = first.token_ids[2]
+    ok = Heal(text="", allowed=[nxt, nxt + 1])
+    bad = Heal(text="", allowed=[t for t in range(1, 20) if t != nxt])
+    served = e.complete(Request(prompt=prompt + first.token_ids[:2], mode="ar", max_tokens=4, heal=ok))
+    assert served.served_tokens > 0 and served.token_ids[0] == nxt
+    refused = e.complete(Request(prompt=prompt + first.token_ids[:2], mode="ar", max_tokens=4, heal=bad))
+    assert refused.served_tokens == 0
+    want = Engine(target).complete(Request(prompt=prompt + first.token_ids[:2], mode="ar", max_tokens=4, heal=bad))
+    assert refused.token_ids == want.token_ids
