@@ -153,6 +153,8 @@ class Runner:
                 layer._completiond_check = None
         self._pass_ids += list(ids)
         self._pass_parents = all_parents
+        if self.check is not None and len(logits_at):  # the output layer costs about a layer or more
+            self.check()  # (the nodes stay uncommitted, as after any pass: keep commits)
         logits = self._logits(out.last_hidden_state[0, list(logits_at)])
         if self.device.type == "cuda":
             torch.cuda.synchronize()
