@@ -13,7 +13,7 @@ from completiond import protocol as P
 from completiond.client import Client, DaemonError
 from completiond.documents import INDEX_WINDOW_CHARS, Document, DocumentError
 from completiond.handlers import doc_change, doc_open
-from completiond.prompt import build_prompt, line_index, line_starts, offset_at
+from completiond.prompt import build_prompt, line_index, line_starts
 from completiond.rewrite import TooLarge, check_selection, rewrite_prompt
 from completiond.session import MAX_INDEXED_BUFFERS, Session
 from daemon_util import start_daemon, stop_daemon
