@@ -29,7 +29,7 @@ from .proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
 from .runner import Cancelled, Runner
 from .stops import StopRules
 from .tree import TokenTree, build_tree
-from .typed import TypedThrough
+from .typed import TypedThrough, typed_prompt
 from .verify import Sampling, accept, sample
 
 MODES = ("ar", "pld", "draft", "combined")
@@ -220,6 +220,13 @@ class Engine:
             i += 1
         return i
 
+    def typed_prompt(self, prompt: list[int], typed: str) -> tuple[list[int], Heal | None] | None:
+        """After a greedy completion for `prompt`, the user typed `typed` at its cursor: the prompt
+        and heal whose continuation is the rest of that completion (served with no pass), or None
+        when it is not remembered or `typed` left it. Call on the engine thread (see typed.py)."""
+        entry = self.typed.find(prompt)
+        return typed_prompt(self.target.tokenizer, entry, typed) if entry is not None else None
+
     def lookup(self, context: list[int], max_len: int = 16, n: int = 6) -> list[list[int]]:
         """What prompt lookup proposes after `context` (debugging: `debug/lookup`)."""
         limits = Limits(max_len=max_len, min_value=0.0)
@@ -279,10 +286,11 @@ class Engine:
         reused = min(self.runner.common_prefix(req.prompt), len(req.prompt) - 1)
         cancelled = False
         greedy = req.sampling.greedy
-        heal = req.heal.allowed if req.heal is not None else None
         # typed-through: the prompt extends an earlier greedy prompt by a prefix of what the target
         # verified after it, so the rest of those tokens is the greedy continuation: no pass for them
-        served = self.typed.lookup(req.prompt, heal) if greedy and req.typed_through and req.reuse_prefix else []
+        hit = (self.typed.lookup(req.prompt, req.heal.allowed if req.heal else None)
+               if greedy and req.typed_through and req.reuse_prefix else None)
+        served = hit[0].tokens[hit[1]:] if hit else []
         verified: list[int] = list(served)  # this request's tokens the target has verified, in order
         try:
             if served:
@@ -334,8 +342,10 @@ class Engine:
         self.stats["passes"] += passes
         self.stats["accepted"] += accepted
         self.stats["served_tokens"] += len(served)
-        if greedy and req.typed_through:  # tokens past a stop or a cancel were verified all the same
-            self.typed.record(req.prompt, verified, heal)
+        if hit:  # tokens past a stop or a cancel were verified all the same
+            self.typed.extend(*hit, verified)
+        elif greedy and req.typed_through:
+            self.typed.record(req.prompt, verified, req.heal)
         tokens = [out.decode([t]) for t in out.ids]
         return Result(text=out.text, token_ids=list(out.ids), tokens=tokens, mode=req.mode, target_passes=passes,
                       mean_accepted=accepted / passes if passes else 0.0, ms_first_token=ms_first,

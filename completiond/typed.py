@@ -7,8 +7,9 @@ continuation, the next request's prompt is `prompt + verified[:k]` and the targe
 continuation of it is `verified[k:]`, already known: the engine serves it with zero passes and
 speculates on from its end.
 
-Only an exact token-id prefix counts: typed text that tokenizes differently from the suggestion
-(a partial token, which prompt.py heals) is a different prompt, computed afresh.
+Only an exact token-id prefix is served. A FIM prompt puts the cursor's text before the suffix, so
+a prompt rebuilt from the edited document is not `prompt + typed ids`; `typed_prompt` builds the
+prompt that is (the typed text as the start of the middle, a typed partial token as a heal).
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .prompt import Heal
+
 
 @dataclass
 class Verified:
     prompt: list[int]
     tokens: list[int]  # the target's greedy continuation of `prompt` (the first under `heal`)
     heal: frozenset[int] | None  # the tokens the first one was constrained to (token healing), if any
+    heal_text: str = ""  # the text that constraint hid (the editor already showed it)
 
 
 class TypedThrough:
@@ -32,33 +36,72 @@ class TypedThrough:
         self.entries: list[Verified] = []
         self.served = 0  # requests answered from here (status, tests)
 
-    def record(self, prompt: Sequence[int], tokens: Sequence[int], heal: Sequence[int] | None) -> None:
+    def record(self, prompt: Sequence[int], tokens: Sequence[int], heal: Heal | None) -> None:
         if not tokens:
             return
-        entry = Verified(list(prompt), list(tokens), frozenset(heal) if heal is not None else None)
+        entry = Verified(list(prompt), list(tokens), frozenset(heal.allowed) if heal else None,
+                         heal.text if heal else "")
         self.entries = [entry] + [e for e in self.entries if e.prompt != entry.prompt][:self.size - 1]
 
-    def lookup(self, prompt: Sequence[int], heal: Sequence[int] | None) -> list[int]:
-        """The known greedy continuation of `prompt` (empty when none is known).
+    def lookup(self, prompt: Sequence[int], heal: Sequence[int] | None) -> tuple[Verified, int] | None:
+        """The entry that knows the greedy continuation of `prompt`, and how many of its tokens the
+        prompt already holds (the continuation is `entry.tokens[k:]`).
 
-        heal: the new request's constraint on its first token. Its constrained argmax equals the
-        unconstrained one whenever that one is allowed (an argmax over a subset that holds the
-        overall argmax), so a remembered token that is allowed may be served."""
-        for n, e in enumerate(self.entries):
+        heal: the new request's constraint on its first token. An argmax over a set of tokens that
+        holds the argmax over a larger set is that same token, so a remembered token may be served
+        when it is allowed and, where the old first token was itself constrained (k = 0), when the
+        new constraint narrows the old one."""
+        for n, e in enumerate(list(self.entries)):
             p = len(e.prompt)
             k = len(prompt) - p
             if not 0 <= k < len(e.tokens) or prompt[:p] != e.prompt or prompt[p:] != e.tokens[:k]:
                 continue
-            rest = e.tokens[k:]
-            if k == 0 and e.heal is not None:  # the first token was chosen under the old constraint
-                if heal is None or frozenset(heal) != e.heal:
-                    continue
-            elif heal is not None and rest[0] not in set(heal):
+            allowed = set(heal) if heal is not None else None
+            if k == 0 and e.heal is not None and (allowed is None or not allowed <= e.heal):
+                continue
+            if allowed is not None and e.tokens[k] not in allowed:
                 continue
             self.entries.insert(0, self.entries.pop(n))
             self.served += 1
-            return list(rest)
-        return []
+            return e, k
+        return None
+
+    def extend(self, entry: Verified, k: int, tokens: Sequence[int]) -> None:
+        """A request served from `entry` at k then verified `tokens` (starting with the served ones):
+        all of them follow entry.prompt + entry.tokens[:k], so the entry grows."""
+        if k + len(tokens) > len(entry.tokens):
+            entry.tokens = entry.tokens[:k] + list(tokens)
+
+    def find(self, prompt: Sequence[int]) -> Verified | None:
+        return next((e for e in list(self.entries) if e.prompt == list(prompt)), None)
 
     def clear(self) -> None:
         self.entries = []
+
+
+def typed_prompt(tokenizer, entry: Verified, typed: str) -> tuple[list[int], Heal | None] | None:
+    """The prompt (and heal) whose greedy continuation is `entry`'s after `typed`, the text the user
+    typed at the cursor since `entry`'s request; None when `typed` is not a prefix of that text.
+
+    Whole typed tokens extend the prompt; a partial one becomes a heal that allows only the
+    remembered token (the greedy choice over any set that holds it), so the request is served from
+    the entry, and a fresh engine given the same request computes the same tokens."""
+    if not typed:
+        return None  # nothing typed: the request's own prompt is the old one, served as it is
+    shown = entry.heal_text + typed  # the generated text starts with what the old heal hid
+    k, done = 0, ""
+    while k < len(entry.tokens):
+        nxt = tokenizer.decode(entry.tokens[:k + 1], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if "\ufffd" in nxt[len(done):] or not shown.startswith(nxt):
+            break
+        k, done = k + 1, nxt
+    rest = shown[len(done):]
+    if not rest:
+        return entry.prompt + entry.tokens[:k], None
+    if k == len(entry.tokens):
+        return None
+    token_text = tokenizer.decode(entry.tokens[:k + 1], skip_special_tokens=False,
+                                  clean_up_tokenization_spaces=False)[len(done):]
+    if not token_text.startswith(rest):
+        return None  # the user typed something else
+    return entry.prompt + entry.tokens[:k], Heal(text=rest, allowed=[entry.tokens[k]])

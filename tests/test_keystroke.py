@@ -255,3 +255,28 @@ def test_typed_through_respects_token_healing(pair, code_ids):
     assert refused.served_tokens == 0
     want = Engine(target).complete(Request(prompt=prompt + first.token_ids[:2], mode="ar", max_tokens=4, heal=bad))
     assert refused.token_ids == want.token_ids
+
+
+def test_typed_prompt_serves_every_keystroke_through_the_suggestion(pair, code_ids):
+    """Character by character through the shown text: whole tokens extend the prompt, a partial one
+    is a heal; each keystroke is served from memory and equals a fresh engine's answer."""
+    target, _ = pair
+    free = StopRules(line_rules=False)
+    e = Engine(target)
+    prompt = code_ids[1300:1380]  # the random model writes printable text here ("aserer...")
+    first = e.complete(Request(prompt=prompt, mode="ar", max_tokens=10, stops=free))
+    text = first.text
+    assert len(text) >= 10 and text.isprintable()
+    assert e.typed_prompt(prompt, "\x00" + text) is None  # typed something else
+    assert e.typed_prompt(code_ids[:5], text[:1]) is None  # nothing remembered for that prompt
+    fresh_passes = typed_passes = 0
+    for c in range(1, len(text)):
+        ids, heal = e.typed_prompt(prompt, text[:c])
+        req = dict(prompt=ids, heal=heal, max_tokens=14, stops=free)
+        res = e.complete(Request(mode="combined", **req))
+        want = Engine(target).complete(Request(mode="ar", **req))
+        assert res.token_ids == want.token_ids and res.text == want.text, f"after {c} characters"
+        assert res.served_tokens > 0 and res.text.startswith(text[c:])
+        fresh_passes += want.target_passes
+        typed_passes += res.target_passes
+    assert typed_passes < fresh_passes / 2
