@@ -13,10 +13,11 @@ Modes: `ar` (tree = root only: plain decoding through the same path), `pld`, `dr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -29,7 +30,7 @@ from .proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
 from .runner import Cancelled, Runner
 from .stops import StopRules
 from .tree import TokenTree, build_tree
-from .typed import TypedThrough, typed_prompt
+from .typed import Output, Step, TypedThrough, typed_prompt  # Step: part of this module's API
 from .verify import Sampling, accept, sample
 
 MODES = ("ar", "pld", "draft", "combined")
@@ -51,13 +52,6 @@ class Request:
 
 
 @dataclass
-class Step:
-    """What one target pass added: new token ids and the text they add to the completion."""
-    token_ids: list[int]
-    text: str
-
-
-@dataclass
 class Result:
     text: str
     token_ids: list[int]
@@ -73,57 +67,6 @@ class Result:
     reused_tokens: int = 0
     accepted_by_depth: list[int] = field(default_factory=list)
     served_tokens: int = 0  # tokens served from an earlier completion's verified tokens: no pass for them
-
-
-class Output:
-    """Generated ids -> completion text, applying the stop rules token by token."""
-
-    def __init__(self, tokenizer, prompt: list[int], stops: StopRules, eos: set[int], max_tokens: int,
-                 hidden: str = ""):
-        self.tok = tokenizer
-        self.hidden = hidden  # leading text the editor already shows (a healed token's text)
-        self.tail = prompt[-4:]  # decoded with the completion so leading spaces survive detokenization
-        self.tail_text = self.decode(self.tail)
-        self.stops, self.eos, self.max_tokens = stops, eos, max_tokens
-        self.ids: list[int] = []
-        self.text = ""
-        self.emitted = 0
-        self.stopped_by = ""
-
-    def decode(self, ids: list[int]) -> str:
-        if self.tok is None:
-            return "".join(f"<{i}>" for i in ids)
-        return self.tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    def push(self, ids: list[int]) -> Step:
-        """Add accepted tokens in order until a stop rule fires; return the text not yet emitted."""
-        added: list[int] = []
-        for t in ids:
-            if t in self.eos:
-                self.stopped_by = "eos"
-                break
-            self.ids.append(t)
-            added.append(t)
-            full = self.decode(self.tail + self.ids)
-            text = full[len(self.tail_text):] if full.startswith(self.tail_text) else self.decode(self.ids)
-            text = text[len(self.hidden):] if text.startswith(self.hidden) else ""
-            cut = self.stops.cut(text)
-            if cut is not None:
-                self.text, self.stopped_by = text[:cut], "stop_rule"
-                break
-            self.text = text
-            if len(self.ids) >= self.max_tokens:
-                self.stopped_by = "max_tokens"
-                break
-        # hold back an incomplete UTF-8 sequence (shown as U+FFFD) until its bytes arrive
-        stable = self.text if self.stopped_by else self.text.rstrip("\ufffd")
-        delta = stable[self.emitted:] if len(stable) > self.emitted else ""
-        self.emitted = max(self.emitted, len(stable))
-        return Step(added, delta)
-
-    @property
-    def done(self) -> bool:
-        return bool(self.stopped_by)
 
 
 class Engine:
@@ -184,24 +127,30 @@ class Engine:
             if own.is_set() or self._urgent:
                 raise Cancelled()
 
-        with self.lock:
+        with self.lock, self._checks(check):
             self._warm_cancel = own
-            runners = [self.runner] + ([self.draft.runner] if self.draft is not None else [])
             try:
-                if self._urgent or own.is_set():
-                    return self.runner.length
-                for r in runners:
-                    r.check = check
+                check()
                 self.runner.sync(prompt)
                 if self.draft is not None:
                     self.draft.warm(prompt)
             except Cancelled:
                 pass
             finally:
-                for r in runners:
-                    r.check = None
                 self._warm_cancel = None
             return self.runner.length
+
+    @contextlib.contextmanager
+    def _checks(self, check: Callable[[], None]) -> Iterator[None]:
+        """Cancel checks between layers and prefill chunks (not only between passes), both models."""
+        runners = [self.runner] + ([self.draft.runner] if self.draft is not None else [])
+        for r in runners:
+            r.check = check
+        try:
+            yield
+        finally:
+            for r in runners:
+                r.check = None
 
     def preempt_warm(self) -> None:
         """Stop the warm-up in flight, if any, within one layer (thread-safe; the daemon calls it when a
@@ -255,15 +204,8 @@ class Engine:
             self._urgent += 1  # a warm-up in flight sees it between two layers and yields the lock
         try:
             self.preempt_warm()
-            with self.lock:
-                runners = [self.runner] + ([self.draft.runner] if self.draft is not None else [])
-                for r in runners:  # between layers and prefill chunks, not only between passes
-                    r.check = functools.partial(_raise_if, req.cancel)
-                try:
-                    return self._complete(req, proposers, on_step)
-                finally:
-                    for r in runners:
-                        r.check = None
+            with self.lock, self._checks(functools.partial(_raise_if, req.cancel)):
+                return self._complete(req, proposers, on_step)
         finally:
             with self._urgent_lock:
                 self._urgent -= 1

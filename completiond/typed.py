@@ -1,4 +1,5 @@
-"""Typed-through: what the target already verified, served again with no pass.
+"""The completion's text (Output: ids -> text under the stop rules) and typed-through: what the
+target already verified, served again with no pass.
 
 A greedy completion is the target's own greedy continuation of its prompt (the speculation is
 lossless), so every token it verified — those shown, and those accepted past a stop rule or
@@ -18,6 +19,65 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .prompt import Heal
+from .stops import StopRules
+
+
+@dataclass
+class Step:
+    """What one target pass added: new token ids and the text they add to the completion."""
+    token_ids: list[int]
+    text: str
+
+
+class Output:
+    """Generated ids -> completion text, applying the stop rules token by token."""
+
+    def __init__(self, tokenizer, prompt: list[int], stops: StopRules, eos: set[int], max_tokens: int,
+                 hidden: str = ""):
+        self.tok = tokenizer
+        self.hidden = hidden  # leading text the editor already shows (a healed token's text)
+        self.tail = prompt[-4:]  # decoded with the completion so leading spaces survive detokenization
+        self.tail_text = self.decode(self.tail)
+        self.stops, self.eos, self.max_tokens = stops, eos, max_tokens
+        self.ids: list[int] = []
+        self.text = ""
+        self.emitted = 0
+        self.stopped_by = ""
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tok is None:
+            return "".join(f"<{i}>" for i in ids)
+        return self.tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def push(self, ids: list[int]) -> Step:
+        """Add accepted tokens in order until a stop rule fires; return the text not yet emitted."""
+        added: list[int] = []
+        for t in ids:
+            if t in self.eos:
+                self.stopped_by = "eos"
+                break
+            self.ids.append(t)
+            added.append(t)
+            full = self.decode(self.tail + self.ids)
+            text = full[len(self.tail_text):] if full.startswith(self.tail_text) else self.decode(self.ids)
+            text = text[len(self.hidden):] if text.startswith(self.hidden) else ""
+            cut = self.stops.cut(text)
+            if cut is not None:
+                self.text, self.stopped_by = text[:cut], "stop_rule"
+                break
+            self.text = text
+            if len(self.ids) >= self.max_tokens:
+                self.stopped_by = "max_tokens"
+                break
+        # hold back an incomplete UTF-8 sequence (shown as U+FFFD) until its bytes arrive
+        stable = self.text if self.stopped_by else self.text.rstrip("\ufffd")
+        delta = stable[self.emitted:] if len(stable) > self.emitted else ""
+        self.emitted = max(self.emitted, len(stable))
+        return Step(added, delta)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.stopped_by)
 
 
 @dataclass
