@@ -280,3 +280,19 @@ def test_typed_prompt_serves_every_keystroke_through_the_suggestion(pair, code_i
         fresh_passes += want.target_passes
         typed_passes += res.target_passes
     assert typed_passes < fresh_passes / 2
+
+
+def test_warm_with_a_draft_stops_inside_the_draft_prefill(target, code_ids):
+    prompt = long_prompt(code_ids)
+    draft = tiny.loaded(tiny.gemma_config(window=16, layers=2), seed=7, scale=4.0)
+    layers = target.model.config.num_hidden_layers
+    e = Engine(target, draft)
+    # polls: 1 at the start, the target's 4 chunks (1 + layers each), then the draft's first chunk
+    # (1 + 2 layers) and the check before its second chunk: the next poll is before its first layer
+    gate = Gate(at=1 + 4 * (1 + layers) + 3 + 1 + 1)
+    cancel_from_thread(gate)
+    assert e.warm(prompt, gate) == len(prompt)  # the target finished
+    assert e.draft.runner.length == CHUNK and e.draft.runner.tokens == prompt[:CHUNK]
+    fresh = Engine(target, draft).complete(Request(prompt=prompt, mode="draft", max_tokens=10))
+    res = e.complete(Request(prompt=prompt, mode="draft", max_tokens=10))
+    assert res.token_ids == fresh.token_ids
