@@ -48,7 +48,9 @@ class Request:
     cancel: threading.Event = field(default_factory=threading.Event)
     reuse_prefix: bool = True  # False: prefill the whole prompt (benchmarks measure what reuse saves)
     heal: Heal | None = None  # token healing: constrains the first token, hides the text it repeats
-    typed_through: bool = True  # greedy: serve a continuation the target already verified (typed.py)
+    # greedy: serve a continuation the target already verified (typed.py). Off by default: a benchmark
+    # that repeats a prompt in every mode must compute it each time; the daemon turns it on.
+    typed_through: bool = False
 
 
 @dataclass
@@ -286,7 +288,7 @@ class Engine:
         self.stats["served_tokens"] += len(served)
         if hit:  # tokens past a stop or a cancel were verified all the same
             self.typed.extend(*hit, verified)
-        elif greedy and req.typed_through:
+        elif greedy:
             self.typed.record(req.prompt, verified, req.heal)
         tokens = [out.decode([t]) for t in out.ids]
         return Result(text=out.text, token_ids=list(out.ids), tokens=tokens, mode=req.mode, target_passes=passes,

@@ -189,7 +189,7 @@ def test_typed_through_matches_a_fresh_engine(pair, code_ids):
         k = rng.randrange(1, len(first.token_ids))  # the user typed k tokens of the suggestion
         stops = StopRules(multiline=True, cursor_indent=rng.choice([0, 4, 100]))
         req = dict(prompt=prompt + first.token_ids[:k], max_tokens=rng.choice([3, 12, 24]), stops=stops)
-        typed = e.complete(Request(mode=rng.choice(["ar", "combined"]), **req))
+        typed = e.complete(Request(typed_through=True, mode=rng.choice(["ar", "combined"]), **req))
         ref = Engine(target)  # a fresh engine: nothing remembered, nothing cached
         want = ref.complete(Request(mode="ar", **req))
         assert typed.token_ids == want.token_ids, f"case {i} diverged"
@@ -212,7 +212,7 @@ def test_fully_served_request_runs_no_pass(pair, code_ids):
     assert len(first.token_ids) == 12
     passes = e.stats["passes"]
     steps = []
-    typed = e.complete(Request(prompt=prompt + first.token_ids[:4], mode="ar", max_tokens=8, stops=free),
+    typed = e.complete(Request(typed_through=True, prompt=prompt + first.token_ids[:4], mode="ar", max_tokens=8, stops=free),
                        steps.append)
     assert typed.token_ids == first.token_ids[4:] and typed.target_passes == 0 and e.stats["passes"] == passes
     assert len(steps) == 1 and steps[0].token_ids == first.token_ids[4:]  # streamed at once, as one step
@@ -224,11 +224,11 @@ def test_not_served_when_the_prompt_does_not_match_or_samples(pair, code_ids):
     prompt = code_ids[300:360]
     first = e.complete(Request(prompt=prompt, mode="ar", max_tokens=8))
     other = next(t for t in range(5, 500) if t != first.token_ids[0] and t not in e.eos)
-    miss = e.complete(Request(prompt=prompt + [other], mode="ar", max_tokens=4))
+    miss = e.complete(Request(typed_through=True, prompt=prompt + [other], mode="ar", max_tokens=4))
     assert miss.served_tokens == 0 and miss.target_passes > 0
-    cut = e.complete(Request(prompt=prompt[1:] + first.token_ids[:1], mode="ar", max_tokens=4))
+    cut = e.complete(Request(typed_through=True, prompt=prompt[1:] + first.token_ids[:1], mode="ar", max_tokens=4))
     assert cut.served_tokens == 0  # the old prompt must be a prefix, not merely overlap
-    sampled = e.complete(Request(prompt=prompt + first.token_ids[:2], mode="ar", max_tokens=4,
+    sampled = e.complete(Request(typed_through=True, prompt=prompt + first.token_ids[:2], mode="ar", max_tokens=4,
                                  sampling=Sampling(temperature=0.8), seed=3))
     assert sampled.served_tokens == 0  # sampling is never served from what greedy verified
     # and what a sampling request produced is never remembered as greedy
@@ -236,8 +236,10 @@ def test_not_served_when_the_prompt_does_not_match_or_samples(pair, code_ids):
     s = f.complete(Request(prompt=prompt, mode="ar", max_tokens=6, sampling=Sampling(temperature=1.5), seed=1))
     g = f.complete(Request(prompt=prompt + s.token_ids[:1], mode="ar", max_tokens=4))
     assert g.served_tokens == 0
-    off = e.complete(Request(prompt=prompt + first.token_ids[:1], mode="ar", max_tokens=4, typed_through=False))
-    assert off.served_tokens == 0
+    off = e.complete(Request(prompt=prompt + first.token_ids[:1], mode="ar", max_tokens=4))
+    assert off.served_tokens == 0  # off unless asked for: benchmarks repeat a prompt in every mode
+    on = e.complete(Request(typed_through=True, prompt=prompt + first.token_ids[:1], mode="ar", max_tokens=4))
+    assert on.served_tokens > 0 and on.target_passes == 0
 
 
 def test_typed_through_respects_token_healing(pair, code_ids):
@@ -249,9 +251,9 @@ def test_typed_through_respects_token_healing(pair, code_ids):
     nxt = first.token_ids[2]
     ok = Heal(text="", allowed=[nxt, nxt + 1])
     bad = Heal(text="", allowed=[t for t in range(1, 20) if t != nxt])
-    served = e.complete(Request(prompt=prompt + first.token_ids[:2], mode="ar", max_tokens=4, heal=ok))
+    served = e.complete(Request(typed_through=True, prompt=prompt + first.token_ids[:2], mode="ar", max_tokens=4, heal=ok))
     assert served.served_tokens > 0 and served.token_ids[0] == nxt
-    refused = e.complete(Request(prompt=prompt + first.token_ids[:2], mode="ar", max_tokens=4, heal=bad))
+    refused = e.complete(Request(typed_through=True, prompt=prompt + first.token_ids[:2], mode="ar", max_tokens=4, heal=bad))
     assert refused.served_tokens == 0
     want = Engine(target).complete(Request(prompt=prompt + first.token_ids[:2], mode="ar", max_tokens=4, heal=bad))
     assert refused.token_ids == want.token_ids
@@ -273,7 +275,7 @@ def test_typed_prompt_serves_every_keystroke_through_the_suggestion(pair, code_i
     for c in range(1, len(text)):
         ids, heal = e.typed_prompt(prompt, text[:c])
         req = dict(prompt=ids, heal=heal, max_tokens=14, stops=free)
-        res = e.complete(Request(mode="combined", **req))
+        res = e.complete(Request(typed_through=True, mode="combined", **req))
         want = Engine(target).complete(Request(mode="ar", **req))
         assert res.token_ids == want.token_ids and res.text == want.text, f"after {c} characters"
         assert res.served_tokens > 0 and res.text.startswith(text[c:])
