@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import protocol as P
 from .engine import Engine, Result
 from .handlers import METHODS, Method, Prepared
+from .index import TokenIndex
 from .session import Job, Session
 from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, bind_unix, drain, read_frames, remove_own
 from .workspace import WorkspaceWatcher
@@ -30,21 +32,36 @@ from .workspace import WorkspaceWatcher
 log = logging.getLogger("completiond.daemon")
 
 
+EARLY = {"initialize", "status", "shutdown", "document/open", "document/change"}  # answered while loading
+Loader = Callable[[TokenIndex, Callable[[str], None]], tuple[Engine, dict]]
+
+
 class Daemon:
-    def __init__(self, engine: Engine, info: dict, token: str | None = None, default_mode: str = "combined",
-                 max_frame_bytes: int = P.MAX_FRAME_BYTES, roots: Iterable[Path] = (),
-                 auth_timeout: float = AUTH_TIMEOUT_S):
-        self.engine = engine
+    """`engine` is a loaded Engine, or a loader run on a thread of its own once the socket is up:
+    `loader(index, phase)` calls `phase("loading target")` etc. as it goes and returns (engine, info
+    to add); until it returns, `status` answers with the phase and everything else except
+    EARLY waits (in frame order) for it."""
+
+    def __init__(self, engine: Engine | Loader, info: dict, token: str | None = None,
+                 default_mode: str = "combined", max_frame_bytes: int = P.MAX_FRAME_BYTES,
+                 roots: Iterable[Path] = (), auth_timeout: float = AUTH_TIMEOUT_S):
         self.info = info  # target, draft, device, dtype, socket
         self.token = token
         self.default_mode = default_mode
         self.max_frame_bytes = max_frame_bytes
         self.auth_timeout = auth_timeout
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self.watcher = WorkspaceWatcher(engine.index, engine.target.tokenizer)
+        self.engine: Engine | None = engine if isinstance(engine, Engine) else None
+        self._loader = None if self.engine is not None else engine
+        self.index = self.engine.index if self.engine is not None else TokenIndex()
+        tok = self.engine.target.tokenizer if self.engine is not None else None
+        self.watcher = WorkspaceWatcher(self.index, tok)  # indexes once it has a tokenizer
         self.roots = [Path(r).resolve() for r in roots]  # the owner's choice (--workspace): indexed now
         for root in self.roots:
             self.watcher.add_root(root)
+        self.ready = asyncio.Event()
+        self.phases: list[tuple[str, float]] = [("ready" if self.engine else "starting", time.time())]
+        self.error: str | None = None  # why loading failed; the daemon then exits
         self.sessions: dict[int, Session] = {}
         self._next_session = 0
         self.served = 0
@@ -52,9 +69,45 @@ class Daemon:
         self.stopping = asyncio.Event()
         self.servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()  # complete / rewrite answers in flight
+        if self.engine is not None:
+            self.info["state"] = "ready"
+            self.ready.set()
 
     def model_info(self) -> dict:
-        return {k: self.info[k] for k in ("target", "draft", "device")}
+        return {k: self.info[k] for k in ("target", "draft", "device", "state") if k in self.info}
+
+    def loading_status(self) -> dict:
+        """`status` before the models are in: the phase, how long it has run, and the ones before it."""
+        now = time.time()
+        phase, since = self.phases[-1]
+        done = [{"phase": a, "s": round(b_t - a_t, 1)} for (a, a_t), (_, b_t) in zip(self.phases, self.phases[1:])]
+        return {**self.info, "state": "failed" if self.error else "loading", "phase": phase,
+                "phase_s": round(now - since, 1), "phases_done": done, "error": self.error,
+                "pid": os.getpid(), "uptime_s": round(now - self.started, 1),
+                "clients": len(self.sessions) - 1, "requests_served": 0}
+
+    async def _load(self) -> None:
+        def phase(name: str) -> None:  # engine thread; a list append is atomic under the GIL
+            self.phases.append((name, time.time()))
+            log.info("start-up: %s (%.1f s in)", name, time.time() - self.started)
+
+        try:
+            # not on the engine thread: decoding on the thread that loaded and calibrated ran up to
+            # 10x slower under CPU contention here (2-core EPYC; OpenMP team set up during the load)
+            engine, info = await asyncio.to_thread(self._loader, self.index, phase)
+        except Exception as e:  # ModelError, OSError...: one line, and the daemon stops
+            self.error = str(e) or type(e).__name__
+            log.error("start-up failed: %s", self.error)
+            # requests that waited for the models get that error first (ready is set below), then stop
+            asyncio.get_running_loop().call_later(0.2, self.stopping.set)
+        else:
+            self.engine = engine
+            self.info.update(info, state="ready")
+            self.watcher.set_tokenizer(engine.target.tokenizer)
+            self.phases.append(("ready", time.time()))
+            log.info("start-up: ready after %.1f s", time.time() - self.started)
+        finally:
+            self.ready.set()
 
     def configured(self, path: Path) -> bool:
         """Is `path` one of the owner's roots or inside one (symlinks and `..` resolved first)?"""
@@ -85,7 +138,7 @@ class Daemon:
         """A client went away: cancel its work and forget its documents."""
         s.cancel_all()
         for uri in s.docs:
-            self.engine.index.close(s.index_key(uri))
+            self.index.close(s.index_key(uri))
         self.sessions.pop(s.id, None)
 
     async def dispatch(self, s: Session, obj) -> None:
@@ -95,6 +148,15 @@ class Daemon:
             s.send(P.response(P.request_id(obj), e))
             return
         method = METHODS.get(frame.method)
+        if not self.ready.is_set() and frame.method not in EARLY:
+            await self.ready.wait()  # this connection's later frames wait too: their order is kept
+        if frame.method == "status" and frame.kind == P.REQUEST and s.authed and not self.engine:
+            s.send(P.response(frame.msgid, None, self.loading_status()))
+            return
+        if self.error and frame.method not in EARLY:
+            if frame.kind == P.REQUEST:
+                s.send(P.response(frame.msgid, P.RpcError(P.INTERNAL_ERROR, f"models failed to load: {self.error}")))
+            return
         if frame.kind == P.NOTIFICATION:  # only document updates make sense without an answer
             if method is not None and frame.method.startswith("document/") and s.authed:
                 try:
@@ -184,6 +246,10 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
         log.info("serving on %s%s", sock_path, f" and tcp {tcp[0]}:{tcp[1]}" if tcp else "")
+        if self._loader is not None:
+            loading = asyncio.create_task(self._load())
+            self._tasks.add(loading)
+            loading.add_done_callback(self._tasks.discard)
         try:
             await self.stopping.wait()
         finally:

@@ -75,7 +75,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from .daemon import Daemon
     from .transport import StartError, claim, parse_tcp
     from .engine import Engine
-    from .models import ModelError, draft_label, load, load_draft
+    from .models import draft_label, load, load_draft
 
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
@@ -89,26 +89,34 @@ def cmd_serve(a: argparse.Namespace) -> int:
             if not Path(root).is_dir():
                 raise StartError(f"--workspace {root}: not a directory")
         lock = claim(sock)  # before the slow model load: a second `serve` on this path stops here
+    except (StartError, ValueError, OSError) as e:
+        raise UsageError(str(e)) from None
+
+    def load_models(index, phase) -> tuple[Engine, dict]:
+        """On a loader thread, after the socket is up: `status` meanwhile reports each phase."""
         t0 = time.perf_counter()
-        log.info("start-up: loading target %s", a.target)
+        phase(f"loading target {a.target}")
         target = load(a.target, "target", a.device, a.dtype, a.quant)
         log.info("start-up: target %s (%s, %s, quant %s) loaded in %.1f s", target.name, target.device,
                  str(target.dtype).replace("torch.", ""), target.meta.get("quant", "none"), time.perf_counter() - t0)
-        t1 = time.perf_counter()
+        phase(f"loading draft {a.draft}")
         draft = load_draft(a.draft, target)
-        log.info("start-up: draft %s in %.1f s", draft_label(a.draft, draft, target), time.perf_counter() - t1)
-    except (StartError, ModelError, ValueError, OSError) as e:
-        raise UsageError(str(e)) from None
-    engine = Engine(target, draft, backend=a.backend)
-    t1 = time.perf_counter()
-    how = engine.calibrate_cached()  # cached per machine/model: seconds, not minutes
-    log.info("start-up: calibration %s in %.1f s (%s backend); ready after %.1f s", how, time.perf_counter() - t1,
-             engine.runner.backend, time.perf_counter() - t0)
-    info = {**P.model_info(target, draft), "draft": draft_label(a.draft, draft, target), "socket": str(sock)}
+        engine = Engine(target, draft, index=index, backend=a.backend)
+        phase("calibrating")
+        t1 = time.perf_counter()
+        how = engine.calibrate_cached()  # cached per machine/model: seconds, not minutes
+        log.info("start-up: calibration %s in %.1f s (%s backend)", how, time.perf_counter() - t1,
+                 engine.runner.backend)
+        return engine, {**P.model_info(target, draft), "draft": draft_label(a.draft, draft, target)}
+
+    # what initialize and status say before the models are in
+    info = {"target": a.target, "draft": a.draft, "device": a.device, "state": "loading", "socket": str(sock)}
+    daemon = None
 
     async def main() -> None:
-        daemon = Daemon(engine, info, token=token, default_mode=a.mode, roots=[Path(r) for r in a.workspace],
-                        auth_timeout=a.auth_timeout)
+        nonlocal daemon
+        daemon = Daemon(load_models, info, token=token, default_mode=a.mode,
+                        roots=[Path(r) for r in a.workspace], auth_timeout=a.auth_timeout)
         await daemon.serve(sock, tcp)
 
     try:
@@ -117,6 +125,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     finally:
         lock.release()
+    if daemon is not None and daemon.error:
+        raise UsageError(daemon.error)
     return 0
 
 

@@ -191,6 +191,12 @@ class WorkspaceWatcher:
         self._thread.start()
         self.observer.start()
 
+    def set_tokenizer(self, tokenizer) -> None:
+        """Indexing starts once the tokenizer is known (a daemon's roots arrive while models load)."""
+        with self._cv:
+            self.tokenizer = tokenizer
+            self._cv.notify()
+
     def add_root(self, root: Path) -> None:
         """Start indexing and watching root; returns at once (the walk runs on the watcher's thread)."""
         root = root.resolve()
@@ -328,7 +334,7 @@ class WorkspaceWatcher:
     def _worker(self) -> None:
         while True:
             with self._cv:
-                while not self._pending and not self._dirty and not self._stop:
+                while (self.tokenizer is None or not self._pending and not self._dirty) and not self._stop:
                     self._cv.wait()
                 if self._stop:
                     return

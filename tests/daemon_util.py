@@ -19,7 +19,42 @@ def start_daemon(sock: Path, target: Path, *extra: str, env: dict | None = None,
                             env={**os.environ, **(env or {})})
     if wait:
         wait_for_socket(sock, proc)
+        wait_ready(sock, proc)
     return proc
+
+
+def daemon_status(sock: Path, timeout: float = 30.0) -> dict:
+    """`status` over a blocking socket (callable from inside a running event loop, unlike asyncio.run)."""
+    import msgpack
+
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(timeout)
+        s.connect(str(sock))
+        s.sendall(msgpack.packb([0, 1, "status", {}]))
+        unpacker = msgpack.Unpacker(raw=False)
+        while True:
+            data = s.recv(65536)
+            if not data:
+                raise ConnectionError("daemon closed the connection before answering status")
+            unpacker.feed(data)
+            for frame in unpacker:
+                if frame[0] == 1 and frame[1] == 1:
+                    if frame[2] is not None:
+                        raise RuntimeError(f"status failed: {frame[2]}")
+                    return frame[3]
+
+
+def wait_ready(sock: Path, proc: subprocess.Popen, timeout: float = 300.0) -> dict:
+    """Until the daemon's models are loaded (its socket answers `status` from the first second)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st = daemon_status(sock)
+        if st["state"] == "ready":
+            return st
+        if st["state"] == "failed" or proc.poll() is not None:
+            raise RuntimeError(f"daemon failed to load: {st.get('error')}")
+        time.sleep(0.1)
+    raise TimeoutError("daemon did not load its models")
 
 
 def wait_for_socket(sock: Path, proc: subprocess.Popen, timeout: float = 120.0) -> None:

@@ -80,7 +80,10 @@ class DaemonLink:
             why = f"no answer within {INITIALIZE_TIMEOUT:.0f} s" if isinstance(e, asyncio.TimeoutError) else str(e)
             self.on_status("error", f"completiond daemon: initialize failed: {why}", {})
             raise DaemonUnavailable(f"initialize with the daemon on {self.socket} failed: {why}") from None
-        self.on_status("ready", f"completiond: {self.info.get('target')} on {self.info.get('device')}", self.info)
+        if self.info.get("state") == "loading":  # its socket is up before its models: requests wait for them
+            self.on_status("loading", f"completiond: loading {self.info.get('target')}", self.info)
+        else:
+            self.on_status("ready", f"completiond: {self.info.get('target')} on {self.info.get('device')}", self.info)
 
     async def _start(self) -> Client:
         """Start a daemon in its own session (it outlives this editor) and wait for its socket."""
