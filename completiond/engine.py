@@ -86,7 +86,9 @@ class Engine:
         self.max_candidate_len = max_candidate_len
         self.eos = target.eos_ids()
         self.lock = threading.Lock()
-        self.stats = {"requests": 0, "passes": 0, "accepted": 0, "served_tokens": 0}
+        # stale work (issue 15): wall ms of requests that were cancelled, of warm-ups, of those preempted
+        self.stats = {"requests": 0, "passes": 0, "accepted": 0, "served_tokens": 0, "cancelled": 0,
+                      "cancelled_ms": 0.0, "warms": 0, "warms_preempted": 0, "warm_ms": 0.0}
         self.typed = TypedThrough()
         self._urgent = 0  # complete() calls waiting for or holding the lock: a warm-up yields to them
         self._urgent_lock = threading.Lock()  # += on an int is not atomic across threads
@@ -131,15 +133,18 @@ class Engine:
 
         with self.lock, self._checks(check):
             self._warm_cancel = own
+            t0 = time.perf_counter()
             try:
                 check()
                 self.runner.sync(prompt)
                 if self.draft is not None:
                     self.draft.warm(prompt)
             except Cancelled:
-                pass
+                self.stats["warms_preempted"] += 1
             finally:
                 self._warm_cancel = None
+                self.stats["warms"] += 1
+                self.stats["warm_ms"] += (time.perf_counter() - t0) * 1000
             return self.runner.length
 
     @contextlib.contextmanager
@@ -286,6 +291,9 @@ class Engine:
         self.stats["passes"] += passes
         self.stats["accepted"] += accepted
         self.stats["served_tokens"] += len(served)
+        if cancelled:
+            self.stats["cancelled"] += 1
+            self.stats["cancelled_ms"] += (time.perf_counter() - t0) * 1000
         if hit:  # tokens past a stop or a cancel were verified all the same
             self.typed.extend(*hit, verified)
         elif greedy:

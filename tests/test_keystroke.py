@@ -65,6 +65,7 @@ def test_cancel_mid_prefill_keeps_finished_chunks(target, code_ids, backend):
     cancel_from_thread(gate)
     res = e.complete(Request(prompt=prompt, mode="ar", max_tokens=12, cancel=gate))
     assert res.cancelled and res.token_ids == [] and res.target_passes == 0
+    assert e.stats["cancelled"] == 1 and e.stats["cancelled_ms"] > 0  # stale work is reported
     # stopped early: fewer layers ran than one full prefill needs (4 chunks x layers)
     assert e.runner.layers_run == layers + 2 < 4 * layers
     assert e.runner.layers_run % layers != 0  # inside a pass, between two layers
@@ -143,6 +144,7 @@ def test_warm_is_preempted_by_a_request_and_reused(target, code_ids):
     warm.join(30)
     assert gate.is_set()
     assert got["cached"] == CHUNK  # the chunks it finished ...
+    assert e.stats["warms"] == e.stats["warms_preempted"] == 1
     assert res.reused_tokens == CHUNK  # ... are what the request started from
     assert res.token_ids == fresh.token_ids
 
