@@ -1,0 +1,86 @@
+"""The real daemon with the real CPU default model (Qwen2.5-Coder-0.5B): what a tiny model hides.
+
+An editor starts the daemon and asks at once (the load takes seconds: quantization, calibration);
+two clients ask meanwhile, one of them in a document of about a million characters. Every request
+gets its completion once the model is in, and `status` answers the whole time.
+"""
+
+import asyncio
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from completiond.client import Client
+from daemon_util import daemon_status, stop_daemon, wait_for_socket
+
+pytestmark = pytest.mark.real_model
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+def big_document() -> str:
+    """~1M characters of real Python: stdlib modules one after another."""
+    parts, size = [], 0
+    for f in sorted(STDLIB.glob("*.py")):
+        text = f.read_text(encoding="utf-8", errors="replace")
+        parts.append(text)
+        size += len(text)
+        if size > 1_000_000:
+            break
+    return "\n".join(parts)
+
+
+async def client_completes(sock: Path, uri: str, text: str, line: int, char: int) -> dict:
+    c = await Client.connect(sock)
+    try:
+        info = await c.request("initialize", {"client": "test", "protocol": 1, "workspace_roots": []})
+        await c.request("document/open", {"uri": uri, "text": text, "version": 1, "language_id": "python"})
+        res = await asyncio.wait_for(c.request("complete", {
+            "uri": uri, "position": {"line": line, "character": char}, "max_tokens": 12, "mode": "combined"}), 600)
+        return {"info": info, **res}
+    finally:
+        await c.close()
+
+
+def test_slow_start_big_document_two_clients(tmp_path):
+    sock = tmp_path / "d.sock"
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen([sys.executable, "-m", "completiond", "serve", "--socket", str(sock), "--device", "cpu"],
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    try:
+        wait_for_socket(sock, proc, timeout=600)  # first use may assemble and convert the model
+        first = daemon_status(sock)
+        assert first["state"] == "loading" and first["phase"], first
+        big = big_document()
+        lines = big.split("\n")
+        mid = next(i for i in range(len(lines) // 2, len(lines)) if lines[i].startswith("def "))
+        small = "import os\n\n\ndef list_python_files(root):\n    "
+
+        async def both() -> list[dict]:
+            return await asyncio.gather(
+                client_completes(sock, "file:///w/big.py", big, mid, len(lines[mid])),
+                client_completes(sock, "file:///w/small.py", small, 4, 4))
+
+        statuses = []
+
+        async def with_status_polls() -> list[dict]:
+            work = asyncio.ensure_future(both())
+            while not work.done():  # status keeps answering while the models load and requests wait
+                statuses.append((await asyncio.to_thread(daemon_status, sock))["state"])
+                await asyncio.sleep(0.5)
+            return await work
+
+        big_res, small_res = asyncio.run(with_status_polls())
+        assert big_res["info"]["state"] == "loading"  # initialize answered before the model was in
+        for res in (big_res, small_res):
+            assert not res["cancelled"] and res["text"].strip(), res
+            assert res["prompt_tokens"] <= 3100  # the big document's prompt is a window, not the file
+        assert statuses[0] == "loading" and set(statuses) <= {"loading", "ready"}, statuses
+        ready = daemon_status(sock)
+        assert ready["state"] == "ready" and ready["target"] == "qwen2.5-coder-0.5b" and ready["requests_served"] == 2
+    finally:
+        stop_daemon(proc)
+    text = log.read_text(errors="replace")
+    assert "start-up: ready after" in text and "Traceback" not in text, text[-3000:]
