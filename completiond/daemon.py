@@ -33,6 +33,7 @@ log = logging.getLogger("completiond.daemon")
 
 
 EARLY = {"initialize", "status", "shutdown", "document/open", "document/change"}  # answered while loading
+CALIBRATION_SAVE_S = 300.0  # how often the pass costs that real requests measured are written back
 Loader = Callable[[TokenIndex, Callable[[str], None]], tuple[Engine, dict]]
 
 
@@ -62,6 +63,7 @@ class Daemon:
         self.ready = asyncio.Event()
         self.phases: list[tuple[str, float]] = [("ready" if self.engine else "starting", time.time())]
         self.error: str | None = None  # why loading failed; the daemon then exits
+        self._calibration_saved = time.time()
         self.sessions: dict[int, Session] = {}
         self._next_session = 0
         self.served = 0
@@ -221,7 +223,11 @@ class Daemon:
                 d.indexed_version = version
             req = prep.make()
             req.cancel = job.cancel
-            return self.engine.complete(req, on_step)
+            res = self.engine.complete(req, on_step)
+            if time.time() - self._calibration_saved > CALIBRATION_SAVE_S:  # real passes refreshed the costs
+                self.engine.save_calibration()
+                self._calibration_saved = time.time()
+            return res
 
         try:
             res = await loop.run_in_executor(self.executor, work)
@@ -260,6 +266,8 @@ class Daemon:
                 _close(s.writer)
             self.watcher.stop()
             self.executor.shutdown(wait=True, cancel_futures=True)
+            if self.engine is not None:
+                self.engine.save_calibration()  # the next start reads what this run measured
             if sock_path is not None and ident is not None:
                 remove_own(sock_path, ident)  # not a newer daemon's socket at the same path
 
