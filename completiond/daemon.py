@@ -20,21 +20,24 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import protocol as P
-from .engine import Engine, Result
 from .handlers import METHODS, Method, Prepared
 from .index import TokenIndex
 from .session import Job, Session
 from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, bind_unix, drain, read_frames, remove_own
 from .workspace import WorkspaceWatcher
 
+if TYPE_CHECKING:  # torch is imported by the loader, after the socket is up
+    from .engine import Engine, Result
+
 log = logging.getLogger("completiond.daemon")
 
 
 EARLY = {"initialize", "status", "shutdown", "document/open", "document/change"}  # answered while loading
 CALIBRATION_SAVE_S = 300.0  # how often the pass costs that real requests measured are written back
-Loader = Callable[[TokenIndex, Callable[[str], None]], tuple[Engine, dict]]
+Loader = Callable[[TokenIndex, Callable[[str], None]], "tuple[Engine, dict]"]
 
 
 class Daemon:
@@ -52,7 +55,7 @@ class Daemon:
         self.max_frame_bytes = max_frame_bytes
         self.auth_timeout = auth_timeout
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self.engine: Engine | None = engine if isinstance(engine, Engine) else None
+        self.engine: Engine | None = None if callable(engine) else engine
         self._loader = None if self.engine is not None else engine
         self.index = self.engine.index if self.engine is not None else TokenIndex()
         tok = self.engine.target.tokenizer if self.engine is not None else None

@@ -74,8 +74,6 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from .cli import UsageError
     from .daemon import Daemon
     from .transport import StartError, claim, parse_tcp
-    from .engine import Engine
-    from .models import draft_label, load, load_draft
 
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
@@ -95,6 +93,10 @@ def cmd_serve(a: argparse.Namespace) -> int:
     def load_models(index, phase) -> tuple[Engine, dict]:
         """On a loader thread, after the socket is up: `status` meanwhile reports each phase."""
         t0 = time.perf_counter()
+        phase("importing torch")
+        from .engine import Engine
+        from .models import draft_label, load, load_draft
+
         phase(f"loading target {a.target}")
         target = load(a.target, "target", a.device, a.dtype, a.quant)
         log.info("start-up: target %s (%s, %s, quant %s) loaded in %.1f s", target.name, target.device,

@@ -21,14 +21,13 @@ from . import __version__
 from . import protocol as P
 from .context import locate, related_files
 from .documents import Document, DocumentError
-from .engine import Request, Result
 from .prompt import build_prompt
 from .rewrite import TooLarge, check_selection, finish, rewrite_prompt
 from .session import Session
-from .verify import Sampling
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch stays unimported until the models load (the socket is up before)
     from .daemon import Daemon
+    from .engine import Request, Result
 
 
 MAX_OTHER_BUFFERS = 16  # open buffers a completion considers for its repository context
@@ -156,6 +155,9 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
     indexed = [(root, list(d.watcher.indexed.get(root, {}))) for root in roots]
 
     def make() -> Request:
+        from .engine import Request
+        from .verify import Sampling
+
         path, repo = locate(doc.uri, roots)
         workspace = ((Path(f).relative_to(root).as_posix(), Path(f)) for root, files in indexed for f in files
                      if Path(f).is_relative_to(root))  # walked only if the file imports something
@@ -182,6 +184,8 @@ def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> Prepared:
         raise P.RpcError(P.INVALID_PARAMS, str(e)) from None
 
     def make() -> Request:
+        from .engine import Request
+
         # default: room for the selection rewritten at twice its length
         max_tokens = min(P.MAX_TOKENS, 2 * n_sel + 64) if p.max_tokens is None else p.max_tokens
         try:  # the context before the selection is windowed to the prompt budget
