@@ -19,6 +19,14 @@ class UsageError(Exception):
     """Bad input from the user: printed as one line, exit 2."""
 
 
+def check_plot(path: str | None, extra: str) -> None:
+    """--plot needs matplotlib, which the runtime install leaves out: say so before any work."""
+    import importlib.util
+
+    if path and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError(f"--plot needs matplotlib: pip install -e '.[{extra}]' (or pip install matplotlib)")
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2 (argparse's own status for usage errors)
         raise UsageError(message)

@@ -48,10 +48,6 @@ class LoadedModel:
     meta: dict = field(default_factory=dict)
 
     @property
-    def config(self):
-        return self.model.config
-
-    @property
     def vocab_size(self) -> int:
         return int(self.model.config.vocab_size)
 

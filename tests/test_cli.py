@@ -140,3 +140,12 @@ def test_quant_auto_by_device_and_dtype():
     assert pick_quant("auto", torch.device("cuda"), torch.bfloat16) == "none"
     with pytest.raises(ModelError, match="CPU kernels only"):
         pick_quant("int4", torch.device("cuda"), torch.bfloat16)
+
+
+@pytest.mark.parametrize("argv", [["bench", "--repo", ".", "--plot", "x.png"],
+                                  ["train-draft", "eval", "--plot", "x.png"]])
+def test_plot_without_matplotlib_is_one_line_before_any_work(argv, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as after `pip install completiond` without [bench]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--plot needs matplotlib: pip install -e '.[" in err[0], err

@@ -41,7 +41,7 @@ def add_parser(sub, model_flags) -> None:
 def cmd_bench(a: argparse.Namespace) -> int:
     import torch
 
-    from ..cli import UsageError
+    from ..cli import UsageError, check_plot
     from ..engine import MODES, Engine
     from ..models import ModelError, draft_label, load, load_draft
     from .modes import run_modes
@@ -49,6 +49,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from .report import details, plot, summarize_modes, summarize_peers
     from .repo import resolve_repo, sample_positions
 
+    check_plot(a.plot, "bench")
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
         raise UsageError(f"--modes takes a comma list of {', '.join(MODES)}")

@@ -156,7 +156,9 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
     import torch
 
-    from ..cli import check_model_flags
+    from ..cli import check_model_flags, check_plot
+
+    check_plot(a.plot, "train")
 
     check_model_flags(a)
     _at_least(a, 1, "positions", "max_tokens")
