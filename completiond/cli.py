@@ -12,54 +12,10 @@ import os
 import sys
 from pathlib import Path
 
-EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit 2."""
-
-
-def check_plot(path: str | None, extra: str) -> None:
-    """--plot needs matplotlib, which the runtime install leaves out: say so before any work."""
-    import importlib.util
-
-    if path and importlib.util.find_spec("matplotlib") is None:
-        raise UsageError(f"--plot needs matplotlib: pip install -e '.[{extra}]' (or pip install matplotlib)")
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2 (argparse's own status for usage errors)
-        raise UsageError(message)
-
-
-MODEL_HELP = ("a named model (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, gemma3-270m), an HF id, a local "
-              "directory, a .gguf file, or 'default' (by device: see README)")
-
-
-def model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default="default", help=MODEL_HELP)
-    p.add_argument("--draft", default="default",
-                   help="as --target, or 'default' (one that fits the target), 'self:N' (first N target layers), 'none'")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="weights/activations (auto: bf16 on CUDA and on CPUs where it measures faster, else fp32)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: CUDA when present")
-    p.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "int4"],
-                   help="weight-only quantization of the target (auto: int8 on CPU with bf16, none on CUDA)")
-    p.add_argument("--backend", default="auto", choices=["auto", "lean", "transformers"],
-                   help="target forward: lean (ours, Gemma 3 / Qwen2) or transformers (the reference)")
-
-
-def check_model_flags(a: argparse.Namespace) -> None:
-    """Flag errors that need no model, caught before any model loads."""
-    draft = getattr(a, "draft", None) or ""
-    if draft.startswith("self:") and not draft[5:].isdigit():
-        raise UsageError(f"--draft {draft}: N in self:N must be a whole number of layers")
-    if getattr(a, "mode", None) == "draft" and draft == "none":
-        raise UsageError("--mode draft needs a draft model; --draft none leaves none")
-    workspace = getattr(a, "workspace", None)
-    for w in workspace if isinstance(workspace, list) else [workspace] if workspace else []:
-        if not Path(w).is_dir():
-            raise UsageError(f"--workspace {w}: not a directory")
+from . import daemon_cli
+from .bench import cli as bench_cli
+from .draft import cli as draft_cli
+from .flags import EXIT_USAGE, Parser, UsageError, check_model_flags, model_flags
 
 
 def build_parser() -> Parser:
@@ -83,15 +39,9 @@ def build_parser() -> Parser:
     c.add_argument("--workspace", default=None, help="directory whose files feed prompt lookup")
     c.add_argument("--json", action="store_true", help="print one JSON object")
 
-    from . import daemon_cli  # serve / status / stop
-
-    daemon_cli.add_parsers(sub, model_flags)
-    from .draft import cli as draft_cli
-
+    daemon_cli.add_parsers(sub)  # serve / status / stop
     draft_cli.add_parser(sub)
-    from .bench import cli as bench_cli
-
-    bench_cli.add_parser(sub, model_flags)
+    bench_cli.add_parser(sub)
     return parser
 
 

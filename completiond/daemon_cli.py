@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 
 from . import protocol as P
+from .flags import model_flags
 
 log = logging.getLogger("completiond.serve")
 
 
-def add_parsers(sub, model_flags) -> None:
+def add_parsers(sub) -> None:
     s = sub.add_parser("serve", help="run the daemon: resident models behind a Unix socket")
     s.add_argument("--socket", default=None, help="socket path (default: $COMPLETIOND_SOCKET or the per-user one)")
     s.add_argument("--tcp", default=None, metavar="127.0.0.1:PORT", help="also listen on loopback TCP (needs a token)")
@@ -71,7 +72,7 @@ def read_token(path: Path) -> str:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    from .cli import UsageError
+    from .flags import UsageError
     from .daemon import Daemon
     from .transport import StartError, claim, parse_tcp
 

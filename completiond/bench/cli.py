@@ -14,10 +14,12 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..flags import model_flags
+
 PEERS = ("hf-plain", "hf-prompt-lookup", "hf-assisted", "llama.cpp")
 
 
-def add_parser(sub, model_flags) -> None:
+def add_parser(sub) -> None:
     b = sub.add_parser("bench", help="benchmark modes and peers on a repository")
     b.add_argument("--repo", required=True, help="a directory, or pypi:NAME==VERSION (sdist fetched with pip)")
     b.add_argument("--positions", type=int, default=40, help="completion positions sampled from the repo's code")
@@ -41,7 +43,7 @@ def add_parser(sub, model_flags) -> None:
 def cmd_bench(a: argparse.Namespace) -> int:
     import torch
 
-    from ..cli import UsageError, check_plot
+    from ..flags import UsageError, check_plot
     from ..engine import MODES, Engine
     from ..models import ModelError, draft_label, load, load_draft
     from .modes import run_modes

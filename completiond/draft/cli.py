@@ -69,7 +69,7 @@ def add_parser(sub) -> None:
 
 
 def _usage(message: str) -> Exception:
-    from ..cli import UsageError
+    from ..flags import UsageError
 
     return UsageError(message)
 
@@ -156,7 +156,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
     import torch
 
-    from ..cli import check_model_flags, check_plot
+    from ..flags import check_model_flags, check_plot
 
     check_plot(a.plot, "train")
 
