@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import protocol as P
-from .handlers import METHODS, Method, Prepared
+from .handlers import METHODS, Anchor, Method, Prepared
 from .index import TokenIndex
 from .session import Job, Session
+from .warmup import Warmer
 from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, bind_unix, drain, read_frames, remove_own
 from .workspace import WorkspaceWatcher
 
@@ -48,7 +49,7 @@ class Daemon:
 
     def __init__(self, engine: Engine | Loader, info: dict, token: str | None = None,
                  default_mode: str = "combined", max_frame_bytes: int = P.MAX_FRAME_BYTES,
-                 roots: Iterable[Path] = (), auth_timeout: float = AUTH_TIMEOUT_S):
+                 roots: Iterable[Path] = (), auth_timeout: float = AUTH_TIMEOUT_S, warm: bool = True):
         self.info = info  # target, draft, device, dtype, socket
         self.token = token
         self.default_mode = default_mode
@@ -74,6 +75,8 @@ class Daemon:
         self.stopping = asyncio.Event()
         self.servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()  # complete / rewrite answers in flight
+        self.warmer = Warmer(self, enabled=warm)
+        self.anchors: dict[tuple[int, str], Anchor] = {}  # (session, uri) -> prompt that typing extends
         if self.engine is not None:
             self.info["state"] = "ready"
             self.ready.set()
@@ -142,6 +145,9 @@ class Daemon:
     def drop(self, s: Session) -> None:
         """A client went away: cancel its work and forget its documents."""
         s.cancel_all()
+        self.warmer.forget(s)
+        for key in [k for k in self.anchors if k[0] == s.id]:
+            del self.anchors[key]
         for uri in s.docs:
             self.index.close(s.index_key(uri))
         self.sessions.pop(s.id, None)
@@ -166,6 +172,7 @@ class Daemon:
             if method is not None and frame.method.startswith("document/") and s.authed:
                 try:
                     await method.fn(self, s, method.params.parse(frame.params), None)
+                    self._edited(s, frame)
                 except P.RpcError as e:
                     log.info("notification %s rejected: %s", frame.method, e.message)
                 except Exception:  # a bug must cost this notification, not the connection
@@ -177,7 +184,9 @@ class Daemon:
             s.send(P.response(frame.msgid, P.RpcError(P.INVALID_REQUEST, "initialize with the token first")))
         elif method.job:
             try:  # prepared now, in frame order; the answer comes from its own task
-                prepared: Prepared = method.fn(self, s, method.params.parse(frame.params))
+                params = method.params.parse(frame.params)
+                self.warmer.asked(s, params.uri, getattr(params, "position", None))  # a warm-up yields now
+                prepared: Prepared = method.fn(self, s, params)
             except Exception as e:
                 self._error(s, frame, e)
                 return
@@ -187,6 +196,13 @@ class Daemon:
             task.add_done_callback(self._tasks.discard)
         else:
             await self._answer(s, frame, lambda: self._call(s, frame, method))
+            self._edited(s, frame)
+
+    def _edited(self, s: Session, frame: P.Frame) -> None:
+        """After document/open|change (request or notification): warm that document when typing pauses."""
+        if frame.method in ("document/open", "document/change") and s.authed and isinstance(frame.params, dict) \
+                and frame.params.get("uri") in s.docs:
+            self.warmer.touched(s, frame.params["uri"])
 
     async def _call(self, s: Session, frame: P.Frame, method: Method):
         return await method.fn(self, s, method.params.parse(frame.params), frame.msgid)

@@ -29,6 +29,8 @@ def add_parsers(sub) -> None:
                    help="index this directory (repeatable); the only roots a TCP client may use")
     s.add_argument("--auth-timeout", type=float, default=5.0, metavar="S",
                    help="seconds a TCP client has to send initialize with the token")
+    s.add_argument("--no-warm", dest="warm", action="store_false",
+                   help="do not prefill a document's prompt while idle (after open and when typing pauses)")
     s.add_argument("--log-level", default="INFO")
     model_flags(s)
     s.set_defaults(func=cmd_serve)
@@ -119,7 +121,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     async def main() -> None:
         nonlocal daemon
         daemon = Daemon(load_models, info, token=token, default_mode=a.mode,
-                        roots=[Path(r) for r in a.workspace], auth_timeout=a.auth_timeout)
+                        roots=[Path(r) for r in a.workspace], auth_timeout=a.auth_timeout, warm=a.warm)
         await daemon.serve(sock, tcp)
 
     try:

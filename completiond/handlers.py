@@ -21,7 +21,7 @@ from . import __version__
 from . import protocol as P
 from .context import locate, related_files
 from .documents import Document, DocumentError
-from .prompt import build_prompt
+from .prompt import Heal, build_prompt, extend_middle, fim_tokens, stops_at
 from .rewrite import TooLarge, check_selection, finish, rewrite_prompt
 from .session import Session
 
@@ -94,6 +94,7 @@ async def doc_close(d: Daemon, s: Session, p: P.DocumentClose, msgid) -> None:
     if s.docs.pop(p.uri, None) is None:
         raise P.RpcError(P.INVALID_PARAMS, f"document not open: {p.uri}")
     d.engine.index.close(s.index_key(p.uri))
+    d.anchors.pop((s.id, p.uri), None)
 
 
 async def cancel(d: Daemon, s: Session, p: P.Cancel, msgid) -> None:
@@ -114,6 +115,7 @@ async def status(d: Daemon, s: Session, p: P.Empty, msgid) -> dict:
         "index_idle": d.watcher.idle, "requests_served": d.served,
         "workspace": d.watcher.status(),  # per root: files, bytes, watched dirs, cap message
         "mean_accepted": round(st["accepted"] / st["passes"], 4) if st["passes"] else 0.0,
+        "warm": d.warmer.status(s),  # per document of the asker: is its next completion's prompt cached?
     }
 
 
@@ -142,6 +144,32 @@ def _mode(d: Daemon, mode: str | None) -> str:
     return mode
 
 
+@dataclass
+class Anchor:
+    """The last completion prompt built from scratch for a document: while the user types at its
+    cursor (on the same line), later prompts extend it instead of moving the FIM split."""
+    text: str
+    offset: int
+    ids: list[int]
+    heal: Heal | None
+    fim: bool
+
+
+MAX_TYPED_CHARS = 64  # typed past the anchor: after this many characters the prompt is rebuilt
+
+
+def typed_since(a: Anchor | None, text: str, offset: int) -> str | None:
+    """What was typed at the anchor's cursor to turn its text into `text` with the cursor at
+    `offset` (on the same line, nothing else changed), else None."""
+    if a is None or not a.fim or not 0 < offset - a.offset <= MAX_TYPED_CHARS \
+            or len(text) != len(a.text) + offset - a.offset:
+        return None
+    typed = text[a.offset:offset]
+    if "\n" in typed or not (text.startswith(a.text[:a.offset]) and text.endswith(a.text[a.offset:])):
+        return None
+    return typed
+
+
 def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
     doc = s.current(p.uri, p.version)
     offset = s.offset(doc, p.position)
@@ -153,20 +181,34 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
     recent = itertools.islice(reversed(s.docs.values()), MAX_OTHER_BUFFERS + 1)
     others = [(o.uri, o.text) for o in recent if o.uri != doc.uri][:MAX_OTHER_BUFFERS]
     indexed = [(root, list(d.watcher.indexed.get(root, {}))) for root in roots]
+    greedy = p.temperature < P.MIN_TEMPERATURE
+    key = (s.id, doc.uri)
+    anchor = d.anchors.get(key) if greedy and p.reuse_prefix else None
+    typed = typed_since(anchor, text, offset)
 
     def make() -> Request:
         from .engine import Request
         from .verify import Sampling
 
+        common = dict(mode=mode, max_tokens=p.max_tokens, seed=p.seed, sampling=Sampling(p.temperature, p.top_p, p.top_k),
+                      deadline_ms=p.deadline_ms, reuse_prefix=p.reuse_prefix, typed_through=greedy)
+        if typed is not None:  # the user typed on at the anchor's cursor: keep its prompt, add what was typed
+            stops = stops_at(text, offset, p.multiline, fim=True)
+            served = d.engine.typed_prompt(anchor.ids, typed)  # typed what the suggestion said: no pass
+            if served is None:
+                line_head = text[text.rfind("\n", 0, offset) + 1:offset]
+                served = extend_middle(tok, anchor.ids, (anchor.heal.text if anchor.heal else "") + typed,
+                                       heal_last=bool(line_head.strip()))
+            ids, heal = served
+            return Request(prompt=ids, stops=stops, heal=heal, **common)
         path, repo = locate(doc.uri, roots)
         workspace = ((Path(f).relative_to(root).as_posix(), Path(f)) for root, files in indexed for f in files
                      if Path(f).is_relative_to(root))  # walked only if the file imports something
         context = related_files(path, text, [(locate(u, roots)[0], t) for u, t in others], workspace)
         prompt = build_prompt(tok, text, offset, multiline=p.multiline, path=path, repo=repo, context=context,
                               starts=starts)
-        return Request(prompt=prompt.ids, mode=mode, max_tokens=p.max_tokens, seed=p.seed, stops=prompt.stops,
-                       sampling=Sampling(p.temperature, p.top_p, p.top_k), deadline_ms=p.deadline_ms,
-                       reuse_prefix=p.reuse_prefix, heal=prompt.heal)
+        d.anchors[key] = Anchor(text, offset, prompt.ids, prompt.heal, fim=fim_tokens(tok) is not None)
+        return Request(prompt=prompt.ids, stops=prompt.stops, heal=prompt.heal, **common)
 
     return Prepared(doc.uri, mode, make, "complete/partial", lambda res: P.Completion.of(res).to_wire())
 

@@ -183,7 +183,7 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     bos = bos_ids(tokenizer)
     enc = lambda s: tokenizer.encode(s, add_special_tokens=False) if s else []  # noqa: E731
     fim = fim_tokens(tokenizer)
-    stops = _stops(text, offset, multiline, fim is not None)
+    stops = stops_at(text, offset, multiline, fim is not None)
     if starts is None:
         starts = line_index(text, offset)
     head: list[int] = []
@@ -218,6 +218,17 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
             if heal is not None:
                 ids = ids[:cut] + ids[cut + 1:]
     return Prompt(ids=ids, prefix=prefix, suffix=suffix, stops=stops, heal=heal)
+
+
+def extend_middle(tokenizer, ids: list[int], middle: str, heal_last: bool) -> tuple[list[int], Heal | None]:
+    """A FIM prompt (ending in <fim_middle>) continued by `middle`, text the user typed at the cursor
+    since it was built: the prefix/suffix split stays where it was, so the whole old prompt stays in
+    the KV cache and only the typed tokens are new (rebuilding the prompt would move the cursor before
+    <fim_suffix> and re-prefill the entire suffix on every keystroke). The last typed token is healed
+    as build_prompt heals the token before the cursor."""
+    typed = tokenizer.encode(middle, add_special_tokens=False) if middle else []
+    heal = _heal(tokenizer, typed[-1]) if typed and heal_last else None
+    return ids + (typed[:-1] if heal is not None else typed), heal
 
 
 _VOCAB: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -281,7 +292,7 @@ def _vocab_bytes(tokenizer) -> dict[int, list[tuple[int, bytes]]] | None:
     return _VOCAB[tokenizer]
 
 
-def _stops(text: str, offset: int, multiline: bool, fim: bool) -> StopRules:
+def stops_at(text: str, offset: int, multiline: bool, fim: bool) -> StopRules:
     """Line rules for the cursor's line, and the suffix text a completion must not repeat (reads the
     cursor's line and the next non-blank one, not the rest of the document)."""
     line_start = text.rfind("\n", 0, offset) + 1

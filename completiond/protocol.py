@@ -20,6 +20,7 @@ import msgpack
 REQUEST, RESPONSE, NOTIFICATION = 0, 1, 2
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 16 * 1024 * 1024
+MIN_TEMPERATURE = 1e-5  # a temperature under this is greedy decoding
 
 INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
@@ -313,7 +314,7 @@ class Complete(Params):
     version: int | None = param(int, None)  # the document version the position refers to
     mode: str | None = one_of(MODES, None)  # None: the daemon's --mode
     max_tokens: int = between(int, DEFAULT_MAX_TOKENS, 1, MAX_TOKENS)
-    temperature: float = between(float, 0.0, 0, MAX_TEMPERATURE)  # under 1e-5: greedy (verify.MIN_TEMPERATURE)
+    temperature: float = between(float, 0.0, 0, MAX_TEMPERATURE)  # under MIN_TEMPERATURE: greedy
     top_p: float = param(float, 1.0, lambda p: 0 < p <= 1, "0 < top_p <= 1")
     top_k: int = param(int, 0, _nonneg, ">= 0, 0 = off")
     seed: int | None = param(int, None)
@@ -361,6 +362,7 @@ class Completion:
     mode: str
     prompt_tokens: int = 0
     reused_tokens: int = 0
+    served_tokens: int = 0  # typed-through: tokens served from an earlier completion, with no pass
 
     @classmethod
     def of(cls, res: Any, text: str | None = None) -> Completion:
@@ -369,7 +371,8 @@ class Completion:
                    target_passes=res.target_passes, mean_accepted=round(res.mean_accepted, 4),
                    ms_first_token=round(res.ms_first_token, 2), ms_total=round(res.ms_total, 2),
                    cancelled=res.cancelled, stopped_by=res.stopped_by, mode=res.mode,
-                   prompt_tokens=res.prompt_tokens, reused_tokens=res.reused_tokens)
+                   prompt_tokens=res.prompt_tokens, reused_tokens=res.reused_tokens,
+                   served_tokens=getattr(res, "served_tokens", 0))
 
     @classmethod
     def superseded(cls, mode: str) -> Completion:

@@ -17,12 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
+from .protocol import MIN_TEMPERATURE  # greedy below it (defined torch-free, for the daemon's handlers)
 from .tree import TokenTree
 
-
-# Below this temperature sampling is greedy: logits / T overflows float32 for T near 1e-38 (inf - inf
+# Below MIN_TEMPERATURE sampling is greedy: logits / T overflows float32 for T near 1e-38 (inf - inf
 # = nan in softmax), and long before that the warped distribution is the argmax's point mass anyway.
-MIN_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)

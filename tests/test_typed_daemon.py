@@ -1,0 +1,88 @@
+"""Typing at the cursor of a suggestion (issue 15), through a real daemon with a tiny FIM model:
+typed text that matches the suggestion is served with no target pass; any typed text keeps the FIM
+split, so the whole earlier prompt (suffix included) stays cached; a new line starts afresh."""
+
+import asyncio
+
+import pytest
+
+import tiny
+from completiond.client import Client
+from completiond.daemon import Daemon
+from completiond.engine import Engine
+
+SRC = (tiny.STDLIB / "textwrap.py").read_text()[:3000]
+URI = "file:///w/textwrap.py"
+
+
+@pytest.fixture
+async def client(tmp_path):
+    engine = Engine(tiny.loaded(tiny.qwen2_config(), seed=5, scale=4.0))
+    daemon = Daemon(engine, {"target": "tiny-qwen", "draft": None, "device": "cpu"}, warm=False)
+    sock = tmp_path / "d.sock"
+    task = asyncio.create_task(daemon.serve(sock))
+    while not sock.exists():
+        await asyncio.sleep(0.01)
+    c = await Client.connect(sock)
+    await c.request("initialize", {"client": "t", "protocol": 1, "workspace_roots": []})
+    yield c
+    await c.close()
+    daemon.stopping.set()
+    await asyncio.wait_for(task, 30)
+
+
+def cursor_in(text: str, n: int) -> list[tuple[int, int, int]]:
+    """(offset, line, character) at the end of the code on n lines that have code."""
+    out, offset = [], 0
+    for i, line in enumerate(text.split("\n")):
+        if line.strip() and len(out) < n and i > 3:
+            out.append((offset + len(line), i, len(line)))
+        offset += len(line) + 1
+    return out
+
+
+async def type_text(c, version: int, line: int, char: int, typed: str) -> None:
+    at = {"line": line, "character": char}
+    await c.notify("document/change", {"uri": URI, "version": version,
+                                       "changes": [{"range": {"start": at, "end": at}, "text": typed}]})
+
+
+async def complete(c, line: int, char: int, **kw) -> dict:
+    return await c.request("complete", {"uri": URI, "position": {"line": line, "character": char},
+                                        "max_tokens": 12, "mode": "ar", "multiline": False, **kw})
+
+
+async def test_typing_through_the_suggestion_is_served_without_a_pass(client):
+    c, served = client, 0
+    for _, line, char in cursor_in(SRC, 12):
+        await c.request("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
+        first = await complete(c, line, char)
+        shown = first["text"]
+        if len(shown) < 3 or not shown[:3].isprintable() or "\ufffd" in shown[:3]:  # what a user can type
+            continue
+        await type_text(c, 2, line, char, shown[:2])
+        after = await complete(c, line, char + 2)
+        assert shown[2:].startswith(after["text"]) or after["text"].startswith(shown[2:]), (shown, after["text"])
+        assert after["reused_tokens"] >= first["prompt_tokens"] - 1  # the earlier prompt stays cached
+        served += after["served_tokens"] > 0
+    assert served >= 3  # several positions had a suggestion to type through
+
+
+async def test_other_typed_text_keeps_the_prompt_cached_and_a_new_line_rebuilds(client):
+    c = client
+    (_, line, char), = cursor_in(SRC, 1)
+    await c.request("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
+    first = await complete(c, line, char)
+    typed = " zq" if not first["text"].startswith(" zq") else " qz"
+    await type_text(c, 2, line, char, typed)
+    after = await complete(c, line, char + len(typed))
+    # the suffix was not re-prefilled: everything the first prompt held is reused
+    assert after["reused_tokens"] >= first["prompt_tokens"] - 1 and after["served_tokens"] == 0
+    assert after["prompt_tokens"] - first["prompt_tokens"] <= len(typed)
+    # sampling requests never take this path: they rebuild (and so re-run the suffix)
+    sampled = await complete(c, line, char + len(typed), temperature=0.8, seed=1)
+    assert sampled["reused_tokens"] < first["prompt_tokens"] - 1
+    # a new line: the prompt is built afresh (the FIM split moves to the new cursor)
+    await type_text(c, 3, line, char + len(typed), "\n")
+    fresh = await complete(c, line + 1, 0)
+    assert fresh["reused_tokens"] < first["prompt_tokens"] - 1

@@ -1,0 +1,85 @@
+"""Warm before asked (issue 15): a real daemon prefills an opened document's prompt while idle;
+the completion that follows reuses it, a request preempts a warm-up, and output never changes."""
+
+import asyncio
+import time
+
+import pytest
+
+from completiond.client import Client
+from daemon_util import start_daemon, stop_daemon
+
+SRC = "".join(f"def f{i}(a, b):\n    return a * {i} + b\n\n\n" for i in range(40)) + "def mul(a, b):\n    "
+URI = "file:///w/m.py"
+END = {"line": SRC.count("\n"), "character": 4}
+
+
+@pytest.fixture(scope="module")
+def daemons(tmp_path_factory, tiny_dir):
+    run = tmp_path_factory.mktemp("warm")
+    warm = start_daemon(run / "warm.sock", tiny_dir)
+    cold = start_daemon(run / "cold.sock", tiny_dir, "--no-warm")
+    yield run / "warm.sock", run / "cold.sock"
+    stop_daemon(warm)
+    stop_daemon(cold)
+
+
+async def session(sock):
+    c = await Client.connect(sock)
+    await c.request("initialize", {"client": "test", "protocol": 1, "workspace_roots": []})
+    return c
+
+
+async def wait_warm(c, uri=URI, timeout=60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = (await c.request("status", {}))["warm"][uri]
+        if st["warm"]:
+            return st
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"{uri} never warm: {st}")
+
+
+async def test_opened_document_is_warm_and_its_completion_reuses_the_prompt(daemons):
+    warm_sock, cold_sock = daemons
+    c = await session(warm_sock)
+    await c.notify("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
+    st = await wait_warm(c)
+    assert st["cached_tokens"] == st["prompt_tokens"] > 100
+    res = await c.request("complete", {"uri": URI, "position": END, "max_tokens": 8, "mode": "ar"})
+    assert res["reused_tokens"] == res["prompt_tokens"] - 1  # only the last prompt token re-run (its logits)
+
+    cold = await session(cold_sock)
+    await cold.notify("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
+    await asyncio.sleep(1.0)  # what would have been time to warm
+    st = (await cold.request("status", {}))["warm"][URI]
+    assert st == {"warm": False, "cached_tokens": 0, "prompt_tokens": None}
+    ref = await cold.request("complete", {"uri": URI, "position": END, "max_tokens": 8, "mode": "ar"})
+    assert ref["reused_tokens"] == 0 and ref["text"] == res["text"]
+    await c.close()
+    await cold.close()
+
+
+async def test_edit_then_pause_rewarms_and_a_request_preempts_a_warm_up(daemons):
+    warm_sock, cold_sock = daemons
+    c, cold = await session(warm_sock), await session(cold_sock)
+    uri = "file:///w/edit.py"
+    for x in (c, cold):
+        await x.notify("document/open", {"uri": uri, "text": SRC, "version": 1, "language_id": "python"})
+    await wait_warm(c, uri)
+    # an edit at the top: the warm prompt is stale until the pause re-warms it
+    edit = {"range": {"start": {"line": 0, "character": 0}, "end": {"line": 0, "character": 0}}, "text": "# hi\n"}
+    for x in (c, cold):
+        await x.notify("document/change", {"uri": uri, "version": 2, "changes": [edit]})
+    assert not (await c.request("status", {}))["warm"][uri]["warm"]
+    await wait_warm(c, uri)
+    # next edit, then a request at once: whatever the warm-up got done, the answer is the cold daemon's
+    for x in (c, cold):
+        await x.notify("document/change", {"uri": uri, "version": 3, "changes": [edit]})
+    end = {"line": END["line"] + 2, "character": 4}
+    await asyncio.sleep(0.31)  # the warm-up is queued about now
+    got = await c.request("complete", {"uri": uri, "position": end, "max_tokens": 8, "mode": "combined"})
+    ref = await cold.request("complete", {"uri": uri, "position": end, "max_tokens": 8, "mode": "combined"})
+    assert got["text"] == ref["text"] and got["tokens"] == ref["tokens"]
+    await c.close()
+    await cold.close()
