@@ -26,7 +26,7 @@ from . import protocol as P
 from .handlers import METHODS, Anchor, Method, Prepared
 from .index import TokenIndex
 from .session import Job, Session
-from .warmup import Warmer
+from .warmup import Warmer, cursor_after
 from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, bind_unix, drain, read_frames, remove_own
 from .workspace import WorkspaceWatcher
 
@@ -185,7 +185,7 @@ class Daemon:
         elif method.job:
             try:  # prepared now, in frame order; the answer comes from its own task
                 params = method.params.parse(frame.params)
-                self.warmer.asked(s, params.uri, getattr(params, "position", None))  # a warm-up yields now
+                self.warmer.asked(s, params.uri, params)  # a warm-up yields now
                 prepared: Prepared = method.fn(self, s, params)
             except Exception as e:
                 self._error(s, frame, e)
@@ -202,7 +202,7 @@ class Daemon:
         """After document/open|change (request or notification): warm that document when typing pauses."""
         if frame.method in ("document/open", "document/change") and s.authed and isinstance(frame.params, dict) \
                 and frame.params.get("uri") in s.docs:
-            self.warmer.touched(s, frame.params["uri"])
+            self.warmer.touched(s, frame.params["uri"], cursor_after(frame.params.get("changes"), s.encoding))
 
     async def _call(self, s: Session, frame: P.Frame, method: Method):
         return await method.fn(self, s, method.params.parse(frame.params), frame.msgid)

@@ -2,7 +2,7 @@
 
     prefill   target.extend(prompt)            prefix reuse; logits of the last prompt token -> 1st token
     propose   proposers -> candidates          prompt lookup and/or draft model, in target ids
-    tree      build_tree + adaptive.best_size  one trie, cut to the size that pays on this device
+    tree      build_tree + budget.best_size    one trie, cut to the size that pays on this device
     verify    target.forward(tree)             ONE pass: tree mask, positions = length + depth
     accept    verify.accept -> path, bonus     greedy or lossless rejection sampling
               target.keep(path)                rejected nodes are dropped by not advancing
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .adaptive import Adaptive, calibration_path, load_costs, measure_costs, save_costs
+from .budget import TreeBudget, calibration_path, load_costs, measure_costs, save_costs
 from .index import TokenIndex
 from .models import LoadedModel
 from .prompt import Heal
@@ -30,7 +30,7 @@ from .proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
 from .runner import Cancelled, Runner
 from .stops import StopRules
 from .tree import TokenTree, build_tree
-from .typed import Output, Step, TypedThrough, typed_prompt  # Step: part of this module's API
+from .typed import Detokenizer, Step, TypedThrough, typed_prompt  # Step: part of this module's API
 from .verify import Sampling, accept, sample
 
 MODES = ("ar", "pld", "draft", "combined")
@@ -71,6 +71,48 @@ class Result:
     served_tokens: int = 0  # tokens served from an earlier completion's verified tokens: no pass for them
 
 
+@dataclass
+class Decoding:
+    """One request's state between target passes."""
+    req: Request
+    out: Detokenizer
+    on_step: Callable[[Step], None] | None
+    t0: float = field(default_factory=time.perf_counter)
+    token: int = -1  # the last verified token: the root of the next tree
+    verified: list[int] = field(default_factory=list)  # every token the target verified, in order
+    passes: int = 0
+    accepted: int = 0
+    by_depth: list[int] = field(default_factory=list)  # accepted tokens at tree depth 1, 2, ...
+    ms_first: float = 0.0
+    reused: int = 0  # prompt tokens the cache already held
+    cancelled: bool = False
+
+    def __post_init__(self) -> None:
+        seed = self.req.seed
+        self.gen = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1000
+
+    def emit(self, new: list[int], first: bool = False) -> None:
+        """Verified tokens: remembered, detokenized (stops applied), streamed."""
+        self.verified += new
+        self.token = new[-1]
+        step = self.out.push(new)
+        if first:
+            self.ms_first = self.elapsed_ms()
+        if self.on_step and (step.text or step.token_ids):
+            self.on_step(step)
+
+    def result(self, served: int) -> Result:
+        out, passes = self.out, self.passes
+        return Result(text=out.text, token_ids=list(out.ids), tokens=[out.decode([t]) for t in out.ids],
+                      mode=self.req.mode, target_passes=passes, mean_accepted=self.accepted / passes if passes else 0.0,
+                      ms_first_token=self.ms_first, ms_total=self.elapsed_ms(), stopped_by=out.stopped_by,
+                      cancelled=self.cancelled, prompt_tokens=len(self.req.prompt), reused_tokens=self.reused,
+                      accepted_by_depth=self.by_depth, served_tokens=served)
+
+
 class Engine:
     """Target (+ optional draft) resident, with a token index for prompt lookup. One request at a time."""
 
@@ -82,7 +124,7 @@ class Engine:
         self.index = index or TokenIndex()
         self.prompt_lookup = PromptLookup(self.index)
         self.draft = DraftModel(draft, capacity, branch=draft_branch) if draft is not None else None
-        self.adaptive = Adaptive(max_nodes, always=always_speculate)
+        self.budget = TreeBudget(max_nodes, always=always_speculate)
         self.max_candidate_len = max_candidate_len
         self.eos = target.eos_ids()
         self.lock = threading.Lock()
@@ -97,10 +139,10 @@ class Engine:
     # ---- set-up -------------------------------------------------------------------------------
     def calibrate(self, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), context: int = 64,
                   rounds: int = 3) -> dict[int, float]:
-        """Measure target pass cost by tree size on this device (feeds the adaptive controller)."""
+        """Measure target pass cost by tree size on this device (feeds the tree-size budget)."""
         with self.lock:
-            self.adaptive.load_costs(measure_costs(self.runner, sizes, context, rounds))
-            return self.adaptive.costs()
+            self.budget.load_costs(measure_costs(self.runner, sizes, context, rounds))
+            return self.budget.costs()
 
     def calibrate_cached(self, sizes: tuple[int, ...] = (1, 4, 16, 64)) -> str:
         """Pass costs from the calibration cache of this machine, model and dtype ("cached"), else a
@@ -108,14 +150,14 @@ class Engine:
         `save_calibration` writes them back, so later starts never wait for a full calibration."""
         costs = load_costs(calibration_path(self.target))
         if costs is not None:
-            self.adaptive.load_costs(costs)
+            self.budget.load_costs(costs)
             return "cached"
         self.calibrate(sizes)
         self.save_calibration()
         return "measured"
 
     def save_calibration(self) -> None:
-        save_costs(calibration_path(self.target), self.adaptive.costs())
+        save_costs(calibration_path(self.target), self.budget.costs())
 
     @torch.inference_mode()
     def warm(self, prompt: list[int], cancel: threading.Event | None = None) -> int:
@@ -218,92 +260,76 @@ class Engine:
                 self._urgent -= 1
 
     def _complete(self, req: Request, proposers: list[Proposer], on_step) -> Result:
-        t0 = time.perf_counter()
-        gen = torch.Generator(device="cpu").manual_seed(req.seed) if req.seed is not None else None
-
-        check = functools.partial(_raise_if, req.cancel)
         if not req.reuse_prefix:
             self.runner.reset()
             if self.draft is not None:
                 self.draft.runner.reset()
-        out = Output(self.target.tokenizer, req.prompt, req.stops, self.eos, req.max_tokens,
-                     req.heal.text if req.heal else "")
-        passes = accepted = 0
-        token = -1
-        by_depth: list[int] = []
-        ms_first = 0.0
-        reused = min(self.runner.common_prefix(req.prompt), len(req.prompt) - 1)
-        cancelled = False
-        greedy = req.sampling.greedy
+        st = Decoding(req, Detokenizer(self.target.tokenizer, req.prompt, req.stops, self.eos, req.max_tokens,
+                                  req.heal.text if req.heal else ""), on_step)
+        st.reused = min(self.runner.common_prefix(req.prompt), len(req.prompt) - 1)
         # typed-through: the prompt extends an earlier greedy prompt by a prefix of what the target
         # verified after it, so the rest of those tokens is the greedy continuation: no pass for them
         hit = (self.typed.lookup(req.prompt, req.heal.allowed if req.heal else None)
-               if greedy and req.typed_through and req.reuse_prefix else None)
+               if req.sampling.greedy and req.typed_through and req.reuse_prefix else None)
         served = hit[0].tokens[hit[1]:] if hit else []
-        verified: list[int] = list(served)  # this request's tokens the target has verified, in order
         try:
-            if served:
-                step = out.push(served)
-                ms_first = (time.perf_counter() - t0) * 1000
-                if on_step and (step.text or step.token_ids):
-                    on_step(step)
-                token = served[-1]  # all consumed unless done: the root of the next tree
-                if not out.done:  # speculate on from the served end: the cache must hold all before it
-                    reused = min(self.runner.common_prefix(req.prompt + served), len(req.prompt))
-                    self.runner.sync(req.prompt + served[:-1], check=check)
-            else:
-                logits = self.runner.extend(req.prompt, check=check)  # prefill
-                if req.heal is not None:  # only tokens that start with the healed text may come first
-                    allowed = torch.full_like(logits, float("-inf"))
-                    allowed[req.heal.allowed] = 0.0
-                    logits = logits + allowed
-                token = sample(logits, req.sampling, gen)
-                verified.append(token)
-                step = out.push([token])
-                ms_first = (time.perf_counter() - t0) * 1000
-                if on_step and (step.text or step.token_ids):
-                    on_step(step)
-            while not out.done:
-                check()
-                if req.deadline_ms is not None and (time.perf_counter() - t0) * 1000 > req.deadline_ms:
-                    out.stopped_by = "deadline"
+            self._prefill(st, served)
+            while not st.out.done:
+                _raise_if(req.cancel)
+                if req.deadline_ms is not None and st.elapsed_ms() > req.deadline_ms:
+                    st.out.stopped_by = "deadline"
                     break
-                tree = self._propose(token, proposers, req.max_tokens - len(out.ids))
-                logits = self.runner.forward(tree.tokens, tree.parents, range(len(tree)))  # verify
-                self.adaptive.observe_pass(len(tree), self.runner.last_pass_ms)
-                path, token = accept(tree, logits, req.sampling, gen)
-                self.runner.keep(path)
-                self._observe(tree, path, proposers)
-                passes += 1
-                accepted += len(path) - 1
-                by_depth.extend([0] * (len(path) - len(by_depth)))
-                for d in range(1, len(path)):
-                    by_depth[d - 1] += 1
-                new = [tree.tokens[i] for i in path[1:]] + [token]
-                verified += new
-                step = out.push(new)
-                if on_step and (step.text or step.token_ids):
-                    on_step(step)
+                self._step(st, proposers)
         except Cancelled:
-            cancelled = True
-            out.stopped_by = "cancelled"
-        self.stats["requests"] += 1
-        self.stats["passes"] += passes
-        self.stats["accepted"] += accepted
-        self.stats["served_tokens"] += len(served)
-        if cancelled:
-            self.stats["cancelled"] += 1
-            self.stats["cancelled_ms"] += (time.perf_counter() - t0) * 1000
+            st.cancelled = True
+            st.out.stopped_by = "cancelled"
+        self._account(st, len(served))
         if hit:  # tokens past a stop or a cancel were verified all the same
-            self.typed.extend(*hit, verified)
-        elif greedy:
-            self.typed.record(req.prompt, verified, req.heal)
-        tokens = [out.decode([t]) for t in out.ids]
-        return Result(text=out.text, token_ids=list(out.ids), tokens=tokens, mode=req.mode, target_passes=passes,
-                      mean_accepted=accepted / passes if passes else 0.0, ms_first_token=ms_first,
-                      ms_total=(time.perf_counter() - t0) * 1000, stopped_by=out.stopped_by, cancelled=cancelled,
-                      prompt_tokens=len(req.prompt), reused_tokens=reused, accepted_by_depth=by_depth,
-                      served_tokens=len(served))
+            self.typed.extend(*hit, st.verified)
+        elif req.sampling.greedy:
+            self.typed.record(req.prompt, st.verified, req.heal)
+        return st.result(len(served))
+
+    def _prefill(self, st: Decoding, served: list[int]) -> None:
+        """The first token(s): served from memory (then the cache is brought up to them), or one pass
+        over the prompt tokens the cache lacks, whose last logits give the first token."""
+        req, check = st.req, functools.partial(_raise_if, st.req.cancel)
+        if served:
+            st.emit(served, first=True)
+            if not st.out.done:  # speculate on from the served end: the cache must hold all before it
+                st.reused = min(self.runner.common_prefix(req.prompt + served), len(req.prompt))
+                self.runner.sync(req.prompt + served[:-1], check=check)
+            return
+        logits = self.runner.extend(req.prompt, check=check, whole_chunks=True)  # [vocab]
+        if req.heal is not None:  # only tokens that start with the healed text may come first
+            allowed = torch.full_like(logits, float("-inf"))
+            allowed[req.heal.allowed] = 0.0
+            logits = logits + allowed
+        st.emit([sample(logits, req.sampling, st.gen)], first=True)
+
+    def _step(self, st: Decoding, proposers: list[Proposer]) -> None:
+        """propose -> tree -> verify (one target pass) -> accept -> keep the path, emit its tokens."""
+        tree = self._propose(st.token, proposers, st.req.max_tokens - len(st.out.ids))
+        logits = self.runner.forward(tree.tokens, tree.parents, range(len(tree)))  # [nodes, vocab]
+        self.budget.observe_pass(len(tree), self.runner.last_pass_ms)
+        path, bonus = accept(tree, logits, st.req.sampling, st.gen)
+        self.runner.keep(path)
+        self._observe(tree, path, proposers)
+        st.passes += 1
+        st.accepted += len(path) - 1
+        st.by_depth.extend([0] * (len(path) - len(st.by_depth)))
+        for d in range(1, len(path)):
+            st.by_depth[d - 1] += 1
+        st.emit([tree.tokens[i] for i in path[1:]] + [bonus])
+
+    def _account(self, st: Decoding, served: int) -> None:
+        self.stats["requests"] += 1
+        self.stats["passes"] += st.passes
+        self.stats["accepted"] += st.accepted
+        self.stats["served_tokens"] += served
+        if st.cancelled:
+            self.stats["cancelled"] += 1
+            self.stats["cancelled_ms"] += st.elapsed_ms()
 
     def _propose(self, root: int, proposers: list[Proposer], remaining: int) -> TokenTree:
         """Candidates from every proposer that says it pays, merged into one tree and cut to the
@@ -312,16 +338,16 @@ class Engine:
         if max_len <= 0 or not proposers:
             return TokenTree.root_only(root)
         context = self.runner.tokens + [root]
-        pass_ms = self.adaptive.cost(1)
-        always = self.adaptive.always
+        pass_ms = self.budget.cost(1)
+        always = self.budget.always
         candidates = []
         for p in proposers:
             if not always and not p.pays(candidates, pass_ms):
                 continue
             min_value = 0.0 if always else max(0.02, p.min_value(pass_ms))
             candidates += p.propose(context, Limits(max_len=max_len, min_value=min_value))
-        tree = build_tree(root, candidates, self.adaptive.max_nodes)
-        return _truncate(tree, self.adaptive.best_size(tree.value))
+        tree = build_tree(root, candidates, self.budget.max_nodes)
+        return _truncate(tree, self.budget.best_size(tree.value))
 
     def _observe(self, tree: TokenTree, path: list[int], proposers: list[Proposer]) -> None:
         on_path = set(path)

@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .adaptive import Ewma
+from .budget import Ewma
 from .index import TokenIndex, continuations
 from .models import LoadedModel
 from .runner import Runner

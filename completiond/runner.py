@@ -195,13 +195,17 @@ class Runner:
         self.tokens.extend(self._pass_ids[i] for i in nodes)
         self._pass_ids, self._pass_parents = [], []
 
-    def extend(self, seq: Sequence[int], chunk: int = CHUNK,
-               check: Callable[[], None] | None = None) -> torch.Tensor:
-        """Make the cache hold `seq` (prefix reuse); return float32 logits [vocab] after its last token."""
+    def extend(self, seq: Sequence[int], chunk: int = CHUNK, check: Callable[[], None] | None = None,
+               whole_chunks: bool = False) -> torch.Tensor:
+        """Make the cache hold `seq` (prefix reuse); return float32 logits [vocab] after its last token.
+
+        whole_chunks: cancel only between chunks, not between layers. A request superseded by the
+        next keystroke in the same document then still finishes the chunk it is in, which the next
+        request reuses; cancelled between layers, every keystroke would restart the same chunk."""
         if not seq:
             raise ValueError("empty sequence")
         c = min(self.common_prefix(seq), len(seq) - 1)  # recompute at least the last token for its logits
-        logits = self._prefill(seq, c, chunk, check, logits=True)
+        logits = self._prefill(seq, c, chunk, check, logits=True, whole_chunks=whole_chunks)
         return logits[-1]
 
     def sync(self, seq: Sequence[int], chunk: int = CHUNK, check: Callable[[], None] | None = None) -> None:
@@ -209,22 +213,27 @@ class Runner:
         self._prefill(seq, self.common_prefix(seq), chunk, check, logits=False)
 
     def _prefill(self, seq: Sequence[int], c: int, chunk: int, check: Callable[[], None] | None,
-                 logits: bool) -> torch.Tensor | None:
+                 logits: bool, whole_chunks: bool = False) -> torch.Tensor | None:
         """Roll back to `c` tokens, then run seq[c:] in chunks on the grid of multiples of `chunk`,
         committing each: a cancel keeps every chunk that finished."""
         self.rollback(c)
         out = None
-        while c < len(seq):
-            for f in (check, self.check):
-                if f is not None:
-                    f()
-            end = min(len(seq), (c // chunk + 1) * chunk)
-            part = list(seq[c:end])
-            at = [len(part) - 1] if logits and end == len(seq) else []
-            with bulk():  # many rows: dequantized int8 weights beat the per-row kernel
-                out = self.forward(part, list(range(-1, len(part) - 1)), at)
-            self.keep(range(len(part)))
-            c = end
+        layer_check = self.check
+        try:
+            while c < len(seq):
+                for f in (check, layer_check):
+                    if f is not None:
+                        f()
+                end = min(len(seq), (c // chunk + 1) * chunk)
+                part = list(seq[c:end])
+                at = [len(part) - 1] if logits and end == len(seq) else []
+                self.check = None if whole_chunks else layer_check
+                with bulk():  # many rows: dequantized int8 weights beat the per-row kernel
+                    out = self.forward(part, list(range(-1, len(part) - 1)), at)
+                self.keep(range(len(part)))
+                c = end
+        finally:
+            self.check = layer_check
         return out
 
     def _masks(self, anc: torch.Tensor, node_pos: torch.Tensor, L: int):

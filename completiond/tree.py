@@ -3,7 +3,7 @@
 Proposers return candidate continuations (`Candidate`: token ids plus an estimated acceptance
 probability per token). `build_tree` merges them into a trie rooted at the last token of the
 context, best-first: a node's value is the chance that the target accepts every token on its path,
-and the tree takes the nodes of highest value up to the budget the adaptive controller chose.
+and the tree takes the nodes of highest value up to the budget the tree-size budget (budget.py) chose.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ class Step:
     text: str
 
 
-class Output:
+class Detokenizer:
     """Generated ids -> completion text, applying the stop rules token by token."""
 
     def __init__(self, tokenizer, prompt: list[int], stops: StopRules, eos: set[int], max_tokens: int,

@@ -1,15 +1,19 @@
 """Warm before asked: prefill the prompt a document's next completion needs while the engine is idle.
 
 After `document/open` and after edits (once they pause for WARM_AFTER_S), the daemon queues a
-warm-up for that document on the engine thread: the prompt a completion at the document's last
-completion position (else its end) would send, prefilled into the target's KV cache. It is the
-lowest priority: a request preempts it within one decoder layer (`Engine.preempt_warm`) and
-reuses every prefill chunk it finished. `status` reports per document whether its prompt is cached.
+warm-up for that document on the engine thread at the cursor (after the last edit, else the last
+request's position, else the end). Where the user already asked for completions in this document,
+the next completion is computed ahead, so a request at that cursor (after accepting a suggestion,
+say) is served from the engine's memory of verified tokens (llama.vim's speculative follow-up);
+elsewhere the prompt is prefilled. It is the lowest priority: a request preempts it within one
+decoder layer and reuses every prefill chunk it finished. `status` reports per document whether
+its prompt is cached.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
@@ -32,12 +36,28 @@ class Warmed:
     prompt: list[int]
 
 
+def _width(text: str, encoding: str) -> int:
+    return {"utf-8": len(text.encode("utf-8")), "utf-16": len(text.encode("utf-16-le")) // 2}.get(encoding, len(text))
+
+
 def end_position(text: str, encoding: str) -> P.Position:
     """The position after the document's last character, in the session's position encoding."""
-    line = text.count("\n")
-    last = text[text.rfind("\n") + 1:]
-    width = {"utf-8": len(last.encode("utf-8")), "utf-16": len(last.encode("utf-16-le")) // 2}.get(encoding, len(last))
-    return P.Position(line, width)
+    return P.Position(text.count("\n"), _width(text[text.rfind("\n") + 1:], encoding))
+
+
+def cursor_after(changes: list, encoding: str) -> P.Position | None:
+    """Where the cursor is after an editor's incremental change: the end of the last inserted text
+    (typing, or accepting a suggestion); None for a whole-document replacement."""
+    last = changes[-1] if isinstance(changes, list) and changes else None
+    if not isinstance(last, dict) or not isinstance(last.get("range"), dict) or not isinstance(last.get("text"), str):
+        return None
+    start, text = last["range"].get("start") or {}, last["text"]
+    line, char = start.get("line"), start.get("character")
+    if not isinstance(line, int) or not isinstance(char, int):
+        return None
+    if "\n" in text:
+        return P.Position(line + text.count("\n"), _width(text[text.rfind("\n") + 1:], encoding))
+    return P.Position(line, char + _width(text, encoding))
 
 
 class Warmer:
@@ -45,23 +65,30 @@ class Warmer:
         self.d = daemon
         self.enabled = enabled
         self.timers: dict[tuple[int, str], asyncio.TimerHandle] = {}
-        self.positions: dict[tuple[int, str], P.Position] = {}  # last completion position per document
+        self.positions: dict[tuple[int, str], P.Position] = {}  # where to warm: the cursor as last seen
+        self.asks: dict[tuple[int, str], P.Complete] = {}  # the document's last greedy completion request
         self.warmed: dict[tuple[int, str], Warmed] = {}
         self.cancel: threading.Event | None = None  # the warm-up queued or running
 
-    def touched(self, s: Session, uri: str) -> None:
-        """A document was opened or edited: warm it once the edits pause."""
+    def touched(self, s: Session, uri: str, cursor: P.Position | None = None) -> None:
+        """A document was opened or edited (the cursor now at `cursor`, if known): warm it once the
+        edits pause."""
         if not self.enabled:
             return
         key = (s.id, uri)
+        if cursor is not None:
+            self.positions[key] = cursor
         if (t := self.timers.pop(key, None)) is not None:
             t.cancel()
         self.timers[key] = asyncio.get_running_loop().call_later(WARM_AFTER_S, self._start, s, uri)
 
-    def asked(self, s: Session, uri: str, position: P.Position | None) -> None:
-        """A request arrived: stop any warm-up now; remember where completions happen in this document."""
-        if position is not None:
-            self.positions[(s.id, uri)] = position
+    def asked(self, s: Session, uri: str, params: P.Params) -> None:
+        """A request arrived: stop any warm-up now; remember this document's greedy completion request
+        (a warm-up after the next pause computes the same kind of completion ahead)."""
+        if isinstance(params, P.Complete):
+            self.positions[(s.id, uri)] = params.position
+            if params.temperature < P.MIN_TEMPERATURE and params.reuse_prefix:
+                self.asks[(s.id, uri)] = params
         self.preempt()
 
     def preempt(self) -> None:
@@ -73,7 +100,7 @@ class Warmer:
     def forget(self, s: Session) -> None:
         for key in [k for k in self.timers if k[0] == s.id]:
             self.timers.pop(key).cancel()
-        for table in (self.positions, self.warmed):
+        for table in (self.positions, self.warmed, self.asks):
             for key in [k for k in table if k[0] == s.id]:
                 del table[key]
 
@@ -94,11 +121,16 @@ class Warmer:
         if d.engine is None or s.closed or uri not in s.docs or busy:
             return  # a request is running or queued: it fills the cache itself
         doc = s.docs[uri]
-        pos = self.positions.get((s.id, uri))
+        pos = self.positions.get((s.id, uri)) or end_position(doc.text, s.encoding)
+        # after a completion was asked in this document: compute the next one ahead (a request at this
+        # cursor is then served from the engine's memory); else only prefill its prompt
+        ask = self.asks.get((s.id, uri))
+        params = dataclasses.replace(ask, position=pos, version=None) if ask else P.Complete(uri=uri, position=pos)
         try:
-            prepared = complete(d, s, P.Complete(uri=uri, position=pos or end_position(doc.text, s.encoding)))
+            prepared = complete(d, s, params)
         except P.RpcError:  # the remembered position fell off the edited document
-            prepared = complete(d, s, P.Complete(uri=uri, position=end_position(doc.text, s.encoding)))
+            params = dataclasses.replace(params, position=end_position(doc.text, s.encoding))
+            prepared = complete(d, s, params)
         if self.cancel is not None:
             self.cancel.set()  # one warm-up at a time: the newest document wins
         cancel = self.cancel = threading.Event()
@@ -107,9 +139,13 @@ class Warmer:
         def work() -> list[int] | None:
             if cancel.is_set():
                 return None
-            prompt = prepared.make().prompt
-            d.engine.warm(prompt, cancel)
-            return prompt
+            req = prepared.make()
+            if ask is not None:  # llama.vim's speculative follow-up: the whole completion, preemptible
+                req.cancel = cancel
+                d.engine.complete(req)
+            else:
+                d.engine.warm(req.prompt, cancel)
+            return req.prompt
 
         def done(fut: asyncio.Future) -> None:
             if self.cancel is cancel:

@@ -54,27 +54,34 @@ def long_prompt(code_ids, n=3 * CHUNK + 40):
 
 @pytest.mark.parametrize("backend", ["lean", "transformers"])
 def test_cancel_mid_prefill_keeps_finished_chunks(target, code_ids, backend):
+    """A warm-up stops between two layers; a request's prefill only between chunks (a request
+    superseded by the next keystroke finishes the chunk the next request reuses)."""
     prompt = long_prompt(code_ids)
     layers = target.model.config.num_hidden_layers
     fresh = Engine(target, backend=backend).complete(Request(prompt=prompt, mode="ar", max_tokens=12))
 
     e = Engine(target, backend=backend)
-    # polled twice before each chunk and once before each layer: the 10th poll is before layer 1 of
-    # the second chunk
-    gate = Gate(at=2 + layers + 2 + 2)
+    # warm polls once, then once before each chunk and each layer: the cancel lands
+    # before layer 3 of the second chunk
+    gate = Gate(at=1 + 1 + layers + 1 + 2)
     cancel_from_thread(gate)
-    res = e.complete(Request(prompt=prompt, mode="ar", max_tokens=12, cancel=gate))
-    assert res.cancelled and res.token_ids == [] and res.target_passes == 0
-    assert e.stats["cancelled"] == 1 and e.stats["cancelled_ms"] > 0  # stale work is reported
-    # stopped early: fewer layers ran than one full prefill needs (4 chunks x layers)
-    assert e.runner.layers_run == layers + 2 < 4 * layers
-    assert e.runner.layers_run % layers != 0  # inside a pass, between two layers
+    assert e.warm(prompt, cancel=gate) == CHUNK
+    assert e.stats["warms_preempted"] == 1
+    assert e.runner.layers_run == layers + 2 < 4 * layers  # stopped inside a pass, between two layers
     # the cache holds exactly the finished chunks, and the ids it claims
     assert e.runner.length == CHUNK and e.runner.tokens == prompt[:CHUNK]
     assert e.cached_prefix_len(prompt) == CHUNK
 
+    gate = Gate(at=2 + 1)  # a request: two polls before each chunk, none between its layers
+    cancel_from_thread(gate)
+    res = e.complete(Request(prompt=prompt, mode="ar", max_tokens=12, cancel=gate))
+    assert res.cancelled and res.token_ids == [] and res.target_passes == 0
+    assert e.stats["cancelled"] == 1 and e.stats["cancelled_ms"] > 0  # stale work is reported
+    assert e.runner.layers_run == layers + 2 + layers  # whole chunks only: it ran the second one
+    assert e.runner.length == 2 * CHUNK and e.cached_prefix_len(prompt) == 2 * CHUNK
+
     again = e.complete(Request(prompt=prompt, mode="ar", max_tokens=12))
-    assert again.reused_tokens == CHUNK
+    assert again.reused_tokens == 2 * CHUNK
     assert again.token_ids == fresh.token_ids and again.text == fresh.text
 
 

@@ -83,3 +83,27 @@ async def test_edit_then_pause_rewarms_and_a_request_preempts_a_warm_up(daemons)
     assert got["text"] == ref["text"] and got["tokens"] == ref["tokens"]
     await c.close()
     await cold.close()
+
+
+async def test_after_accepting_a_suggestion_the_next_one_was_computed_ahead(daemons):
+    warm_sock, cold_sock = daemons
+    c, cold = await session(warm_sock), await session(cold_sock)
+    uri = "file:///w/accept.py"
+    for x in (c, cold):
+        await x.notify("document/open", {"uri": uri, "text": SRC, "version": 1, "language_id": "python"})
+    ask = {"uri": uri, "max_tokens": 8, "mode": "combined", "multiline": False}
+    first = await c.request("complete", {**ask, "position": END})
+    assert first["text"] and "\n" not in first["text"]
+    # the user accepts it (Tab): one insertion at the cursor; then pauses
+    accept = {"range": {"start": END, "end": END}, "text": first["text"]}
+    for x in (c, cold):
+        await x.notify("document/change", {"uri": uri, "version": 2, "changes": [accept]})
+    cursor = {"line": END["line"], "character": END["character"] + len(first["text"].encode("utf-16-le")) // 2}
+    await wait_warm(c, uri)
+    await asyncio.sleep(1.0)  # the follow-up completion runs after its prefill
+    got = await c.request("complete", {**ask, "position": cursor})
+    ref = await cold.request("complete", {**ask, "position": cursor})
+    assert got["text"] == ref["text"] and got["tokens"] == ref["tokens"]
+    assert got["served_tokens"] > 0 and ref["served_tokens"] == 0  # computed ahead, from memory
+    await c.close()
+    await cold.close()

@@ -23,9 +23,12 @@ from .repo import Position, read_text_file
 CHAR_INTERVAL_S = 0.12  # ~100 words per minute
 
 
-async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: bool, max_tokens: int) -> dict:
+async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: bool, max_tokens: int,
+                     pause_s: float = 0.0) -> dict:
+    """pause_s: the user looks at the freshly opened file this long before typing (warm-up time)."""
     doc, offset = pos.document(text)
     await client.request("document/open", {"uri": uri, "text": doc, "version": 0})
+    await asyncio.sleep(pause_s)
     line, col = pos.line, pos.col
     ttft, final, superseded, version = [], [], 0, 0
     pending: list[tuple[float, asyncio.Future, dict]] = []
@@ -44,6 +47,7 @@ async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: 
         await asyncio.sleep(CHAR_INTERVAL_S)
     results = await asyncio.gather(*(f for _, f, _ in pending), return_exceptions=True)
     unsubscribe()
+    served = sum(r.get("served_tokens", 0) > 0 for r in results if isinstance(r, dict))
     for i, ((t0, _, meta), res) in enumerate(zip(pending, results)):
         if meta["id"] in firsts:
             ttft.append((firsts[meta["id"]] - t0) * 1000)
@@ -52,7 +56,7 @@ async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: 
         elif isinstance(res, dict) and res.get("cancelled"):
             superseded += 1
     await client.request("document/close", {"uri": uri})
-    return {"ttft": ttft, "final": final, "superseded": superseded, "requests": len(pending)}
+    return {"ttft": ttft, "final": final, "superseded": superseded, "requests": len(pending), "served": served}
 
 
 def replay(a, root: Path, positions: list[Position]) -> dict:

@@ -37,7 +37,7 @@ class Ewma:
         self.value += self.alpha * (x - self.value)
 
 
-class Adaptive:
+class TreeBudget:
     def __init__(self, max_nodes: int = 64, always: bool = False):
         self.max_nodes = max_nodes
         self.always = always  # verify every proposed node and always run the draft (tests, experiments)

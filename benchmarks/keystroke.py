@@ -1,0 +1,145 @@
+"""Keystroke latency, side by side in one run (issue 15): the same lines typed character by
+character (120 ms/char) through real `completiond serve` daemons, one per code version, one after
+the other on this machine; time from each keystroke to its first streamed token, and after the
+last keystroke of each line (what a user waits for when they pause).
+
+    python benchmarks/keystroke.py --repo pypi:toolz==1.0.0 --lines 8 --baseline /tmp/old-checkout \\
+        --json benchmarks/results/keystroke-toolz.json --plot benchmarks/results/keystroke-toolz.png
+
+--baseline is a checkout of an older completiond (its package dir is put first on PYTHONPATH of
+that daemon); the current one is this checkout. Both use the serve defaults (CPU: the 0.5B, int8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from completiond.bench.replay import _type_line  # noqa: E402
+from completiond.bench.repo import read_text_file, resolve_repo, sample_positions  # noqa: E402
+from completiond.client import Client  # noqa: E402
+from completiond.device import cpu_name  # noqa: E402
+
+
+def p(xs: list[float], q: float) -> float | None:
+    return round(float(np.percentile(xs, q)), 1) if xs else None
+
+
+async def type_lines(sock: Path, positions, pause_s: float, max_tokens: int) -> dict:
+    client = await Client.connect(sock)
+    await client.request("initialize", {"client": "keystroke-bench", "protocol": 1})
+    ttft, final, served, requests = [], [], 0, 0
+    for i, pos in enumerate(positions):
+        r = await _type_line(client, f"file:///bench/{i}/{pos.file.name}", pos, read_text_file(pos.file) or "",
+                             True, max_tokens, pause_s)
+        ttft += r["ttft"]
+        final += r["final"]
+        served += r.get("served", 0)
+        requests += r["requests"]
+    await client.close()
+    return {"p50_first_token_ms": p(ttft, 50), "p95_first_token_ms": p(ttft, 95),
+            "p50_final_keystroke_ms": p(final, 50), "p95_final_keystroke_ms": p(final, 95),
+            "final_keystroke_ms": [round(x, 1) for x in final], "requests": requests,
+            "answered_with_tokens": len(ttft), "served_from_memory": served}
+
+
+def run_daemon(pythonpath: str | None, positions, a) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        sock = Path(tmp) / "d.sock"
+        env = os.environ.copy()
+        if pythonpath:
+            env["PYTHONPATH"] = pythonpath
+        proc = subprocess.Popen([sys.executable, "-m", "completiond", "serve", "--socket", str(sock),
+                                 "--log-level", "WARNING", *a.serve_arg], env=env, cwd=tmp,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.time() + 900
+            while True:  # until the models are in: a request answers (older daemons bind late)
+                try:
+                    asyncio.run(asyncio.wait_for(ready(sock), 600))
+                    break
+                except (OSError, ConnectionError, asyncio.TimeoutError):
+                    if proc.poll() is not None or time.time() > deadline:
+                        raise RuntimeError("the daemon did not start")
+                    time.sleep(0.5)
+            return asyncio.run(type_lines(sock, positions, a.pause, a.max_tokens))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+async def ready(sock: Path) -> None:
+    c = await Client.connect(sock)
+    try:
+        await c.request("initialize", {"client": "keystroke-bench", "protocol": 1})
+        await c.request("document/open", {"uri": "file:///probe.py", "text": "x = 1\n", "version": 0})
+        await c.request("complete", {"uri": "file:///probe.py", "position": {"line": 1, "character": 0},
+                                     "max_tokens": 1})
+    finally:
+        await c.close()
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["runs"])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    keys = ["p50_first_token_ms", "p50_final_keystroke_ms", "p95_final_keystroke_ms"]
+    for j, k in enumerate(keys):
+        ax.bar([i + j * 0.27 for i in range(len(names))], [result["runs"][n][k] or 0 for n in names], 0.27, label=k)
+    ax.set_xticks([i + 0.27 for i in range(len(names))], names)
+    ax.set_ylabel("ms")
+    ax.set_title(f"keystroke -> first token, {result['repo']} ({result['cpu']})", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repo", default="pypi:toolz==1.0.0")
+    ap.add_argument("--lines", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pause", type=float, default=3.0, help="seconds between opening a file and typing")
+    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--baseline", default=None, help="an older checkout to compare with")
+    ap.add_argument("--serve-arg", action="append", default=[], help="extra `serve` argument (repeatable)")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None)
+    a = ap.parse_args()
+    root, label = resolve_repo(a.repo)
+    positions = [x for x in sample_positions(root, a.lines * 3, "line-start", a.seed) if len(x.reference) >= 8][:a.lines]
+    runs = {}
+    if a.baseline:
+        runs["baseline"] = run_daemon(str(Path(a.baseline).resolve()), positions, a)
+    runs["current"] = run_daemon(str(ROOT), positions, a)
+    result = {"date": datetime.date.today().isoformat(), "command": " ".join(["python"] + sys.argv),
+              "repo": label, "cpu": cpu_name(), "load_average": os.getloadavg(), "lines": len(positions),
+              "typed_chars": sum(len(x.reference) for x in positions), "pause_after_open_s": a.pause,
+              "runs": runs}
+    print(json.dumps(result, indent=2))
+    if a.json:
+        Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
+    if a.plot:
+        plot(result, Path(a.plot))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
