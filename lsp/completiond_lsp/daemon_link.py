@@ -42,6 +42,7 @@ class DaemonLink:
         self.serve_args: list[str] = []  # --target/--draft/... for an autostarted daemon
         self.start_timeout = 300.0
         self._lock = asyncio.Lock()
+        self._watch: asyncio.Task | None = None  # follows a loading daemon until it is ready
         self._proc: subprocess.Popen | None = None
 
     @property
@@ -82,8 +83,30 @@ class DaemonLink:
             raise DaemonUnavailable(f"initialize with the daemon on {self.socket} failed: {why}") from None
         if self.info.get("state") == "loading":  # its socket is up before its models: requests wait for them
             self.on_status("loading", f"completiond: loading {self.info.get('target')}", self.info)
+            self._watch = asyncio.create_task(self._until_loaded(client))
         else:
-            self.on_status("ready", f"completiond: {self.info.get('target')} on {self.info.get('device')}", self.info)
+            self._ready(self.info)
+
+    def _ready(self, info: dict) -> None:
+        self.on_status("ready", f"completiond: {info.get('target')} on {info.get('device')}", info)
+
+    async def _until_loaded(self, client: Client) -> None:
+        """While the daemon loads its models: ask its status each half second, say when it is ready
+        (or why it failed), so that the editor's status shows the load and then the model."""
+        while not client.closed.is_set():
+            try:
+                st = await client.request("status", {}, timeout=INITIALIZE_TIMEOUT)
+            except (DaemonError, asyncio.TimeoutError, ConnectionError, OSError):
+                return
+            if st.get("state") == "ready":
+                self.info.update({k: st[k] for k in ("target", "draft", "device", "state") if k in st})
+                self._ready(self.info)
+                return
+            if st.get("state") == "failed":
+                self.on_status("error", f"completiond daemon: models failed to load: {st.get('error')}", st)
+                return
+            self.on_status("loading", f"completiond: {st.get('phase', 'loading')} ({st.get('phase_s', 0):.0f} s)", st)
+            await asyncio.sleep(0.5)
 
     async def _start(self) -> Client:
         """Start a daemon in its own session (it outlives this editor) and wait for its socket."""
