@@ -12,12 +12,11 @@ Modes: `ar` (tree = root only: plain decoding through the same path), `pld`, `dr
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -363,24 +362,6 @@ class Engine:
                 p.observe(by_source[p.name])
 
     # ---- streaming ----------------------------------------------------------------------------
-    async def stream(self, req: Request) -> AsyncIterator[Step | Result]:
-        """Yield each pass's Step as it is accepted, then the Result. Model work runs in a thread;
-        closing the generator early cancels the request within one forward pass."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        worker = loop.run_in_executor(None, lambda: self.complete(
-            req, lambda s: loop.call_soon_threadsafe(queue.put_nowait, s)))
-        worker.add_done_callback(lambda f: loop.call_soon_threadsafe(queue.put_nowait, f))
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, asyncio.Future):
-                    yield item.result()
-                    return
-                yield item
-        finally:
-            req.cancel.set()
-            await asyncio.wait([worker])
 
 
 def _raise_if(cancel: threading.Event) -> None:
