@@ -21,7 +21,7 @@ import torch
 
 from completiond.bench.modes import prepare, warm
 from completiond.bench.repo import resolve_repo, sample_positions
-from completiond.engine import Engine, Request
+from completiond.core.engine import Engine, Request
 from completiond.models import load, load_draft
 
 CONFIGS = {"ar": ("ar", 4), "draft-chain": ("draft", 1), "draft-tree": ("draft", 4)}

@@ -11,9 +11,9 @@ import sys
 import torch
 
 from completiond.bench.repo import edit_similarity, first_line, read_text_file, resolve_repo, sample_positions
-from completiond.engine import Engine, Request
+from completiond.core.engine import Engine, Request
 from completiond.models import load
-from completiond.prompt import build_prompt
+from completiond.core.prompt import build_prompt
 
 
 def main(repo: str, positions: int = 16) -> None:

@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from completiond.bench.replay import _type_line  # noqa: E402
 from completiond.bench.repo import read_text_file, resolve_repo, sample_positions  # noqa: E402
-from completiond.client import Client  # noqa: E402
-from completiond.device import cpu_name  # noqa: E402
+from completiond.service.client import Client  # noqa: E402
+from completiond.models.device import cpu_name  # noqa: E402
 
 
 def p(xs: list[float], q: float) -> float | None:

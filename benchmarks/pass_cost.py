@@ -6,7 +6,7 @@ tree of n nodes with logits at every node, as verification does, and rolls it ba
 variants are interleaved rep by rep so that this shared machine's noise hits them alike; each cell
 is the median of at least --min-reps passes (no warm-up pass: the median drops the first call).
 Variants: backend (transformers / lean) x weights (bf16, fp32, int8, int4: weight-only, bf16
-activations, completiond.quant), plus the lean int8/int4 target with the exact cheap head.
+activations, completiond.core.quant), plus the lean int8/int4 target with the exact cheap head.
 
     python benchmarks/pass_cost.py --random-0.5b --threads 1 --clock cpu \
         --json benchmarks/results/pass-cost-random-0.5b.json --plot benchmarks/results/pass-cost-random-0.5b.png
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from completiond import quant
+from completiond.core import quant
 from completiond.models import LoadedModel
-from completiond.runner import Runner
+from completiond.core.runner import Runner
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 

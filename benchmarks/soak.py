@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from completiond import protocol as P  # noqa: E402
-from completiond.client import Client, DaemonError  # noqa: E402
+from completiond.service import protocol as P  # noqa: E402
+from completiond.service.client import Client, DaemonError  # noqa: E402
 
-SOURCE = (ROOT / "completiond" / "prompt.py").read_text()  # a realistic file to type into
+SOURCE = (ROOT / "completiond" / "core" / "prompt.py").read_text()  # a realistic file to type into
 TYPED = "    total = accumulate(total, value * weight, index=i)  # running sum\n"
 BIG_LINE = "row_{:06d} = compute({}, 'abc') + offset\n"
 
@@ -274,7 +274,7 @@ async def big_rewrite(sock: Path, max_tokens: int, fit_lines: int) -> dict:
 
 
 async def main(a: argparse.Namespace) -> dict:
-    from completiond.device import cpu_name
+    from completiond.models.device import cpu_name
 
     tmp = Path(tempfile.mkdtemp(prefix="completiond-soak-"))
     sock = tmp / "d.sock"

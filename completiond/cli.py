@@ -63,7 +63,7 @@ def read_source(path: str) -> str:
 
 
 def cmd_complete(a: argparse.Namespace) -> int:
-    from .prompt import PositionError, line_starts, offset_at
+    from .core.prompt import PositionError, line_starts, offset_at
 
     text = read_source(a.file)
     if a.line < 1 or a.col < 1:
@@ -85,11 +85,11 @@ def cmd_complete(a: argparse.Namespace) -> int:
             why = f"column {a.col} is past the end of line {a.line} (last column: {width + 1})"
         raise UsageError(f"{a.file}:{a.line}:{a.col}: position out of range: {why}") from None
 
-    from .engine import Engine, Request
+    from .core.engine import Engine, Request
     from .models import ModelError, draft_label, load, load_draft
-    from .prompt import build_prompt
-    from .verify import Sampling
-    from .workspace import index_workspace
+    from .core.prompt import build_prompt
+    from .core.verify import Sampling
+    from .service.workspace import index_workspace
 
     try:
         target = load(a.target, "target", a.device, a.dtype, a.quant)

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import protocol as P
+from .service import protocol as P
 from .flags import model_flags
 
 log = logging.getLogger("completiond.serve")
@@ -75,8 +75,8 @@ def read_token(path: Path) -> str:
 
 def cmd_serve(a: argparse.Namespace) -> int:
     from .flags import UsageError
-    from .daemon import Daemon
-    from .transport import StartError, claim, parse_tcp
+    from .service.daemon import Daemon
+    from .service.transport import StartError, claim, parse_tcp
 
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
@@ -97,7 +97,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         """On a loader thread, after the socket is up: `status` meanwhile reports each phase."""
         t0 = time.perf_counter()
         phase("importing torch")
-        from .engine import Engine
+        from .core.engine import Engine
         from .models import draft_label, load, load_draft
 
         phase(f"loading target {a.target}")
@@ -136,7 +136,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 
 async def _call(sock: Path, method: str, timeout: float):
-    from .client import Client
+    from .service.client import Client
 
     async def call():
         client = await Client.connect(sock)

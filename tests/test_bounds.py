@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 import tiny
-from completiond import protocol as P
-from completiond.client import Client, DaemonError
-from completiond.documents import INDEX_WINDOW_CHARS, Document, DocumentError
-from completiond.handlers import doc_change, doc_open
-from completiond.prompt import build_prompt, line_index, line_starts
-from completiond.rewrite import TooLarge, check_selection, rewrite_prompt
-from completiond.session import MAX_INDEXED_BUFFERS, Session
+from completiond.service import protocol as P
+from completiond.service.client import Client, DaemonError
+from completiond.service.documents import INDEX_WINDOW_CHARS, Document, DocumentError
+from completiond.service.handlers import doc_change, doc_open
+from completiond.core.prompt import build_prompt, line_index, line_starts
+from completiond.core.rewrite import TooLarge, check_selection, rewrite_prompt
+from completiond.service.session import MAX_INDEXED_BUFFERS, Session
 from daemon_util import start_daemon, stop_daemon
 
 BUDGET = P.MAX_PROMPT_TOKENS

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from completiond import catalog
-from completiond.catalog import ModelError, NamedModel, Part, assemble
+from completiond.models import catalog
+from completiond.models.catalog import ModelError, NamedModel, Part, assemble
 
 
 def fake_dist(root: Path, dist: str, version: str, rel: str, data: bytes) -> None:

@@ -9,7 +9,7 @@ import time
 import msgpack
 import pytest
 
-from completiond.client import Client, DaemonError
+from completiond.service.client import Client, DaemonError
 from daemon_util import start_daemon, stop_daemon
 
 SRC = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"

@@ -5,8 +5,8 @@ import asyncio
 import msgpack
 import pytest
 
-from completiond import protocol as P
-from completiond.client import Client, DaemonError
+from completiond.service import protocol as P
+from completiond.service.client import Client, DaemonError
 from daemon_util import start_daemon, stop_daemon
 
 SRC = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):"

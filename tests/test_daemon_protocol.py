@@ -3,7 +3,7 @@
 import msgpack
 import pytest
 
-from completiond import protocol as P
+from completiond.service import protocol as P
 
 
 def test_complete_defaults_and_bounds_live_in_the_schema():

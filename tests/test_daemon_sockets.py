@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from completiond.transport import SocketLock, StartError, check_socket
+from completiond.service.transport import SocketLock, StartError, check_socket
 from daemon_util import start_daemon, stop_daemon, wait_for_socket
 
 

@@ -9,9 +9,9 @@ import threading
 import pytest
 
 import tiny
-from completiond.client import Client, DaemonError
-from completiond.daemon import Daemon
-from completiond.engine import Engine
+from completiond.service.client import Client, DaemonError
+from completiond.service.daemon import Daemon
+from completiond.core.engine import Engine
 from daemon_util import daemon_status, wait_for_socket
 
 SRC = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n"

@@ -9,7 +9,7 @@ import sys
 import msgpack
 import pytest
 
-from completiond.client import Client, DaemonError
+from completiond.service.client import Client, DaemonError
 from daemon_util import start_daemon, stop_daemon
 
 AUTH_S = 3.0

@@ -3,9 +3,9 @@
 import pytest
 
 import tiny
-from completiond.engine import Engine, Request
-from completiond.prompt import ContextFile, build_prompt, fim_tokens
-from completiond.stops import StopRules
+from completiond.core.engine import Engine, Request
+from completiond.core.prompt import ContextFile, build_prompt, fim_tokens
+from completiond.core.stops import StopRules
 
 TEXT = "import util\n\ndef area(r):\n    return 3.14 * r * r\n\n\ndef main():\n    print(area(2))\n"
 
@@ -101,7 +101,7 @@ def test_lossless_with_a_tiny_qwen2_and_fim_prompts(mode):
 def test_rewrite_uses_the_chat_template_and_keeps_the_selection_in_the_prompt():
     import copy
 
-    from completiond.rewrite import rewrite_prompt
+    from completiond.core.rewrite import rewrite_prompt
 
     tok = copy.deepcopy(tiny.qwen_tokenizer())
     tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -117,7 +117,7 @@ def test_rewrite_uses_the_chat_template_and_keeps_the_selection_in_the_prompt():
 
 
 def test_related_files_open_buffers_first_then_imported_workspace_files(tmp_path):
-    from completiond.context import related_files
+    from completiond.core.context import related_files
 
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "util.py").write_text("def helper():\n    return 1\n")

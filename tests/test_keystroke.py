@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import tiny
-from completiond.engine import Engine, Request
+from completiond.core.engine import Engine, Request
 from completiond.models import self_draft
-from completiond.runner import CHUNK, Cancelled, Runner
-from completiond.stops import StopRules
-from completiond.verify import Sampling
+from completiond.core.runner import CHUNK, Cancelled, Runner
+from completiond.core.stops import StopRules
+from completiond.core.verify import Sampling
 
 
 class Gate(threading.Event):
@@ -252,7 +252,7 @@ def test_not_served_when_the_prompt_does_not_match_or_samples(pair, code_ids):
 
 
 def test_typed_through_respects_token_healing(pair, code_ids):
-    from completiond.prompt import Heal
+    from completiond.core.prompt import Heal
     target, _ = pair
     e = Engine(target)
     prompt = code_ids[500:560]

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import tiny
-from completiond.engine import MODES, Engine, Request
+from completiond.core.engine import MODES, Engine, Request
 from completiond.models import self_draft
-from completiond.stops import StopRules
+from completiond.core.stops import StopRules
 
 N_PROMPTS = 50
 

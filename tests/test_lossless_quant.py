@@ -6,9 +6,9 @@ import random
 import pytest
 
 import tiny
-from completiond.engine import Engine, Request
+from completiond.core.engine import Engine, Request
 from completiond.models import self_draft
-from completiond.quant import quantize, scheme_of
+from completiond.core.quant import quantize, scheme_of
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])

@@ -84,7 +84,7 @@ def edit(client, version: int, start: tuple[int, int], end: tuple[int, int], tex
 
 async def direct_complete(sock, text: str, line: int, char: int) -> str:
     """The daemon's completion for `text` on a connection of its own (what the LSP result must equal)."""
-    from completiond.client import Client as RpcClient
+    from completiond.service.client import Client as RpcClient
 
     rpc = await RpcClient.connect(sock)
     await rpc.request("document/open", {"uri": URI, "text": text, "version": 1})
@@ -282,7 +282,7 @@ async def test_autostart_and_survive_daemon_restart(tmp_path, tiny_dir):
         first = await asyncio.wait_for(inline(client, 8, 14), 180)
         assert sock.exists()
         # kill the daemon the server started; the next request starts a new one and re-sends the document
-        from completiond.client import Client as RpcClient
+        from completiond.service.client import Client as RpcClient
         rpc = await RpcClient.connect(sock)
         pid = (await rpc.request("status", {}))["pid"]
         await rpc.close()

@@ -25,8 +25,8 @@ def test_cache_root_follows_completiond_cache(tmp_path, monkeypatch):
 
 
 def test_stale_version_recognised_by_code_and_old_message():
-    from completiond import protocol as P
-    from completiond.client import DaemonError
+    from completiond.service import protocol as P
+    from completiond.service.client import DaemonError
     from completiond_lsp.server import is_stale_version
 
     assert is_stale_version(DaemonError(P.CONTENT_MODIFIED, "document moved on"))
@@ -39,7 +39,7 @@ def test_stale_version_recognised_by_code_and_old_message():
 def test_settings_defaults_match_readme_and_wire_schema():
     from dataclasses import fields
 
-    from completiond import protocol as P
+    from completiond.service import protocol as P
     from completiond_lsp.settings import Settings
 
     s = Settings()
@@ -79,7 +79,7 @@ async def test_failed_handshake_closes_the_connection(tmp_path):
 
     import pytest
 
-    from completiond import protocol as P
+    from completiond.service import protocol as P
     from completiond_lsp.daemon_link import DaemonLink, DaemonUnavailable
 
     hung_up = asyncio.Event()
@@ -109,8 +109,8 @@ async def test_failed_handshake_closes_the_connection(tmp_path):
 
 
 def test_daemon_errors_keep_their_lsp_codes():
-    from completiond import protocol as P
-    from completiond.client import DaemonError
+    from completiond.service import protocol as P
+    from completiond.service.client import DaemonError
     from completiond_lsp.server import lsp_error
 
     for code in (P.INVALID_PARAMS, P.INTERNAL_ERROR, -32800, P.CONTENT_MODIFIED):
@@ -133,7 +133,7 @@ class StandInDaemon:
     async def serve(self, reader, writer) -> None:
         import asyncio
 
-        from completiond import protocol as P
+        from completiond.service import protocol as P
 
         unpacker = P.unpacker()
         while data := await reader.read(65536):

@@ -220,7 +220,7 @@ def test_positions_with_non_ascii_text(nvim, workspace, daemon_sock):
     assert (s["ghost"]["row"], s["ghost"]["col"]) == (1, len(lines[1].encode()))
 
     async def direct():
-        from completiond.client import Client
+        from completiond.service.client import Client
         c = await Client.connect(daemon_sock)
         try:
             await c.request("initialize", {"client": "test", "protocol": 1, "workspace_roots": [],

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 import tiny
-from completiond import quant
-from completiond.quant import QuantLinear, exact_head_logits, head_bound, quantize
-from completiond.runner import Runner
+from completiond.core import quant
+from completiond.core.quant import QuantLinear, exact_head_logits, head_bound, quantize
+from completiond.core.runner import Runner
 from test_runner import load
 
 SCHEMES = ["int8", "int4"]
@@ -244,7 +244,7 @@ def test_runner_cheap_head_is_the_full_heads_argmax(scheme, code_ids):
 def test_int8_prefill_in_bulk_equals_the_kernel_path():
     """Prefill chunks run int8 layers on dequantized weights (cheaper for many rows); the logits
     equal the per-row kernel's within float32 rounding."""
-    from completiond.quant import bulk
+    from completiond.core.quant import bulk
 
     lm = tiny.loaded(tiny.qwen2_config(hidden=128), seed=4)
     quantize(lm.model, "int8")

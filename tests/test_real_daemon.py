@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from completiond.client import Client
+from completiond.service.client import Client
 from daemon_util import daemon_status, stop_daemon, wait_for_socket
 
 pytestmark = pytest.mark.real_model

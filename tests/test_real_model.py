@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from completiond import cli
-from completiond.engine import Engine, Request
+from completiond.core.engine import Engine, Request
 from completiond.models import load, load_draft
-from completiond.prompt import build_prompt
+from completiond.core.prompt import build_prompt
 
 pytestmark = pytest.mark.real_model
 SOURCE = Path(sysconfig.get_paths()["stdlib"]) / "json" / "decoder.py"

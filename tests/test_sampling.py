@@ -7,10 +7,10 @@ import torch
 from scipy.stats import chisquare
 
 import tiny
-from completiond.engine import Engine, Request
+from completiond.core.engine import Engine, Request
 from completiond.models import self_draft
-from completiond.tree import Candidate, build_tree
-from completiond.verify import Sampling, accept, warp
+from completiond.core.tree import Candidate, build_tree
+from completiond.core.verify import Sampling, accept, warp
 
 P_MIN = 1e-3  # fixed seeds: these tests are deterministic; a correct sampler passes with margin
 

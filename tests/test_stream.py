@@ -2,8 +2,8 @@
 daemon forwards them as `complete/partial`); a cancel set from a step stops the request at once."""
 
 import tiny
-from completiond.engine import Engine, Request, Step
-from completiond.stops import StopRules
+from completiond.core.engine import Engine, Request, Step
+from completiond.core.stops import StopRules
 
 STOPS = StopRules(multiline=True, cursor_indent=100)
 

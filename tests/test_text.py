@@ -5,9 +5,9 @@ import pytest
 
 import tiny
 from tokenizers import processors
-from completiond.index import Segment, TokenIndex, continuations
-from completiond.prompt import PositionError, build_prompt, offset_at
-from completiond.stops import StopRules
+from completiond.core.index import Segment, TokenIndex, continuations
+from completiond.core.prompt import PositionError, build_prompt, offset_at
+from completiond.core.stops import StopRules
 
 
 def test_utf16_positions():
@@ -62,7 +62,7 @@ def test_fim_prompt_when_the_tokenizer_has_fim_tokens():
 def test_bos_only_where_the_tokenizer_adds_it():
     import copy
 
-    from completiond.prompt import bos_ids
+    from completiond.core.prompt import bos_ids
 
     assert bos_ids(tiny.qwen_tokenizer()) == []  # has no BOS of its own
     tok = copy.deepcopy(tiny.tokenizer())  # a tokenizer that starts sequences with BOS (as Gemma's does)

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 import tiny
-from completiond.client import Client
-from completiond.daemon import Daemon
-from completiond.engine import Engine
+from completiond.service.client import Client
+from completiond.service.daemon import Daemon
+from completiond.core.engine import Engine
 
 SRC = (tiny.STDLIB / "textwrap.py").read_text()[:3000]
 URI = "file:///w/textwrap.py"

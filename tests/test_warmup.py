@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from completiond.client import Client
+from completiond.service.client import Client
 from daemon_util import start_daemon, stop_daemon
 
 SRC = "".join(f"def f{i}(a, b):\n    return a * {i} + b\n\n\n" for i in range(40)) + "def mul(a, b):\n    "

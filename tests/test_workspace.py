@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 import tiny
-from completiond.index import TokenIndex
-from completiond.workspace import WorkspaceWatcher, index_workspace, iter_files
+from completiond.core.index import TokenIndex
+from completiond.service.workspace import WorkspaceWatcher, index_workspace, iter_files
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     import torch
 
     from ..flags import UsageError, check_plot
-    from ..engine import MODES, Engine
+    from ..core.engine import MODES, Engine
     from ..models import ModelError, draft_label, load, load_draft
     from .modes import run_modes
     from .peers import llama_cpp_available, run_llama_cpp, run_transformers
@@ -110,7 +110,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 def machine(target) -> str:
     import torch
 
-    from ..device import cpu_name
+    from ..models.device import cpu_name
 
     dev = torch.cuda.get_device_name() if target.device.type == "cuda" else f"{os.cpu_count()} cores, {cpu_name()}"
     return f"{dev}, torch {torch.__version__}, {torch.get_num_threads()} threads"

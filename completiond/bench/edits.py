@@ -13,8 +13,8 @@ import random
 import re
 from pathlib import Path
 
-from ..engine import Engine, Request
-from ..rewrite import rewrite_prompt
+from ..core.engine import Engine, Request
+from ..core.rewrite import rewrite_prompt
 from .modes import warm
 from .repo import read_text_file, source_files
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..engine import Engine, Request, Result
-from ..prompt import build_prompt
+from ..core.engine import Engine, Request, Result
+from ..core.prompt import build_prompt
 from .repo import Position, edit_similarity, first_line, read_text_file, source_files
 
 WARM_GAP = 8

@@ -15,7 +15,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from ..engine import Engine
+from ..core.engine import Engine
 from ..models import LoadedModel
 from .modes import WARM_GAP, Prepared
 from .repo import edit_similarity, first_line

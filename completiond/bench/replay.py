@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..client import Client
+from ..service.client import Client
 from .repo import Position, read_text_file
 
 CHAR_INTERVAL_S = 0.12  # ~100 words per minute

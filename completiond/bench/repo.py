@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..models import cache_root
-from ..workspace import iter_files, read_text_file
+from ..service.workspace import iter_files, read_text_file
 
 SOURCE_SUFFIXES = {".py"}
 

@@ -170,7 +170,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
     except ValueError as e:
         raise _usage(str(e)) from None
     from ..models import load, load_draft
-    from ..prompt import build_prompt
+    from ..core.prompt import build_prompt
     from .evaluate import agreement, by_draft_length, pass_cost, plot
 
     target = load("default")

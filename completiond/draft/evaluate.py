@@ -18,9 +18,9 @@ import torch
 from tqdm import tqdm
 
 from ..bench.modes import warm
-from ..engine import Engine, Request
+from ..core.engine import Engine, Request
 from ..models import LoadedModel
-from ..runner import Runner
+from ..core.runner import Runner
 
 
 @torch.inference_mode()

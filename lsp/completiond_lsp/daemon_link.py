@@ -10,8 +10,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from completiond import protocol as P
-from completiond.client import Client, DaemonError
+from completiond.service import protocol as P
+from completiond.service.client import Client, DaemonError
 from completiond.paths import cache_root
 
 log = logging.getLogger("completiond.lsp")

@@ -27,8 +27,8 @@ from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
 from completiond import __version__
-from completiond import protocol as P
-from completiond.client import DaemonError
+from completiond.service import protocol as P
+from completiond.service.client import DaemonError
 
 from .daemon_link import DaemonLink, DaemonUnavailable
 from .settings import Settings

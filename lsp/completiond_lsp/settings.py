@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from completiond import protocol as P
+from completiond.service import protocol as P
 
 MAX_DEBOUNCE_MS = 5000
 

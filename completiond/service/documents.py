@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .prompt import PositionError, line_index, offset_in, splice_index
+from ..core.prompt import PositionError, line_index, offset_in, splice_index
 from .protocol import MAX_DOCUMENT_CHARS
 
 INDEX_WINDOW_CHARS = 128 * 1024  # what prompt lookup tokenizes of one buffer per edit (~30 ms, ~32k tokens)

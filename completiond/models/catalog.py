@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .paths import cache_root
+from ..paths import cache_root
 
 
 class ModelError(Exception):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from . import protocol as P
 from .documents import Document, IndexView
-from .prompt import PositionError
+from ..core.prompt import PositionError
 
 MAX_INDEXED_BUFFERS = 16  # stale open buffers re-tokenized for prompt lookup per request, most recent first
 

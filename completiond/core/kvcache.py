@@ -22,10 +22,14 @@ class TreeKVCache(Cache):
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.length = 0  # committed tokens
-        # Uncommitted slots after `length` that the pass in flight follows and may attend to (the runner sets it).
+        # The pass in flight (set by begin_pass): uncommitted slots after `length` it follows and may
+        # attend to, and the first slot each layer sees (sliding layers skip old keys).
         self.pending = 0
-        # First slot each layer sees in the pass in flight (the runner sets it; sliding layers skip old keys).
         self.key_start: list[int] = []
+
+    def begin_pass(self, pending: int, key_start: list[int]) -> None:
+        """Everything a pass's K/V writes and reads depend on, set in one call before its layers run."""
+        self.pending, self.key_start = pending, key_start
 
     def __len__(self) -> int:
         return len(self.k)

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING
 
 from . import protocol as P
 from .handlers import METHODS, Anchor, Method, Prepared
-from .index import TokenIndex
+from ..core.index import TokenIndex
 from .session import Job, Session
 from .warmup import Warmer, cursor_after
 from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, bind_unix, drain, read_frames, remove_own
 from .workspace import WorkspaceWatcher
 
 if TYPE_CHECKING:  # torch is imported by the loader, after the socket is up
-    from .engine import Engine, Result
+    from ..core.engine import Engine, Result
 
 log = logging.getLogger("completiond.daemon")
 

@@ -15,7 +15,7 @@ import torch
 
 from .kvcache import TreeKVCache
 from .lean import lean_decoder, supports_lean
-from .models import LoadedModel
+from ..models import LoadedModel
 from .quant import bulk, QuantLinear, exact_head_logits, full_weight
 
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
@@ -41,7 +41,7 @@ def _layer_hook(module, args) -> None:
 class Runner:
     def __init__(self, lm: LoadedModel, capacity: int = 4096, lean: bool = False, backend: str = "transformers",
                  refine: bool = True, cheap_head: bool = False):
-        """backend: "transformers" (the reference), "lean" (completiond.lean; an error for model types
+        """backend: "transformers" (the reference), "lean" (completiond.core.lean; an error for model types
         it lacks) or "auto" (lean where the model type allows). refine: recompute the top REFINE
         logits in float32 when the model runs in bf16/fp16 (see _logits).
         cheap_head (greedy only, quantized output layer): logits exact on every row that can be the
@@ -55,7 +55,7 @@ class Runner:
         if backend == "lean" and not supports_lean(lm.model):
             raise ValueError(f"no lean forward for this {lm.model.config.model_type} configuration")
         if cheap_head and not isinstance(lm.model.get_output_embeddings(), QuantLinear):
-            raise ValueError("cheap_head needs a quantized output layer (completiond.quant.quantize)")
+            raise ValueError("cheap_head needs a quantized output layer (completiond.core.quant.quantize)")
         self.lm = lm
         self.model = lm.model
         self.base = getattr(lm.model, lm.model.base_model_prefix)  # the decoder without its output layer
@@ -127,13 +127,15 @@ class Runner:
         if not append:
             self._pass_ids, self._pass_parents = [], []
         first, L = len(self._pass_ids), self.cache.length
-        self.cache.pending = first  # the new nodes' K/V go after the uncommitted ones they may attend to
         all_parents = self._pass_parents + list(parents)
         depth = _depths(all_parents)
         node_pos = torch.tensor(depth, device=self.device) + L  # [first + n]: every uncommitted node
         anc = _ancestors(all_parents, self.device)[first:]  # [n, first + n] bool: ancestor-or-self
+        mask, key_start = self._masks(anc, node_pos, L)
+        # the pass's state for the cache, in one call: new K/V go after the `first` uncommitted nodes
+        # they may attend to; each layer sees keys from its key_start slot on
+        self.cache.begin_pass(pending=first, key_start=key_start)
         self.cache.reserve(len(ids))
-        mask = self._masks(anc, node_pos, L)
         # A Cancelled raised between layers leaves length, tokens and the earlier uncommitted nodes
         # as they were: the half-written slots after them are overwritten by the next pass.
         for layer in self._hf_layers:
@@ -236,8 +238,9 @@ class Runner:
             self.check = layer_check
         return out
 
-    def _masks(self, anc: torch.Tensor, node_pos: torch.Tensor, L: int):
-        """Boolean attention masks [1, 1, n, keys] for the pass; a dict by layer type for hybrid models.
+    def _masks(self, anc: torch.Tensor, node_pos: torch.Tensor, L: int) -> tuple[object, list[int]]:
+        """Boolean attention masks [1, 1, n, keys] for the pass (a dict by layer type for hybrid
+        models), and the first key slot each layer sees ([] = slot 0 for all).
 
         anc: [n, m] the new nodes' ancestors among the m uncommitted nodes (the last n are the new
         ones); node_pos: [m] their positions.
@@ -245,18 +248,16 @@ class Runner:
         n = anc.shape[0]
         full = torch.cat([torch.ones(n, L, dtype=torch.bool, device=self.device), anc], 1)
         if self.window is None:
-            self.cache.key_start = []
-            return full[None, None]
+            return full[None, None], []
         # Sliding layers see keys from slot `start` on: the oldest any node of this pass can reach.
         start = max(0, L - self.window + 1)
         pos = node_pos[-n:]
         key_pos = torch.cat([torch.arange(start, L, device=self.device), node_pos])
         sliding = full[:, start:] & (pos[:, None] - key_pos[None, :] < self.window)
         if self.layer_types is None:
-            self.cache.key_start = [start] * self.model.config.num_hidden_layers
-            return sliding[None, None]
-        self.cache.key_start = [start if t == "sliding_attention" else 0 for t in self.layer_types]
-        return {"full_attention": full[None, None], "sliding_attention": sliding[None, None]}
+            return sliding[None, None], [start] * self.model.config.num_hidden_layers
+        return ({"full_attention": full[None, None], "sliding_attention": sliding[None, None]},
+                [start if t == "sliding_attention" else 0 for t in self.layer_types])
 
 
 def _depths(parents: Sequence[int]) -> list[int]:

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .device import cpu_name
-from .paths import cache_root
+from ..models.device import cpu_name
+from ..paths import cache_root
 
 if TYPE_CHECKING:
-    from .models import LoadedModel
+    from ..models import LoadedModel
     from .runner import Runner
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)

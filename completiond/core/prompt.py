@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .protocol import MAX_PROMPT_TOKENS
+from ..service.protocol import MAX_PROMPT_TOKENS
 from .stops import StopRules, indent_width
 
 LINE_BREAK = re.compile(r"\r\n|\r|\n")

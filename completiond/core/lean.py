@@ -5,7 +5,7 @@ Python steps (no hooks, kwargs plumbing or output records; rotary tables cached)
 A small model's pass is mostly per-module overhead in transformers' eager forward; a large one's is
 the matmuls, which this forward fuses: q/k/v (with their biases, Qwen2) and gate/up are one matmul
 each. Every matmul goes through a `Linear`: a dense one, or a `quant.QuantLinear` when the model was
-quantized (completiond.quant), fused the same way. tests/test_runner.py holds its logits to
+quantized (completiond.core.quant), fused the same way. tests/test_runner.py holds its logits to
 transformers' within 1e-5 in fp32 on trees, appended passes and past the sliding window.
 """
 

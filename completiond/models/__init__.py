@@ -23,7 +23,7 @@ import torch
 
 from .catalog import GEMMA_270M, NAMED, ModelError, assemble, default_models, file_lock, installed
 from .device import cpu_has_fast_bf16, pick_device, pick_dtype, pick_quant  # noqa: F401 (re-exported)
-from .paths import cache_root  # torch-free, shared with the LSP
+from ..paths import cache_root  # torch-free, shared with the LSP
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ GEMMA_CACHE_NAME = "gemma3-270m-q4_k_m"
 # Tokens that end a completion when the tokenizer has them (Qwen2.5-Coder: FIM padding, end of text,
 # the next file of a repo prompt, the end of a chat turn).
 END_TOKENS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|im_end|>")
-DRAFT_DIR = Path(__file__).parent / "draft" / "weights"
+DRAFT_DIR = Path(__file__).parent.parent / "draft" / "weights"
 VOCAB_MAP_FILE = "vocab_map.json"
 
 
@@ -239,7 +239,7 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
     if gguf is not None:
         loaded.meta["gguf"] = str(gguf)
     if scheme != "none":
-        from .quant import quantize
+        from ..core.quant import quantize
 
         quantize(model, scheme)  # every linear layer and the output layer; embeddings stay bf16
     loaded.meta["quant"] = scheme

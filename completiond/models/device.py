@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from .catalog import ModelError
-from .paths import cache_root
+from ..paths import cache_root
 
 log = logging.getLogger(__name__)
 

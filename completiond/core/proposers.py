@@ -15,7 +15,7 @@ import torch
 
 from .budget import Ewma
 from .index import TokenIndex, continuations
-from .models import LoadedModel
+from ..models import LoadedModel
 from .runner import Runner
 from .tree import Candidate
 

@@ -23,7 +23,7 @@ import torch
 
 from .budget import TreeBudget, calibration_path, load_costs, measure_costs, save_costs
 from .index import TokenIndex
-from .models import LoadedModel
+from ..models import LoadedModel
 from .prompt import Heal
 from .proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
 from .runner import Cancelled, Runner

@@ -10,7 +10,7 @@ the rewrite ends at the closing fence.
 from __future__ import annotations
 
 from .prompt import bos_ids
-from .protocol import MAX_PROMPT_TOKENS
+from ..service.protocol import MAX_PROMPT_TOKENS
 from .stops import StopRules
 
 FENCE = "```"

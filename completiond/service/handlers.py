@@ -17,17 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
+from .. import __version__
 from . import protocol as P
-from .context import locate, related_files
+from ..core.context import locate, related_files
 from .documents import Document, DocumentError
-from .prompt import Heal, build_prompt, extend_middle, fim_tokens, stops_at
-from .rewrite import TooLarge, check_selection, finish, rewrite_prompt
+from ..core.prompt import Heal, build_prompt, extend_middle, fim_tokens, stops_at
+from ..core.rewrite import TooLarge, check_selection, finish, rewrite_prompt
 from .session import Session
 
 if TYPE_CHECKING:  # torch stays unimported until the models load (the socket is up before)
     from .daemon import Daemon
-    from .engine import Request, Result
+    from ..core.engine import Request, Result
 
 
 MAX_OTHER_BUFFERS = 16  # open buffers a completion considers for its repository context
@@ -187,8 +187,8 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
     typed = typed_since(anchor, text, offset)
 
     def make() -> Request:
-        from .engine import Request
-        from .verify import Sampling
+        from ..core.engine import Request
+        from ..core.verify import Sampling
 
         common = dict(mode=mode, max_tokens=p.max_tokens, seed=p.seed, sampling=Sampling(p.temperature, p.top_p, p.top_k),
                       deadline_ms=p.deadline_ms, reuse_prefix=p.reuse_prefix, typed_through=greedy)
@@ -226,7 +226,7 @@ def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> Prepared:
         raise P.RpcError(P.INVALID_PARAMS, str(e)) from None
 
     def make() -> Request:
-        from .engine import Request
+        from ..core.engine import Request
 
         # default: room for the selection rewritten at twice its length
         max_tokens = min(P.MAX_TOKENS, 2 * n_sel + 64) if p.max_tokens is None else p.max_tokens

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pathspec
 
-from .index import TokenIndex
+from ..core.index import TokenIndex
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""The engine: prompt, proposers, token tree, target passes, verification."""

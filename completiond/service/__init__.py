@@ -1,0 +1,1 @@
+"""The daemon and its wire: sockets, sessions, handlers, documents, workspace."""
