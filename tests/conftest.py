@@ -18,3 +18,14 @@ def code_ids() -> list[int]:
 def tiny_dir(tmp_path_factory) -> Path:
     """A saved tiny Gemma-3-style model + tokenizer directory (what --target DIR loads)."""
     return tiny.save(tmp_path_factory.mktemp("tiny-target"), tiny.gemma_config(window=16), seed=1, scale=4.0)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, tiny_dir):
+    """A real `completiond serve` on the tiny model, one per test module (a module may define its own)."""
+    from daemon_util import start_daemon, stop_daemon
+
+    sock = tmp_path_factory.mktemp("run") / "d.sock"
+    proc = start_daemon(sock, tiny_dir)
+    yield sock
+    assert stop_daemon(proc) == 0

@@ -16,7 +16,6 @@ from completiond.service.handlers import doc_change, doc_open
 from completiond.core.prompt import build_prompt, line_index, line_starts
 from completiond.core.rewrite import TooLarge, check_selection, rewrite_prompt
 from completiond.service.session import MAX_INDEXED_BUFFERS, Session
-from daemon_util import start_daemon, stop_daemon
 
 BUDGET = P.MAX_PROMPT_TOKENS
 # the input: 2,000 lines, ~35 characters each (69,780 characters there)
@@ -134,14 +133,6 @@ def test_stale_buffers_are_bounded_and_most_recent_first():
 
 
 # ---- a real daemon --------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory, tiny_dir):
-    sock = tmp_path_factory.mktemp("run") / "d.sock"
-    proc = start_daemon(sock, tiny_dir)
-    yield sock
-    assert stop_daemon(proc) == 0
-
-
 async def connect(sock):
     c = await Client.connect(sock)
     await c.request("initialize", {"client": "bounds", "protocol": 1})

@@ -7,18 +7,9 @@ import pytest
 
 from completiond.service import protocol as P
 from completiond.service.client import Client, DaemonError
-from daemon_util import start_daemon, stop_daemon
 
 SRC = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):"
 URI = "file:///w/m.py"
-
-
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory, tiny_dir):
-    sock = tmp_path_factory.mktemp("run") / "d.sock"
-    proc = start_daemon(sock, tiny_dir)
-    yield sock
-    assert stop_daemon(proc) == 0
 
 
 async def exchange(sock, frames: list, want: set[int], timeout: float = 120.0) -> dict:

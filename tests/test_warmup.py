@@ -30,6 +30,14 @@ async def session(sock):
     return c
 
 
+async def both(warm_sock, cold_sock, uri: str):
+    """Sessions on the warm and the cold daemon, each with `uri` open (SRC)."""
+    c, cold = await session(warm_sock), await session(cold_sock)
+    for x in (c, cold):
+        await x.notify("document/open", {"uri": uri, "text": SRC, "version": 1, "language_id": "python"})
+    return c, cold
+
+
 async def wait_warm(c, uri=URI, timeout=60.0) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -61,11 +69,8 @@ async def test_opened_document_is_warm_and_its_completion_reuses_the_prompt(daem
 
 
 async def test_edit_then_pause_rewarms_and_a_request_preempts_a_warm_up(daemons):
-    warm_sock, cold_sock = daemons
-    c, cold = await session(warm_sock), await session(cold_sock)
     uri = "file:///w/edit.py"
-    for x in (c, cold):
-        await x.notify("document/open", {"uri": uri, "text": SRC, "version": 1, "language_id": "python"})
+    c, cold = await both(*daemons, uri)
     await wait_warm(c, uri)
     # an edit at the top: the warm prompt is stale until the pause re-warms it
     edit = {"range": {"start": {"line": 0, "character": 0}, "end": {"line": 0, "character": 0}}, "text": "# hi\n"}
@@ -86,11 +91,8 @@ async def test_edit_then_pause_rewarms_and_a_request_preempts_a_warm_up(daemons)
 
 
 async def test_after_accepting_a_suggestion_the_next_one_was_computed_ahead(daemons):
-    warm_sock, cold_sock = daemons
-    c, cold = await session(warm_sock), await session(cold_sock)
     uri = "file:///w/accept.py"
-    for x in (c, cold):
-        await x.notify("document/open", {"uri": uri, "text": SRC, "version": 1, "language_id": "python"})
+    c, cold = await both(*daemons, uri)
     ask = {"uri": uri, "max_tokens": 8, "mode": "combined", "multiline": False}
     first = await c.request("complete", {**ask, "position": END})
     assert first["text"] and "\n" not in first["text"]
@@ -107,3 +109,13 @@ async def test_after_accepting_a_suggestion_the_next_one_was_computed_ahead(daem
     assert got["served_tokens"] > 0 and ref["served_tokens"] == 0  # computed ahead, from memory
     await c.close()
     await cold.close()
+
+
+async def test_status_reports_stale_work(daemons):
+    warm_sock, _ = daemons
+    c = await session(warm_sock)
+    await c.notify("document/open", {"uri": "file:///w/stale.py", "text": SRC, "version": 1})
+    await wait_warm(c, "file:///w/stale.py")
+    stale = (await c.request("status", {}))["stale"]
+    assert stale["warms"] >= 1 and stale["warm_ms"] > 0 and {"cancelled", "cancelled_ms", "served_tokens"} <= set(stale)
+    await c.close()

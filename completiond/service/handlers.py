@@ -115,6 +115,10 @@ async def status(d: Daemon, s: Session, p: P.Empty, msgid) -> dict:
         "index_idle": d.watcher.idle, "requests_served": d.served,
         "workspace": d.watcher.status(),  # per root: files, bytes, watched dirs, cap message
         "mean_accepted": round(st["accepted"] / st["passes"], 4) if st["passes"] else 0.0,
+        # work that no editor saw: cancelled requests (and their wall ms), warm-ups (and the preempted
+        # ones), tokens served from memory with no pass
+        "stale": {k: round(st[k], 1) for k in ("cancelled", "cancelled_ms", "warms", "warms_preempted", "warm_ms",
+                                               "served_tokens") if k in st},
         "warm": d.warmer.status(s),  # per document of the asker: is its next completion's prompt cached?
     }
 
