@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .service import protocol as P
 from .flags import model_flags
+from .paths import socket_path
 
 log = logging.getLogger("completiond.serve")
 
@@ -43,7 +44,7 @@ def add_parsers(sub) -> None:
 
 
 def _sock(a) -> Path:
-    return Path(a.socket) if a.socket else P.socket_path()
+    return Path(a.socket) if a.socket else socket_path()
 
 
 def read_token(path: Path) -> str:

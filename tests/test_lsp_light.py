@@ -129,6 +129,7 @@ class StandInDaemon:
         self.hold_until, self.changed = hold_until, asyncio.Event()
         self.opens: list[dict] = []
         self.completes: list[dict] = []
+        self.cursors: list[dict] = []
 
     async def serve(self, reader, writer) -> None:
         import asyncio
@@ -142,6 +143,8 @@ class StandInDaemon:
                 if frame[0] == P.NOTIFICATION:
                     if frame[1] == "document/open":
                         self.opens.append(frame[2])
+                    elif frame[1] == "document/cursor":
+                        self.cursors.append(frame[2])
                     elif frame[1] == "document/change" and frame[2].get("version") == self.hold_until:
                         self.changed.set()
                 elif frame[2] == "initialize":
@@ -235,5 +238,27 @@ async def test_request_outdated_by_an_edit_is_not_retried(tmp_path):
             await asyncio.wait_for(pending, 60)
         assert getattr(e.value, "code", None) == -32801 and "while the request ran" in str(e.value)
         assert [c["version"] for c in daemon.completes] == [2] and len(daemon.opens) == 1  # no resync
+    finally:
+        await stop(server, client)
+
+
+async def test_editor_cursor_is_forwarded_to_the_daemon(tmp_path):
+    """`completiond/cursor` from an editor reaches the daemon as `document/cursor` (it warms there);
+    a malformed one is dropped, not forwarded."""
+    import asyncio
+
+    daemon = StandInDaemon()
+    server, client, pending = await lsp_against(daemon, tmp_path / "d.sock", 1)
+    try:
+        await asyncio.wait([pending], timeout=30)  # answered (with an error): the link is connected now
+        client.protocol.notify("completiond/cursor", {"textDocument": {"uri": "file:///w/a.py"}, "position": "x"})
+        client.protocol.notify("completiond/cursor", {"textDocument": {"uri": "file:///w/a.py"},
+                                                      "position": {"line": 0, "character": 3}})
+        for _ in range(600):
+            if daemon.cursors:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        assert daemon.cursors == [{"uri": "file:///w/a.py", "position": {"line": 0, "character": 3}}]
     finally:
         await stop(server, client)

@@ -367,6 +367,26 @@ def test_rewrite_command_applies_an_edit(nvim, workspace):
     assert after["lines"][-2:] == PY[-2:]  # lines outside the range are untouched
 
 
+def test_cursor_moves_are_sent_to_the_server(nvim, workspace):
+    """The daemon warms a completion's prompt where the cursor rests: the plugin sends
+    `completiond/cursor` (debounced) after the cursor moves; the server forwards it."""
+    open_buffer(nvim, workspace / "cursor.py", PY)
+    nvim.exec_lua("""
+      local c = vim.lsp.get_clients({ bufnr = 0, name = 'completiond' })[1]
+      _G.completiond_sent = {}
+      local orig = c.notify
+      c.notify = function(self, method, params)
+        if method == 'completiond/cursor' then table.insert(_G.completiond_sent, params) end
+        return orig(self, method, params)
+      end
+    """)
+    nvim.input("2G$")
+    sent = wait_for(lambda: nvim.exec_lua("return _G.completiond_sent[#_G.completiond_sent]"), timeout=10,
+                    what="a completiond/cursor notification")
+    assert sent["position"] == {"line": 1, "character": len(PY[1]) - 1}
+    assert sent["textDocument"]["uri"].endswith("cursor.py")
+
+
 def test_checkhealth(nvim, daemon_sock):
     nvim.input("<Esc>")
     text = checkhealth_text(nvim)

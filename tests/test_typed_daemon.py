@@ -15,10 +15,10 @@ SRC = (tiny.STDLIB / "textwrap.py").read_text()[:3000]
 URI = "file:///w/textwrap.py"
 
 
-@pytest.fixture
-async def client(tmp_path):
+@pytest.fixture(params=[False])
+async def client(tmp_path, request):
     engine = Engine(tiny.loaded(tiny.qwen2_config(), seed=5, scale=4.0))
-    daemon = Daemon(engine, {"target": "tiny-qwen", "draft": None, "device": "cpu"}, warm=False)
+    daemon = Daemon(engine, {"target": "tiny-qwen", "draft": None, "device": "cpu"}, warm=request.param)
     sock = tmp_path / "d.sock"
     task = asyncio.create_task(daemon.serve(sock))
     while not sock.exists():
@@ -86,3 +86,22 @@ async def test_other_typed_text_keeps_the_prompt_cached_and_a_new_line_rebuilds(
     await type_text(c, 3, line, char + len(typed), "\n")
     fresh = await complete(c, line + 1, 0)
     assert fresh["reused_tokens"] < first["prompt_tokens"] - 1
+
+
+@pytest.mark.parametrize("client", [True], indirect=True)
+async def test_editor_cursor_warms_the_prompt_there(client):
+    """`document/cursor`: the warm-up prefills the FIM prompt at that position (prefix and suffix),
+    not the end-of-file one, which would share only the text before the cursor."""
+    c = client
+    (_, line, char), = cursor_in(SRC, 1)
+    await c.notify("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
+    await c.notify("document/cursor", {"uri": URI, "position": {"line": 9999, "character": 0}})  # ignored
+    await c.notify("document/cursor", {"uri": URI, "position": {"line": line, "character": char}})
+    for _ in range(600):
+        st = (await c.request("status", {}))["warm"][URI]
+        if st["warm"]:
+            break
+        await asyncio.sleep(0.05)
+    assert st["warm"]
+    res = await complete(c, line, char)
+    assert res["reused_tokens"] == res["prompt_tokens"] - 1  # the suffix too was already cached

@@ -119,3 +119,4 @@ async def test_status_reports_stale_work(daemons):
     stale = (await c.request("status", {}))["stale"]
     assert stale["warms"] >= 1 and stale["warm_ms"] > 0 and {"cancelled", "cancelled_ms", "served_tokens"} <= set(stale)
     await c.close()
+

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..paths import socket_path
 from . import protocol as P
 
 
@@ -35,7 +36,7 @@ class Client:
         if host is not None:
             reader, writer = await asyncio.open_connection(host, port)
         else:
-            reader, writer = await asyncio.open_unix_connection(str(path or P.socket_path()))
+            reader, writer = await asyncio.open_unix_connection(str(path or socket_path()))
         return cls(reader, writer)
 
     def on(self, method: str, handler: Callable[[dict], None]) -> Callable[[], None]:

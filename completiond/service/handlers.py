@@ -97,6 +97,12 @@ async def doc_close(d: Daemon, s: Session, p: P.DocumentClose, msgid) -> None:
     d.anchors.pop((s.id, p.uri), None)
 
 
+async def doc_cursor(d: Daemon, s: Session, p: P.DocumentCursor, msgid) -> None:
+    """The editor's cursor rests here (LSP sends no cursor): once it stays, warm this position."""
+    s.offset(s.doc(p.uri), p.position)  # -32602 for a position outside the document
+    d.warmer.touched(s, p.uri, p.position)
+
+
 async def cancel(d: Daemon, s: Session, p: P.Cancel, msgid) -> None:
     job = s.jobs.get(p.id)
     if job is None:
@@ -249,6 +255,7 @@ def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> Prepared:
 METHODS: dict[str, Method] = {
     "initialize": Method(P.Initialize, initialize), "document/open": Method(P.DocumentOpen, doc_open),
     "document/change": Method(P.DocumentChange, doc_change), "document/close": Method(P.DocumentClose, doc_close),
+    "document/cursor": Method(P.DocumentCursor, doc_cursor),
     "complete": Method(P.Complete, complete, job=True), "rewrite": Method(P.Rewrite, rewrite, job=True),
     "cancel": Method(P.Cancel, cancel), "status": Method(P.Empty, status), "shutdown": Method(P.Empty, shutdown),
     "debug/lookup": Method(P.Lookup, lookup),

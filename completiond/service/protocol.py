@@ -8,9 +8,7 @@ This module stays free of torch: the LSP process imports it.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -298,6 +296,12 @@ class DocumentClose(Params):
 
 
 @dataclass(frozen=True)
+class DocumentCursor(Params):  # where the editor's cursor rests: the warm-up prefills there
+    uri: str = param(str)
+    position: Position = param(Position)
+
+
+@dataclass(frozen=True)
 class Cancel(Params):
     id: int = param(int)
 
@@ -387,14 +391,3 @@ class Completion:
 
     def to_wire(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-# ---- where the socket lives ---------------------------------------------------------------------
-def socket_path() -> Path:
-    """$COMPLETIOND_SOCKET, else $XDG_RUNTIME_DIR/completiond/daemon.sock, else a 0700 per-user temp dir."""
-    if os.environ.get("COMPLETIOND_SOCKET"):
-        return Path(os.environ["COMPLETIOND_SOCKET"])
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and Path(runtime).is_dir():
-        return Path(runtime) / "completiond" / "daemon.sock"
-    return Path(tempfile.gettempdir()) / f"completiond-{os.getuid()}" / "daemon.sock"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from completiond.service import protocol as P
 from completiond.service.client import Client, DaemonError
-from completiond.paths import cache_root
+from completiond.paths import cache_root, socket_path
 
 log = logging.getLogger("completiond.lsp")
 INITIALIZE_TIMEOUT = 60.0  # s: how long the handshake with a daemon whose socket is up may take
@@ -35,7 +35,7 @@ class DaemonLink:
         self.on_status = on_status
         self.client: Client | None = None
         self.info: dict = {}
-        self.socket: Path = P.socket_path()
+        self.socket: Path = socket_path()
         self.autostart = True
         self.roots: list[str] = []
         self.encoding = "utf-16"

@@ -27,6 +27,7 @@ from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
 from completiond import __version__
+from completiond.paths import socket_path
 from completiond.service import protocol as P
 from completiond.service.client import DaemonError
 
@@ -35,6 +36,7 @@ from .settings import Settings
 
 log = logging.getLogger("completiond.lsp")
 REWRITE = "completiond.rewrite"
+CURSOR = "completiond/cursor"  # editor -> server notification: the cursor rests here
 
 
 class CompletiondServer(LanguageServer):
@@ -65,7 +67,7 @@ class CompletiondServer(LanguageServer):
             log.warning("%s", message)
             self.window_show_message(types.ShowMessageParams(type=types.MessageType.Warning, message=message))
         s = self.settings
-        self.link.socket = Path(s.socket) if s.socket else P.socket_path()
+        self.link.socket = Path(s.socket) if s.socket else socket_path()
         self.link.autostart = s.autostart
         self.link.serve_args = [arg for key in ("target", "draft", "dtype", "device")
                                 if getattr(s, key) for arg in (f"--{key}", str(getattr(s, key)))]
@@ -136,6 +138,19 @@ async def did_change(ls: CompletiondServer, params: types.DidChangeTextDocumentP
             changes.append({"text": ch.text})
     await ls.link.notify("document/change", P.DocumentChange(uri=params.text_document.uri, changes=changes,
                                                              version=params.text_document.version).to_wire())
+
+
+@server.feature(CURSOR)
+async def cursor(ls: CompletiondServer, params: Any) -> None:
+    """`completiond/cursor` {textDocument: {uri}, position}: where the editor's cursor rests (LSP has no
+    such message); the daemon warms the prompt of a completion there."""
+    try:
+        uri, pos = params.textDocument.uri, params.position
+        wire = P.DocumentCursor(uri=uri, position=P.Position(int(pos.line), int(pos.character))).to_wire()
+    except (AttributeError, TypeError, ValueError, P.RpcError) as e:
+        log.info("ignored %s: %s", CURSOR, e)
+        return
+    await ls.link.notify("document/cursor", wire)
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)

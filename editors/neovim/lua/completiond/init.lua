@@ -97,6 +97,46 @@ local function set_keys(bufnr)
   map(bufnr, keys.dismiss, 'dismiss')
 end
 
+--- Tell the server where the cursor rests (`completiond/cursor`, debounced): LSP itself has no such
+--- message, and the daemon warms the prompt of a completion there before the user types.
+local cursor_timers = {}
+local function follow_cursor(bufnr, client_id)
+  local group = api.nvim_create_augroup('completiond_cursor_' .. bufnr, { clear = true })
+  api.nvim_create_autocmd({ 'BufEnter', 'CursorMoved', 'InsertEnter' }, {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      local timer = cursor_timers[bufnr]
+      if not timer then
+        timer = assert(vim.uv.new_timer())
+        cursor_timers[bufnr] = timer
+      end
+      timer:stop()
+      timer:start(150, 0, vim.schedule_wrap(function()
+        local client = vim.lsp.get_client_by_id(client_id)
+        if not client or api.nvim_get_current_buf() ~= bufnr then
+          return
+        end
+        local p = vim.lsp.util.make_position_params(0, client.offset_encoding)
+        local notify = vim.fn.has('nvim-0.11') == 1 and function(...) return client:notify(...) end or client.notify
+        notify('completiond/cursor', { textDocument = p.textDocument, position = p.position })
+      end))
+    end,
+  })
+  api.nvim_create_autocmd({ 'BufWipeout' }, {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      local timer = cursor_timers[bufnr]
+      if timer then
+        timer:stop()
+        timer:close()
+        cursor_timers[bufnr] = nil
+      end
+    end,
+  })
+end
+
 --- Start (or reuse) the language server for bufnr and attach the ghost-text renderer.
 ---@param bufnr? integer
 ---@return integer? client_id
@@ -133,6 +173,7 @@ function M.attach(bufnr)
     suggest.attach(bufnr, client_id)
   end
   set_keys(bufnr)
+  follow_cursor(bufnr, client_id)
   return client_id
 end
 
