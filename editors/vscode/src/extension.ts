@@ -5,6 +5,7 @@
  *   settings.ts   completiond.* settings -> initializationOptions / didChangeConfiguration
  *   status.ts     completiond/status notification -> status bar item
  *   rewrite.ts    "completiond: Rewrite selection…" -> workspace/executeCommand completiond.rewrite
+ *   cursor.ts     cursor moves -> completiond/cursor (debounced): the daemon warms the prompt there
  *   serverPath.ts finding the executable, and the message with the fix when it is missing
  */
 import * as os from 'os';
@@ -18,6 +19,7 @@ import {
   State,
 } from 'vscode-languageclient/node';
 
+import { CURSOR_NOTIFICATION, CursorParams, Debounced, cursorParams } from './cursor';
 import { describeRewriteResult, rewriteParams, validateInstruction } from './rewrite';
 import { INSTALL_HINT, findExecutable, missingServerMessage } from './serverPath';
 import {
@@ -39,6 +41,16 @@ let log: vscode.LogOutputChannel;
 let statusItem: vscode.StatusBarItem;
 let view: StatusView = { client: 'starting' };
 let lastSent: ServerSettings | undefined;
+const cursorMoves = new Debounced<CursorParams>((p) => {
+  if (client?.isRunning()) void client.sendNotification(CURSOR_NOTIFICATION, p);
+});
+
+function onSelection(e: vscode.TextEditorSelectionChangeEvent): void {
+  const doc = e.textEditor.document;
+  if (doc.uri.scheme !== 'file' && doc.uri.scheme !== 'untitled') return;
+  const at = e.selections[0]?.active;
+  if (at) cursorMoves.push(cursorParams(doc.uri.toString(), at.line, at.character));
+}
 
 const config = (): ConfigReader => vscode.workspace.getConfiguration(SECTION);
 
@@ -240,6 +252,8 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     vscode.commands.registerCommand('completiond.restartServer', restartClient),
     vscode.commands.registerCommand('completiond.rewriteSelection', rewriteSelection),
     vscode.workspace.onDidChangeConfiguration((e) => void onConfigurationChanged(e)),
+    vscode.window.onDidChangeTextEditorSelection(onSelection),
+    { dispose: () => cursorMoves.dispose() },
   );
   showStatus({ client: 'starting' });
   log.info(`completiond extension ${context.extension.packageJSON.version} activated`);
