@@ -38,13 +38,13 @@ def p(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 1) if xs else None
 
 
-async def type_lines(sock: Path, positions, pause_s: float, max_tokens: int) -> dict:
+async def type_lines(sock: Path, positions, pause_s: float, max_tokens: int, cursor: bool = False) -> dict:
     client = await Client.connect(sock)
     await client.request("initialize", {"client": "keystroke-bench", "protocol": 1})
     ttft, final, served, requests = [], [], 0, 0
     for i, pos in enumerate(positions):
         r = await _type_line(client, f"file:///bench/{i}/{pos.file.name}", pos, read_text_file(pos.file) or "",
-                             True, max_tokens, pause_s)
+                             True, max_tokens, pause_s, cursor)
         ttft += r["ttft"]
         final += r["final"]
         served += r.get("served", 0)
@@ -56,7 +56,7 @@ async def type_lines(sock: Path, positions, pause_s: float, max_tokens: int) -> 
             "answered_with_tokens": len(ttft), "served_from_memory": served}
 
 
-def run_daemon(pythonpath: str | None, positions, a) -> dict:
+def run_daemon(pythonpath: str | None, positions, a, cursor: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         sock = Path(tmp) / "d.sock"
         env = os.environ.copy()
@@ -75,7 +75,7 @@ def run_daemon(pythonpath: str | None, positions, a) -> dict:
                     if proc.poll() is not None or time.time() > deadline:
                         raise RuntimeError("the daemon did not start")
                     time.sleep(0.5)
-            return asyncio.run(type_lines(sock, positions, a.pause, a.max_tokens))
+            return asyncio.run(type_lines(sock, positions, a.pause, a.max_tokens, cursor))
         finally:
             proc.terminate()
             proc.wait(timeout=60)
@@ -120,6 +120,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--baseline", default=None, help="an older checkout to compare with")
     ap.add_argument("--serve-arg", action="append", default=[], help="extra `serve` argument (repeatable)")
+    ap.add_argument("--cursor", action="store_true",
+                    help="also run the current daemon with the editor's cursor sent after opening (document/cursor)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     a = ap.parse_args()
@@ -129,6 +131,8 @@ def main() -> int:
     if a.baseline:
         runs["baseline"] = run_daemon(str(Path(a.baseline).resolve()), positions, a)
     runs["current"] = run_daemon(str(ROOT), positions, a)
+    if a.cursor:
+        runs["current+cursor"] = run_daemon(str(ROOT), positions, a, cursor=True)
     result = {"date": datetime.date.today().isoformat(), "command": " ".join(["python"] + sys.argv),
               "repo": label, "cpu": cpu_name(), "load_average": os.getloadavg(), "lines": len(positions),
               "typed_chars": sum(len(x.reference) for x in positions), "pause_after_open_s": a.pause,

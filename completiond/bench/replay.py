@@ -24,10 +24,13 @@ CHAR_INTERVAL_S = 0.12  # ~100 words per minute
 
 
 async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: bool, max_tokens: int,
-                     pause_s: float = 0.0) -> dict:
-    """pause_s: the user looks at the freshly opened file this long before typing (warm-up time)."""
+                     pause_s: float = 0.0, cursor: bool = False) -> dict:
+    """pause_s: the user looks at the freshly opened file this long before typing (warm-up time);
+    cursor: the editor says where its cursor rests (`document/cursor`, as both editor plugins do)."""
     doc, offset = pos.document(text)
     await client.request("document/open", {"uri": uri, "text": doc, "version": 0})
+    if cursor:
+        await client.notify("document/cursor", {"uri": uri, "position": {"line": pos.line, "character": pos.col}})
     await asyncio.sleep(pause_s)
     line, col = pos.line, pos.col
     ttft, final, superseded, version = [], [], 0, 0
