@@ -101,7 +101,8 @@ def test_serve_status_from_the_first_second_then_ready(tmp_path, tiny_dir):
             seen.append(daemon_status(sock))
         # transformers alone takes seconds to import, after the socket is up: the first answer is "loading"
         assert seen[0]["state"] == "loading" and seen[-1]["dtype"] == "float32", seen
-        assert [p["phase"] for p in seen[-1].get("phases_done", [])] == [] and seen[-1]["clients"] == 0
+        assert any(st["phase"].startswith(("importing torch", "loading target")) for st in seen[:-1])
+        assert seen[-1]["clients"] == 0
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)

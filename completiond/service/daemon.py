@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import protocol as P
-from .handlers import METHODS, Anchor, Method, Prepared
+from .handlers import METHODS, Method, Prepared
 from ..core.index import TokenIndex
 from .session import Job, Session
 from .warmup import Warmer, cursor_after
@@ -76,7 +76,6 @@ class Daemon:
         self.servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()  # complete / rewrite answers in flight
         self.warmer = Warmer(self, enabled=warm)
-        self.anchors: dict[tuple[int, str], Anchor] = {}  # (session, uri) -> prompt that typing extends
         if self.engine is not None:
             self.info["state"] = "ready"
             self.ready.set()
@@ -146,8 +145,6 @@ class Daemon:
         """A client went away: cancel its work and forget its documents."""
         s.cancel_all()
         self.warmer.forget(s)
-        for key in [k for k in self.anchors if k[0] == s.id]:
-            del self.anchors[key]
         for uri in s.docs:
             self.index.close(s.index_key(uri))
         self.sessions.pop(s.id, None)

@@ -94,7 +94,7 @@ async def doc_close(d: Daemon, s: Session, p: P.DocumentClose, msgid) -> None:
     if s.docs.pop(p.uri, None) is None:
         raise P.RpcError(P.INVALID_PARAMS, f"document not open: {p.uri}")
     d.engine.index.close(s.index_key(p.uri))
-    d.anchors.pop((s.id, p.uri), None)
+    s.anchors.pop(p.uri, None)
 
 
 async def doc_cursor(d: Daemon, s: Session, p: P.DocumentCursor, msgid) -> None:
@@ -192,8 +192,7 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
     others = [(o.uri, o.text) for o in recent if o.uri != doc.uri][:MAX_OTHER_BUFFERS]
     indexed = [(root, list(d.watcher.indexed.get(root, {}))) for root in roots]
     greedy = p.temperature < P.MIN_TEMPERATURE
-    key = (s.id, doc.uri)
-    anchor = d.anchors.get(key) if greedy and p.reuse_prefix else None
+    anchor = s.anchors.get(doc.uri) if greedy and p.reuse_prefix else None
     typed = typed_since(anchor, text, offset)
 
     def make() -> Request:
@@ -217,7 +216,7 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
         context = related_files(path, text, [(locate(u, roots)[0], t) for u, t in others], workspace)
         prompt = build_prompt(tok, text, offset, multiline=p.multiline, path=path, repo=repo, context=context,
                               starts=starts)
-        d.anchors[key] = Anchor(text, offset, prompt.ids, prompt.heal, fim=fim_tokens(tok) is not None)
+        s.anchors[doc.uri] = Anchor(text, offset, prompt.ids, prompt.heal, fim=fim_tokens(tok) is not None)
         return Request(prompt=prompt.ids, stops=prompt.stops, heal=prompt.heal, **common)
 
     return Prepared(doc.uri, mode, make, "complete/partial", lambda res: P.Completion.of(res).to_wire())

@@ -11,6 +11,7 @@ import asyncio
 import heapq
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import protocol as P
 from .documents import Document, IndexView
@@ -37,6 +38,9 @@ class Session:
     docs: dict[str, Document] = field(default_factory=dict)
     jobs: dict[int, Job] = field(default_factory=dict)
     latest: dict[str, Job] = field(default_factory=dict)
+    # uri -> handlers.Anchor: the last prompt built from scratch, which typing at its cursor extends
+    # (set on the engine thread by the request that built it; a plain dict store)
+    anchors: dict[str, Any] = field(default_factory=dict)
     closed: bool = False
     received: int = 0  # bytes read so far (bounded before authentication)
 
