@@ -1,13 +1,16 @@
 """Keystroke latency, side by side in one run (issue 15): the same lines typed character by
 character (120 ms/char) through real `completiond serve` daemons, one per code version, one after
 the other on this machine; time from each keystroke to its first streamed token, and after the
-last keystroke of each line (what a user waits for when they pause).
+last keystroke of each line (what a user waits for when they pause). With --accept the user then
+accepts the suggestion and the editor asks again (ms to that first token). Each run also reports
+the daemon's CPU time per keystroke and the stale work `status` counted (cancelled passes, warm-ups).
 
     python benchmarks/keystroke.py --repo pypi:toolz==1.0.0 --lines 8 --baseline /tmp/old-checkout \\
         --json benchmarks/results/keystroke-toolz.json --plot benchmarks/results/keystroke-toolz.png
 
 --baseline is a checkout of an older completiond (its package dir is put first on PYTHONPATH of
 that daemon); the current one is this checkout. Both use the serve defaults (CPU: the 0.5B, int8).
+--cold adds a run of the current daemon in which typing starts as soon as the file is open.
 """
 
 from __future__ import annotations
@@ -38,25 +41,47 @@ def p(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 1) if xs else None
 
 
-async def type_lines(sock: Path, positions, pause_s: float, max_tokens: int, cursor: bool = False) -> dict:
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def type_lines(sock: Path, positions, pause_s: float, max_tokens: int, cursor: bool, accept: bool,
+                     pid: int) -> dict:
     client = await Client.connect(sock)
     await client.request("initialize", {"client": "keystroke-bench", "protocol": 1})
-    ttft, final, served, requests = [], [], 0, 0
+    ttft, final, accepted, served, requests = [], [], [], 0, 0
+    accept_served = accept_passes = 0
+    cpu0 = cpu_s(pid)
     for i, pos in enumerate(positions):
         r = await _type_line(client, f"file:///bench/{i}/{pos.file.name}", pos, read_text_file(pos.file) or "",
-                             True, max_tokens, pause_s, cursor)
+                             True, max_tokens, pause_s, cursor, accept)
         ttft += r["ttft"]
         final += r["final"]
         served += r.get("served", 0)
         requests += r["requests"]
+        if "after_accept_ms" in r:
+            accepted.append(r["after_accept_ms"])
+            accept_served += r["after_accept_served"]
+            accept_passes += r["after_accept_passes"]
+    cpu = cpu_s(pid) - cpu0
+    stale = (await client.request("status", {})).get("stale")  # older daemons: None
     await client.close()
-    return {"p50_first_token_ms": p(ttft, 50), "p95_first_token_ms": p(ttft, 95),
-            "p50_final_keystroke_ms": p(final, 50), "p95_final_keystroke_ms": p(final, 95),
-            "final_keystroke_ms": [round(x, 1) for x in final], "requests": requests,
-            "answered_with_tokens": len(ttft), "served_from_memory": served}
+    out = {"p50_first_token_ms": p(ttft, 50), "p95_first_token_ms": p(ttft, 95),
+           "p50_final_keystroke_ms": p(final, 50), "p95_final_keystroke_ms": p(final, 95),
+           "final_keystroke_ms": [round(x, 1) for x in final], "requests": requests,
+           "answered_with_tokens": len(ttft), "served_from_memory": served,
+           "daemon_cpu_s": round(cpu, 1), "cpu_ms_per_keystroke": round(cpu * 1000 / max(requests, 1), 1),
+           "stale_work": stale}
+    if accept:
+        out.update({"p50_after_accept_ms": p(accepted, 50), "p95_after_accept_ms": p(accepted, 95),
+                    "after_accept_ms": [round(x, 1) for x in accepted], "after_accept_served": accept_served,
+                    "after_accept_passes": accept_passes})
+    return out
 
 
-def run_daemon(pythonpath: str | None, positions, a, cursor: bool = False) -> dict:
+def run_daemon(pythonpath: str | None, positions, a, cursor: bool = False, pause: float | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         sock = Path(tmp) / "d.sock"
         env = os.environ.copy()
@@ -75,7 +100,8 @@ def run_daemon(pythonpath: str | None, positions, a, cursor: bool = False) -> di
                     if proc.poll() is not None or time.time() > deadline:
                         raise RuntimeError("the daemon did not start")
                     time.sleep(0.5)
-            return asyncio.run(type_lines(sock, positions, a.pause, a.max_tokens, cursor))
+            return asyncio.run(type_lines(sock, positions, a.pause if pause is None else pause, a.max_tokens,
+                                          cursor, a.accept, proc.pid))
         finally:
             proc.terminate()
             proc.wait(timeout=60)
@@ -100,10 +126,11 @@ def plot(result: dict, path: Path) -> None:
 
     names = list(result["runs"])
     fig, ax = plt.subplots(figsize=(7, 4))
-    keys = ["p50_first_token_ms", "p50_final_keystroke_ms", "p95_final_keystroke_ms"]
+    keys = ["p50_first_token_ms", "p50_final_keystroke_ms", "p95_final_keystroke_ms", "p50_after_accept_ms"]
+    w = 0.2
     for j, k in enumerate(keys):
-        ax.bar([i + j * 0.27 for i in range(len(names))], [result["runs"][n][k] or 0 for n in names], 0.27, label=k)
-    ax.set_xticks([i + 0.27 for i in range(len(names))], names)
+        ax.bar([i + j * w for i in range(len(names))], [result["runs"][n].get(k) or 0 for n in names], w, label=k)
+    ax.set_xticks([i + 1.5 * w for i in range(len(names))], names, fontsize=8)
     ax.set_ylabel("ms")
     ax.set_title(f"keystroke -> first token, {result['repo']} ({result['cpu']})", fontsize=9)
     ax.legend(fontsize=8)
@@ -122,6 +149,8 @@ def main() -> int:
     ap.add_argument("--serve-arg", action="append", default=[], help="extra `serve` argument (repeatable)")
     ap.add_argument("--cursor", action="store_true",
                     help="also run the current daemon with the editor's cursor sent after opening (document/cursor)")
+    ap.add_argument("--accept", action="store_true", help="accept each line's last suggestion and ask again")
+    ap.add_argument("--cold", action="store_true", help="also a run that types as soon as the file is open")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     a = ap.parse_args()
@@ -133,6 +162,8 @@ def main() -> int:
     runs["current"] = run_daemon(str(ROOT), positions, a)
     if a.cursor:
         runs["current+cursor"] = run_daemon(str(ROOT), positions, a, cursor=True)
+    if a.cold:
+        runs["current, typing at once"] = run_daemon(str(ROOT), positions, a, cursor=a.cursor, pause=0.0)
     result = {"date": datetime.date.today().isoformat(), "command": " ".join(["python"] + sys.argv),
               "repo": label, "cpu": cpu_name(), "load_average": os.getloadavg(), "lines": len(positions),
               "typed_chars": sum(len(x.reference) for x in positions), "pause_after_open_s": a.pause,

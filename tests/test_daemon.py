@@ -157,6 +157,23 @@ async def test_clients_share_the_daemon_and_survive_a_disconnect(daemon):
     await b.close()
 
 
+async def test_another_clients_completion_does_not_wait_for_a_long_request(daemon):
+    a, b = await connect(daemon), await connect(daemon)
+    await open_doc(a, text=SRC.replace("mul(a, b):\n", "mul(a, b):"))
+    await open_doc(b, uri="file:///w/other.py")
+    msgid, fut, first, _, _ = await long_request(a)  # 2,000 tokens
+    await asyncio.wait_for(first, 60)
+    res = await b.request("complete", {"uri": "file:///w/other.py", "position": {"line": 8, "character": 14},
+                                       "max_tokens": 5}, timeout=60)
+    assert res["cancelled"] is False and not fut.done()  # served in turns, before the long one ended
+    st = await b.request("status", {})
+    assert st["scheduler"]["slots"] >= 2 and st["scheduler"]["turns"] > 0
+    await a.request("cancel", {"id": msgid})
+    assert (await asyncio.wait_for(fut, 30))["cancelled"] is True
+    await a.close()
+    await b.close()
+
+
 async def wait_index(c, timeout=30.0):
     deadline = time.time() + timeout
     while time.time() < deadline:

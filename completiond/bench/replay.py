@@ -24,9 +24,11 @@ CHAR_INTERVAL_S = 0.12  # ~100 words per minute
 
 
 async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: bool, max_tokens: int,
-                     pause_s: float = 0.0, cursor: bool = False) -> dict:
+                     pause_s: float = 0.0, cursor: bool = False, accept: bool = False) -> dict:
     """pause_s: the user looks at the freshly opened file this long before typing (warm-up time);
-    cursor: the editor says where its cursor rests (`document/cursor`, as both editor plugins do)."""
+    cursor: the editor says where its cursor rests (`document/cursor`, as both editor plugins do);
+    accept: after the last keystroke's suggestion, the user accepts it (Tab: the text is inserted)
+    and the editor asks again at the new cursor: ms to that request's first token."""
     doc, offset = pos.document(text)
     await client.request("document/open", {"uri": uri, "text": doc, "version": 0})
     if cursor:
@@ -49,7 +51,6 @@ async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: 
         pending.append((t0, fut, {"id": msgid}))
         await asyncio.sleep(CHAR_INTERVAL_S)
     results = await asyncio.gather(*(f for _, f, _ in pending), return_exceptions=True)
-    unsubscribe()
     served = sum(r.get("served_tokens", 0) > 0 for r in results if isinstance(r, dict))
     for i, ((t0, _, meta), res) in enumerate(zip(pending, results)):
         if meta["id"] in firsts:
@@ -58,8 +59,30 @@ async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: 
                 final.append(ttft[-1])
         elif isinstance(res, dict) and res.get("cancelled"):
             superseded += 1
+    out = {"ttft": ttft, "final": final, "superseded": superseded, "requests": len(pending), "served": served}
+    last = results[-1] if results else None
+    if accept and isinstance(last, dict) and last.get("text"):
+        out.update(await _accept(client, uri, version, line, col, last["text"], reuse, max_tokens, firsts))
+    unsubscribe()
     await client.request("document/close", {"uri": uri})
-    return {"ttft": ttft, "final": final, "superseded": superseded, "requests": len(pending), "served": served}
+    return out
+
+
+async def _accept(client: Client, uri: str, version: int, line: int, col: int, suggestion: str, reuse: bool,
+                  max_tokens: int, firsts: dict[int, float]) -> dict:
+    """Insert the suggestion at the cursor (the editor's accept), then ask at the cursor after it."""
+    await client.request("document/change", {"uri": uri, "version": version + 1, "changes": [{
+        "range": {"start": {"line": line, "character": col}, "end": {"line": line, "character": col}},
+        "text": suggestion}]})
+    tail = suggestion.rsplit("\n", 1)[-1]
+    line, col = line + suggestion.count("\n"), (col if "\n" not in suggestion else 0) + len(tail.encode("utf-16-le")) // 2
+    t0 = time.perf_counter()
+    msgid, fut = client.send_request("complete", {"uri": uri, "position": {"line": line, "character": col},
+                                                  "max_tokens": max_tokens, "reuse_prefix": reuse})
+    res = await fut
+    t1 = firsts.get(msgid, time.perf_counter())  # no partial: an empty answer, timed at its arrival
+    return {"after_accept_ms": (t1 - t0) * 1000, "after_accept_passes": res.get("target_passes", 0),
+            "after_accept_served": res.get("served_tokens", 0) > 0}
 
 
 def replay(a, root: Path, positions: list[Position]) -> dict:

@@ -16,7 +16,8 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Generator, Hashable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -26,13 +27,14 @@ from .index import TokenIndex
 from ..models import LoadedModel
 from .prompt import Heal
 from .proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
-from .runner import Cancelled, Runner
+from .runner import Cancelled, Held, Runner, drain
 from .stops import StopRules
 from .tree import TokenTree, build_tree
 from .typed import Detokenizer, Step, TypedThrough, typed_prompt  # Step: part of this module's API
 from .verify import Sampling, accept, sample
 
 MODES = ("ar", "pld", "draft", "combined")
+MAX_SLOTS = 4  # sequences kept cached (one per document): 0.5B Qwen, 4k tokens: ~50 MB each in bf16
 
 
 @dataclass
@@ -50,6 +52,7 @@ class Request:
     # greedy: serve a continuation the target already verified (typed.py). Off by default: a benchmark
     # that repeats a prompt in every mode must compute it each time; the daemon turns it on.
     typed_through: bool = False
+    slot: Hashable = None  # whose cached sequence to continue (the daemon: one per client document)
 
 
 @dataclass
@@ -68,6 +71,13 @@ class Result:
     reused_tokens: int = 0
     accepted_by_depth: list[int] = field(default_factory=list)
     served_tokens: int = 0  # tokens served from an earlier completion's verified tokens: no pass for them
+
+
+@dataclass
+class Slot:
+    """One cached sequence: the target's KV cache and ids, and the draft's."""
+    target: Held
+    draft: Held | None
 
 
 @dataclass
@@ -134,6 +144,11 @@ class Engine:
         self._urgent = 0  # complete() calls waiting for or holding the lock: a warm-up yields to them
         self._urgent_lock = threading.Lock()  # += on an int is not atomic across threads
         self._warm_cancel: threading.Event | None = None  # the warm-up in flight (preempt_warm)
+        # cached sequences by Request.slot, least recently used first; the runners hold `slot_key`'s
+        self.slots: OrderedDict[Hashable, Slot] = OrderedDict(
+            {None: Slot(Held(self.runner.cache, self.runner.tokens),
+                        Held(self.draft.runner.cache, self.draft.runner.tokens) if self.draft else None)})
+        self.slot_key: Hashable = None
 
     # ---- set-up -------------------------------------------------------------------------------
     def calibrate(self, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), context: int = 64,
@@ -159,7 +174,7 @@ class Engine:
         save_costs(calibration_path(self.target), self.budget.costs())
 
     @torch.inference_mode()
-    def warm(self, prompt: list[int], cancel: threading.Event | None = None) -> int:
+    def warm(self, prompt: list[int], cancel: threading.Event | None = None, slot: Hashable = None) -> int:
         """Prefill the caches with `prompt` ahead of a request (on open, after edits, in benchmarks);
         a later request with the same prefix reuses it. Returns the tokens now cached.
 
@@ -172,21 +187,57 @@ class Engine:
             if own.is_set() or self._urgent:
                 raise Cancelled()
 
-        with self.lock, self._checks(check):
+        with self.turn(slot, check=check):
             self._warm_cancel = own
-            t0 = time.perf_counter()
             try:
-                check()
-                self.runner.sync(prompt)
-                if self.draft is not None:
-                    self.draft.warm(prompt)
-            except Cancelled:
-                self.stats["warms_preempted"] += 1
+                return drain(self.warming(prompt))
             finally:
                 self._warm_cancel = None
-                self.stats["warms"] += 1
-                self.stats["warm_ms"] += (time.perf_counter() - t0) * 1000
-            return self.runner.length
+
+    def warming(self, prompt: list[int]) -> Generator[None, None, int]:
+        """`warm` as steps (one per prefill chunk), run in turns (core/scheduler.py); the turn's check
+        cancels it between layers."""
+        t0 = time.perf_counter()
+        try:
+            if self.runner.check is not None:
+                self.runner.check()  # cancelled before it starts: the cache stays as it is (no rollback)
+            yield from self.runner.sync_chunks(prompt)
+            if self.draft is not None:
+                self.draft.warm(prompt)
+        except Cancelled:
+            self.stats["warms_preempted"] += 1
+        finally:
+            self.stats["warms"] += 1
+            self.stats["warm_ms"] += (time.perf_counter() - t0) * 1000
+        return self.runner.length
+
+    @contextlib.contextmanager
+    def turn(self, slot: Hashable = None, check: Callable[[], None] | None = None,
+             preempt: Callable[[], bool] | None = None, pinned: Collection[Hashable] = ()) -> Iterator[None]:
+        """The engine for one job's step: its slot's caches held, its cancel check between layers,
+        `preempt` asked between the layers of a prefill chunk. Slots of `pinned` keys (jobs that are
+        between turns) are never evicted."""
+        with self.lock, self._checks(check):
+            self._hold(slot, pinned)
+            self.runner.preempt = preempt
+            try:
+                yield
+            finally:
+                self.runner.preempt = None
+
+    def _hold(self, key: Hashable, pinned: Collection[Hashable]) -> None:
+        slot = self.slots.get(key)
+        if slot is None:  # make room: the least recently used slots that no job is between turns on
+            spare = [k for k in self.slots if k not in pinned]
+            for k in spare[:max(0, len(self.slots) + 1 - MAX_SLOTS)]:
+                del self.slots[k]
+            slot = self.slots[key] = Slot(self.runner.new_held(), self.draft.runner.new_held() if self.draft else None)
+        self.slots.move_to_end(key)
+        if key != self.slot_key:
+            self.runner.hold(slot.target)
+            if self.draft is not None:
+                self.draft.runner.hold(slot.draft)
+            self.slot_key = key
 
     @contextlib.contextmanager
     def _checks(self, check: Callable[[], None]) -> Iterator[None]:
@@ -207,10 +258,11 @@ class Engine:
         if ev is not None:
             ev.set()
 
-    def cached_prefix_len(self, prompt: list[int]) -> int:
-        """How many leading tokens of `prompt` the target's cache holds now (warm/cold per document in
-        `status`). Thread-safe: reads a snapshot, so it may be one pass out of date."""
-        held = list(self.runner.tokens)  # one atomic copy: the engine thread may be changing it
+    def cached_prefix_len(self, prompt: list[int], slot: Hashable = None) -> int:
+        """How many leading tokens of `prompt` the target's cache of `slot` holds now (warm/cold per
+        document in `status`). Thread-safe: reads a snapshot, so it may be one pass out of date."""
+        s = self.slots.get(slot)
+        held = list(s.target.tokens) if s is not None else []  # one atomic copy: the engine thread may change it
         n = min(len(held), len(prompt))
         i = 0
         while i < n and held[i] == prompt[i]:
@@ -247,18 +299,20 @@ class Engine:
     # ---- one completion -----------------------------------------------------------------------
     @torch.inference_mode()
     def complete(self, req: Request, on_step: Callable[[Step], None] | None = None) -> Result:
-        proposers = self.proposers(req.mode)
         with self._urgent_lock:
             self._urgent += 1  # a warm-up in flight sees it between two layers and yields the lock
         try:
             self.preempt_warm()
-            with self.lock, self._checks(functools.partial(_raise_if, req.cancel)):
-                return self._complete(req, proposers, on_step)
+            with self.turn(req.slot, functools.partial(_raise_if, req.cancel)):
+                return drain(self.run(req, on_step))
         finally:
             with self._urgent_lock:
                 self._urgent -= 1
 
-    def _complete(self, req: Request, proposers: list[Proposer], on_step) -> Result:
+    def run(self, req: Request, on_step: Callable[[Step], None] | None = None) -> Generator[None, None, Result]:
+        """`complete` as steps: it yields after every prefill chunk and every target pass, where a
+        scheduler may give the model to another job (each step inside `turn(req.slot, ...)`)."""
+        proposers = self.proposers(req.mode)
         if not req.reuse_prefix:
             self.runner.reset()
             if self.draft is not None:
@@ -272,8 +326,9 @@ class Engine:
                if req.sampling.greedy and req.typed_through and req.reuse_prefix else None)
         served = hit[0].tokens[hit[1]:] if hit else []
         try:
-            self._prefill(st, served)
+            yield from self._prefill(st, served)
             while not st.out.done:
+                yield
                 _raise_if(req.cancel)
                 if req.deadline_ms is not None and st.elapsed_ms() > req.deadline_ms:
                     st.out.stopped_by = "deadline"
@@ -289,7 +344,7 @@ class Engine:
             self.typed.record(req.prompt, st.verified, req.heal)
         return st.result(len(served))
 
-    def _prefill(self, st: Decoding, served: list[int]) -> None:
+    def _prefill(self, st: Decoding, served: list[int]) -> Generator[None, None, None]:
         """The first token(s): served from memory (then the cache is brought up to them), or one pass
         over the prompt tokens the cache lacks, whose last logits give the first token."""
         req, check = st.req, functools.partial(_raise_if, st.req.cancel)
@@ -297,9 +352,9 @@ class Engine:
             st.emit(served, first=True)
             if not st.out.done:  # speculate on from the served end: the cache must hold all before it
                 st.reused = min(self.runner.common_prefix(req.prompt + served), len(req.prompt))
-                self.runner.sync(req.prompt + served[:-1], check=check)
+                yield from self.runner.sync_chunks(req.prompt + served[:-1], check=check)
             return
-        logits = self.runner.extend(req.prompt, check=check, whole_chunks=True)  # [vocab]
+        logits = yield from self.runner.extend_chunks(req.prompt, check=check, whole_chunks=True)  # [vocab]
         if req.heal is not None:  # only tokens that start with the healed text may come first
             allowed = torch.full_like(logits, float("-inf"))
             allowed[req.heal.allowed] = 0.0
@@ -360,8 +415,6 @@ class Engine:
         for p in proposers:
             if p.name in by_source:
                 p.observe(by_source[p.name])
-
-    # ---- streaming ----------------------------------------------------------------------------
 
 
 def _raise_if(cancel: threading.Event) -> None:

@@ -9,7 +9,8 @@ the tokens after the longest common prefix with what the cache holds are compute
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -29,6 +30,19 @@ CHUNK = 256
 
 class Cancelled(Exception):
     """The request was cancelled (between decoder layers, prefill chunks or passes)."""
+
+
+class Preempted(Exception):
+    """Another job should have the model now (core/scheduler.py): the prefill chunk in flight stops
+    between two layers and runs again on the job's next turn."""
+
+
+@dataclass
+class Held:
+    """One sequence's KV cache and the ids in its committed slots. A runner holds one at a time; the
+    engine keeps one per document (Engine.slots) so that switching documents does not prefill again."""
+    cache: TreeKVCache
+    tokens: list[int]
 
 
 def _layer_hook(module, args) -> None:
@@ -74,6 +88,7 @@ class Runner:
             self.layer_types: list[str] | None = list(types)
         else:
             self.layer_types = None  # one mask for every layer (with the window if the model has one)
+        self.capacity = capacity
         self.cache = TreeKVCache(capacity)
         self.tokens: list[int] = []  # ids held by cache slots [0, length)
         self._pass_ids: list[int] = []  # uncommitted nodes since the last keep/rollback, and their parents
@@ -82,6 +97,10 @@ class Runner:
         # Called before every decoder layer and prefill chunk while set (raises Cancelled to stop);
         # the engine sets it for the length of a request. A cancelled pass commits nothing.
         self.check: Callable[[], None] | None = None
+        # Asked between the layers of a prefill chunk while set: True = stop the chunk (Preempted) and
+        # give the model to another job; the chunk runs again on this job's next turn.
+        self.preempt: Callable[[], bool] | None = None
+        self._in_chunk = False
         self.layers_run = 0  # decoder layers started, all passes together (tests count preemption points)
         self._hf_layers = list(getattr(self.base, "layers", [])) if self.backend == "transformers" else []
         for layer in self._hf_layers:
@@ -91,6 +110,8 @@ class Runner:
 
     def _layer_check(self) -> None:
         self.layers_run += 1
+        if self._in_chunk and self.preempt is not None and self.preempt():
+            raise Preempted()
         if self.check is not None:
             self.check()
 
@@ -112,6 +133,16 @@ class Runner:
 
     def reset(self) -> None:
         self.rollback(0)
+
+    def hold(self, seq: Held) -> Held:
+        """Work on another sequence's cache from now on; returns the one held until now."""
+        was = Held(self.cache, self.tokens)
+        self.cache, self.tokens = seq.cache, seq.tokens
+        self._pass_ids, self._pass_parents = [], []
+        return was
+
+    def new_held(self) -> Held:
+        return Held(TreeKVCache(self.capacity), [])
 
     @torch.inference_mode()
     def forward(self, ids: Sequence[int], parents: Sequence[int], logits_at: Sequence[int],
@@ -204,20 +235,31 @@ class Runner:
         whole_chunks: cancel only between chunks, not between layers. A request superseded by the
         next keystroke in the same document then still finishes the chunk it is in, which the next
         request reuses; cancelled between layers, every keystroke would restart the same chunk."""
+        return drain(self.extend_chunks(seq, chunk, check, whole_chunks))
+
+    def extend_chunks(self, seq: Sequence[int], chunk: int = CHUNK, check: Callable[[], None] | None = None,
+                      whole_chunks: bool = False) -> Generator[None, None, torch.Tensor]:
+        """`extend`, yielding after every chunk (a scheduler may run another job there)."""
         if not seq:
             raise ValueError("empty sequence")
         c = min(self.common_prefix(seq), len(seq) - 1)  # recompute at least the last token for its logits
-        logits = self._prefill(seq, c, chunk, check, logits=True, whole_chunks=whole_chunks)
+        logits = yield from self._prefill(seq, c, chunk, check, logits=True, whole_chunks=whole_chunks)
         return logits[-1]
 
     def sync(self, seq: Sequence[int], chunk: int = CHUNK, check: Callable[[], None] | None = None) -> None:
         """Make the cache hold exactly `seq` (prefix reuse), without logits: no pass when it already does."""
-        self._prefill(seq, self.common_prefix(seq), chunk, check, logits=False)
+        drain(self.sync_chunks(seq, chunk, check))
+
+    def sync_chunks(self, seq: Sequence[int], chunk: int = CHUNK, check: Callable[[], None] | None = None
+                    ) -> Generator[None, None, None]:
+        """`sync`, yielding after every chunk."""
+        yield from self._prefill(seq, self.common_prefix(seq), chunk, check, logits=False)
 
     def _prefill(self, seq: Sequence[int], c: int, chunk: int, check: Callable[[], None] | None,
-                 logits: bool, whole_chunks: bool = False) -> torch.Tensor | None:
+                 logits: bool, whole_chunks: bool = False) -> Generator[None, None, torch.Tensor | None]:
         """Roll back to `c` tokens, then run seq[c:] in chunks on the grid of multiples of `chunk`,
-        committing each: a cancel keeps every chunk that finished."""
+        committing each: a cancel keeps every chunk that finished. Yields after each chunk, and when
+        `preempt` stopped one (which then runs again)."""
         self.rollback(c)
         out = None
         layer_check = self.check
@@ -230,10 +272,20 @@ class Runner:
                 part = list(seq[c:end])
                 at = [len(part) - 1] if logits and end == len(seq) else []
                 self.check = None if whole_chunks else layer_check
-                with bulk():  # many rows: dequantized int8 weights beat the per-row kernel
-                    out = self.forward(part, list(range(-1, len(part) - 1)), at)
+                self._in_chunk = True
+                try:
+                    with bulk():  # many rows: dequantized int8 weights beat the per-row kernel
+                        out = self.forward(part, list(range(-1, len(part) - 1)), at)
+                except Preempted:  # nothing of this chunk was committed: it runs again
+                    self.check, self._in_chunk = layer_check, False
+                    yield
+                    continue
+                finally:
+                    self._in_chunk = False
                 self.keep(range(len(part)))
                 c = end
+                self.check = layer_check
+                yield
         finally:
             self.check = layer_check
         return out
@@ -258,6 +310,15 @@ class Runner:
             return sliding[None, None], [start] * self.model.config.num_hidden_layers
         return ({"full_attention": full[None, None], "sliding_attention": sliding[None, None]},
                 [start if t == "sliding_attention" else 0 for t in self.layer_types])
+
+
+def drain(steps: Generator):
+    """Run a generator of steps to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
 
 
 def _depths(parents: Sequence[int]) -> list[int]:

@@ -18,13 +18,13 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import protocol as P
 from .handlers import METHODS, Method, Prepared
 from ..core.index import TokenIndex
+from ..core.scheduler import Scheduler
 from .session import Job, Session
 from .warmup import Warmer, cursor_after
 from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, bind_unix, drain, read_frames, remove_own
@@ -55,8 +55,9 @@ class Daemon:
         self.default_mode = default_mode
         self.max_frame_bytes = max_frame_bytes
         self.auth_timeout = auth_timeout
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.engine: Engine | None = None if callable(engine) else engine
+        # model work: one engine thread, every client's jobs in turns (core/scheduler.py)
+        self.scheduler: Scheduler | None = Scheduler(self.engine) if self.engine is not None else None
         self._loader = None if self.engine is not None else engine
         self.index = self.engine.index if self.engine is not None else TokenIndex()
         tok = self.engine.target.tokenizer if self.engine is not None else None
@@ -109,6 +110,7 @@ class Daemon:
             asyncio.get_running_loop().call_later(0.2, self.stopping.set)
         else:
             self.engine = engine
+            self.scheduler = Scheduler(engine)
             self.info.update(info, state="ready")
             self.watcher.set_tokenizer(engine.target.tokenizer)
             self.phases.append(("ready", time.time()))
@@ -221,7 +223,8 @@ class Daemon:
             s.send(P.response(frame.msgid, P.RpcError(P.INTERNAL_ERROR, f"{type(e).__name__}: {e}")))
 
     async def _run(self, s: Session, job: Job, prep: Prepared) -> dict:
-        """Run one request on the engine thread and stream its partial text; the latest per document wins."""
+        """Run one request on the engine thread, in turns with other documents' jobs, and stream its
+        partial text; the latest per document wins."""
         loop = asyncio.get_running_loop()
         # open buffers feed prompt lookup: their texts now, tokenized on the engine thread
         stale = [(key, d, d.text, d.version) for key, d in s.stale_buffers()]
@@ -231,22 +234,22 @@ class Daemon:
             if step.text and not job.cancel.is_set():
                 loop.call_soon_threadsafe(s.send, P.notification(prep.partial, {"id": job.msgid, "text": step.text}))
 
-        def work() -> Result | None:
+        def work():  # a generator of steps (Engine.run), run by the scheduler
             if job.cancel.is_set():  # superseded while it waited: no tokenizing, no pass
                 return None
             for key, d, text, version in stale:
                 self.engine.index.set_open(key, tok.encode(text, add_special_tokens=False))
                 d.indexed_version = version
             req = prep.make()
-            req.cancel = job.cancel
-            res = self.engine.complete(req, on_step)
+            req.cancel, req.slot = job.cancel, (s.id, prep.uri)
+            res = yield from self.engine.run(req, on_step)
             if time.time() - self._calibration_saved > CALIBRATION_SAVE_S:  # real passes refreshed the costs
                 self.engine.save_calibration()
                 self._calibration_saved = time.time()
             return res
 
         try:
-            res = await loop.run_in_executor(self.executor, work)
+            res = await asyncio.wrap_future(self.scheduler.submit(work, (s.id, prep.uri), job.cancel))
         finally:
             s.finish(job)
         if res is None:
@@ -281,7 +284,8 @@ class Daemon:
                 self.drop(s)
                 _close(s.writer)
             self.watcher.stop()
-            self.executor.shutdown(wait=True, cancel_futures=True)
+            if self.scheduler is not None:
+                self.scheduler.stop()
             if self.engine is not None:
                 self.engine.save_calibration()  # the next start reads what this run measured
             if sock_path is not None and ident is not None:

@@ -126,6 +126,9 @@ async def status(d: Daemon, s: Session, p: P.Empty, msgid) -> dict:
         "stale": {k: round(st[k], 1) for k in ("cancelled", "cancelled_ms", "warms", "warms_preempted", "warm_ms",
                                                "served_tokens") if k in st},
         "warm": d.warmer.status(s),  # per document of the asker: is its next completion's prompt cached?
+        # the engine thread's turns: jobs queued or paused now, prefill chunks stopped for a new
+        # request, documents with a cached sequence
+        "scheduler": {**d.scheduler.stats, "waiting": len(d.scheduler.jobs), "slots": len(d.engine.slots)},
     }
 
 
@@ -139,7 +142,7 @@ async def lookup(d: Daemon, s: Session, p: P.Lookup, msgid) -> dict:
         ids = build_prompt(tok, text, offset, starts=starts).ids
         return [tok.decode(c) for c in d.engine.lookup(ids, p.max_len, 8)]
 
-    return {"candidates": await asyncio.get_running_loop().run_in_executor(d.executor, work)}
+    return {"candidates": await asyncio.wrap_future(d.scheduler.submit(work, (s.id, p.uri)))}
 
 
 async def shutdown(d: Daemon, s: Session, p: P.Empty, msgid) -> None:

@@ -5,9 +5,10 @@ warm-up for that document on the engine thread at the cursor (after the last edi
 request's position, else the end). Where the user already asked for completions in this document,
 the next completion is computed ahead, so a request at that cursor (after accepting a suggestion,
 say) is served from the engine's memory of verified tokens (llama.vim's speculative follow-up);
-elsewhere the prompt is prefilled. It is the lowest priority: a request preempts it within one
-decoder layer and reuses every prefill chunk it finished. `status` reports per document whether
-its prompt is cached.
+elsewhere the prompt is prefilled. It is the lowest priority: every request goes first (it waits
+for one layer), and one for the same document stops it and reuses every prefill chunk it finished.
+Each document keeps its own cached sequence (Engine.slots), so a warm-up of one document survives
+requests in another. `status` reports per document whether its prompt is cached.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class Warmer:
         self.asks: dict[tuple[int, str], P.Complete] = {}  # the document's last greedy completion request
         self.warmed: dict[tuple[int, str], Warmed] = {}
         self.cancel: threading.Event | None = None  # the warm-up queued or running
+        self.cancel_key: tuple[int, str] | None = None  # and its document
 
     def touched(self, s: Session, uri: str, cursor: P.Position | None = None) -> None:
         """A document was opened or edited (the cursor now at `cursor`, if known): warm it once the
@@ -83,21 +85,19 @@ class Warmer:
         self.timers[key] = asyncio.get_running_loop().call_later(WARM_AFTER_S, self._start, s, uri)
 
     def asked(self, s: Session, uri: str, params: P.Params) -> None:
-        """A request arrived: stop any warm-up now; remember this document's greedy completion request
-        (a warm-up after the next pause computes the same kind of completion ahead)."""
+        """A request arrived: a warm-up of its document stops now (one of another document only waits:
+        the scheduler runs requests first); remember this document's greedy completion request (a
+        warm-up after the next pause computes the same kind of completion ahead)."""
         if isinstance(params, P.Complete):
             self.positions[(s.id, uri)] = params.position
             if params.temperature < P.MIN_TEMPERATURE and params.reuse_prefix:
                 self.asks[(s.id, uri)] = params
-        self.preempt()
-
-    def preempt(self) -> None:
-        if self.cancel is not None:
+        if self.cancel is not None and self.cancel_key == (s.id, uri):
             self.cancel.set()
-        if self.d.engine is not None:
-            self.d.engine.preempt_warm()
 
     def forget(self, s: Session) -> None:
+        if self.cancel is not None and self.cancel_key and self.cancel_key[0] == s.id:
+            self.cancel.set()
         for key in [k for k in self.timers if k[0] == s.id]:
             self.timers.pop(key).cancel()
         for table in (self.positions, self.warmed, self.asks):
@@ -109,7 +109,7 @@ class Warmer:
         out = {}
         for uri, doc in s.docs.items():
             w = self.warmed.get((s.id, uri))
-            cached = self.d.engine.cached_prefix_len(w.prompt) if w and self.d.engine else 0
+            cached = self.d.engine.cached_prefix_len(w.prompt, (s.id, uri)) if w and self.d.engine else 0
             out[uri] = {"warm": bool(w and w.version == doc.version and cached == len(w.prompt)),
                         "cached_tokens": cached, "prompt_tokens": len(w.prompt) if w else None}
         return out
@@ -134,17 +134,20 @@ class Warmer:
         if self.cancel is not None:
             self.cancel.set()  # one warm-up at a time: the newest document wins
         cancel = self.cancel = threading.Event()
+        self.cancel_key = (s.id, uri)
         version = doc.version
+        loop = asyncio.get_running_loop()
 
-        def work() -> list[int] | None:
+        def work():  # a generator of steps, run by the scheduler after every request
             if cancel.is_set():
                 return None
             req = prepared.make()
+            req.slot = (s.id, uri)
             if ask is not None:  # llama.vim's speculative follow-up: the whole completion, preemptible
                 req.cancel = cancel
-                d.engine.complete(req)
+                yield from d.engine.run(req)
             else:
-                d.engine.warm(req.prompt, cancel)
+                yield from d.engine.warming(req.prompt)  # the scheduler's turn checks `cancel`
             return req.prompt
 
         def done(fut: asyncio.Future) -> None:
@@ -155,4 +158,5 @@ class Warmer:
             elif not fut.cancelled() and fut.exception() is not None:
                 log.warning("warm-up of %s failed: %s", uri, fut.exception())
 
-        asyncio.get_running_loop().run_in_executor(d.executor, work).add_done_callback(done)
+        d.scheduler.submit(work, (s.id, uri), cancel, low=True).add_done_callback(
+            lambda fut: loop.call_soon_threadsafe(done, fut))

@@ -1,0 +1,181 @@
+"""The engine thread: every client's requests share one model, in turns.
+
+A job is a generator of steps (`Engine.run`, `Engine.warming`): one step is one prefill chunk or one
+target pass. The thread runs one step of one job at a time, inside `Engine.turn` (the job's own
+cached sequence, its cancel check), then picks the next job:
+
+- a started job that was cancelled goes first: it ends at its next check and frees its slot;
+- requests go before warm-ups;
+- a job that has made no progress for MAX_WAIT_S goes next (nothing starves), else the job that
+  has used the model least so far (least attained service): a new completion goes before a long
+  rewrite's prefill, two long prefills alternate chunk by chunk; equals go first come, first served.
+
+A request that has not started yet is served within one layer: the job in a prefill chunk gives way
+between two layers (a warm-up gives way to any request), and the chunk runs again on its next turn.
+So another client's completion waits for one layer of a long prefill, or for the rest of one target
+pass, not for the whole request. Only new requests preempt a chunk: two jobs that both preempted
+could stop each other's chunks forever. Jobs of the same document never interleave (a superseded
+request finishes the chunk it is in, which the next request reuses).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Generator, Hashable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger(__name__)
+MAX_WAIT_S = 5.0  # a job that waited this long for a turn gets the next one, and is not preempted in it
+
+
+@dataclass(eq=False)
+class Job:
+    start: Callable[[], Any]  # called on the engine thread: a generator of steps, or the answer itself
+    slot: Hashable
+    cancel: threading.Event
+    low: bool  # a warm-up: only when no request waits
+    future: Future
+    seq: int
+    steps: Generator | None = None
+    used_s: float = 0.0  # engine time in its turns so far
+    waiting_since: float = field(default_factory=time.monotonic)  # since it came, or its last whole step
+    aged: bool = False  # this turn came from waiting MAX_WAIT_S: it is not preempted
+    gave_way: bool = False  # its step in this turn was preempted
+
+
+class Scheduler:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.jobs: list[Job] = []
+        self.cond = threading.Condition()
+        self.running: Job | None = None
+        self._turn_t0 = 0.0
+        self._seq = itertools.count()
+        self._stopping = False
+        self.stats = {"jobs": 0, "turns": 0, "preempted": 0}
+        self.thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self.thread.start()
+
+    def submit(self, start: Callable[[], Any], slot: Hashable = None, cancel: threading.Event | None = None,
+               low: bool = False) -> Future:
+        """Queue a job; the future gets what `start` returns (or its generator's return value)."""
+        fut: Future = Future()
+        job = Job(start, slot, cancel or threading.Event(), low, fut, next(self._seq))
+        with self.cond:
+            if self._stopping:
+                fut.cancel()
+                return fut
+            self.jobs.append(job)
+            self.stats["jobs"] += 1
+            self.cond.notify()
+        return fut
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Cancel every job (started ones end at their next check) and end the thread."""
+        with self.cond:
+            self._stopping = True
+            for j in self.jobs:
+                j.cancel.set()
+            self.cond.notify()
+        self.thread.join(timeout)
+
+    # ---- the engine thread --------------------------------------------------------------------
+    def _loop(self) -> None:
+        import torch  # the daemon imports this module before torch is loaded
+
+        with torch.inference_mode():
+            while True:
+                with self.cond:
+                    while not self.jobs and not self._stopping:
+                        self.cond.wait()
+                    if self._stopping:
+                        for j in [j for j in self.jobs if j.steps is None]:
+                            self.jobs.remove(j)
+                            j.future.cancel()
+                        if not self.jobs:
+                            return
+                    job = self._pick(time.monotonic())
+                    job.aged = time.monotonic() - job.waiting_since > MAX_WAIT_S
+                    self.running, self._turn_t0 = job, time.monotonic()
+                    pinned = {j.slot for j in self.jobs if j.steps is not None and j is not job}
+                self._turn(job, pinned)
+
+    def _turn(self, job: Job, pinned: set) -> None:
+        from .runner import Cancelled  # here: the daemon imports this module before torch is loaded
+
+        done, value, error = False, None, None
+
+        def check() -> None:
+            if job.cancel.is_set():
+                raise Cancelled()
+
+        try:
+            with self.engine.turn(job.slot, check, preempt=lambda: self._gives_way(job), pinned=pinned):
+                if job.steps is None:
+                    if not job.future.set_running_or_notify_cancel():
+                        done = True  # its asker gave up before it started
+                    else:
+                        first = job.start()
+                        if isinstance(first, Generator):
+                            job.steps = first
+                        else:
+                            done, value = True, first
+                if job.steps is not None:
+                    next(job.steps)
+        except StopIteration as stop:
+            done, value = True, stop.value
+        except Exception as e:  # a bug must cost this job, not the thread every client shares
+            done, error = True, e
+        now = time.monotonic()
+        with self.cond:
+            job.used_s += now - self._turn_t0
+            if not job.gave_way:  # a preempted step is no progress: it still ages
+                job.waiting_since = now
+            job.gave_way = False
+            self.running = None
+            self.stats["turns"] += 1
+            if done:
+                self.jobs.remove(job)
+        if done and job.future.running():
+            if error is not None:
+                job.future.set_exception(error)
+            else:
+                job.future.set_result(value)
+
+    def _pick(self, now: float, reap: bool = True) -> Job:
+        """The job for the next turn (called with the lock held; jobs is not empty)."""
+        busy = {j.slot for j in self.jobs if j.steps is not None}
+        ready = [j for j in self.jobs if j.steps is not None or j.slot not in busy]
+        for j in ready if reap else ():
+            if j.steps is not None and j.cancel.is_set():
+                return j
+        pool = [j for j in ready if not j.low] or ready
+        waited = [j for j in pool if now - j.waiting_since > MAX_WAIT_S and j is not self.running]
+        if waited:
+            return min(waited, key=lambda j: j.waiting_since)
+        return min(pool, key=lambda j: (self._used(j, now), j.seq))
+
+    def _used(self, j: Job, now: float) -> float:
+        return j.used_s + (now - self._turn_t0 if j is self.running else 0.0)
+
+    def _gives_way(self, job: Job) -> bool:
+        """Asked between the layers of a prefill chunk: should `job` stop it for another job?"""
+        if job.aged or job.cancel.is_set():  # a superseded request finishes its chunk for the next one
+            return False
+        with self.cond:
+            nxt = self._pick(time.monotonic(), reap=False)  # not worth a chunk: a cancelled job ends after
+            if nxt is job or nxt.slot == job.slot or (nxt.low and not job.low):
+                return False
+            if nxt.steps is not None and not job.low:  # only a request that has not started preempts
+                return False
+            self.stats["preempted"] += 1
+            job.gave_way = True
+            return True

@@ -1,0 +1,132 @@
+"""Several documents, one model (issues 13 and 15): a cached sequence per document (Engine.slots)
+and the engine thread's turns (core/scheduler.py). Interleaving must not change a single token."""
+
+import threading
+
+import pytest
+
+import tiny
+from completiond.core import engine as engine_mod
+from completiond.core.engine import Engine, Request
+from completiond.core.runner import CHUNK
+from completiond.core.scheduler import Scheduler
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny.loaded(tiny.gemma_config(window=16, layers=4), seed=1, scale=4.0)
+
+
+def solo(target, prompt, **kw) -> list[int]:
+    return Engine(target).complete(Request(prompt=prompt, mode="ar", **kw)).token_ids
+
+
+def test_each_slot_keeps_its_sequence(target, code_ids):
+    a, b = code_ids[:300], code_ids[400:700]
+    e = Engine(target)
+    for p, slot in ((a, "a"), (b, "b")):
+        assert e.complete(Request(prompt=p, mode="ar", max_tokens=4, slot=slot)).reused_tokens == 0
+    # back to a: its cache survived b's prefill, and the tokens are those of a fresh engine
+    res = e.complete(Request(prompt=a + [5], mode="pld", max_tokens=8, slot="a"))
+    assert res.reused_tokens == len(a)
+    assert res.token_ids == solo(target, a + [5], max_tokens=8)
+    assert e.cached_prefix_len(b, "b") == len(b) and e.cached_prefix_len(b, "a") == 0
+
+
+def test_least_recently_used_slot_goes_unless_pinned(target, code_ids, monkeypatch):
+    monkeypatch.setattr(engine_mod, "MAX_SLOTS", 2)
+    e = Engine(target)
+    for i, slot in enumerate(("a", "b", "c")):
+        with e.turn(slot, pinned={"a"}):
+            e.runner.sync(code_ids[i * 10:i * 10 + 20])
+    assert list(e.slots) == ["a", "c"]  # b was the least recently used one that no job holds
+    assert e.cached_prefix_len(code_ids[:20], "a") == 20
+
+
+class Pause(threading.Event):
+    """A cancel event that, polled for the n-th time, holds the engine thread until released."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at, self.polls = at, 0
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    def is_set(self) -> bool:
+        self.polls += 1
+        if self.polls == self.at:
+            self.reached.set()
+            assert self.release.wait(30)
+        return super().is_set()
+
+
+def test_a_new_request_preempts_a_long_prefill_and_nothing_changes(target, code_ids):
+    long_p, short_p = code_ids[:4 * CHUNK + 30], code_ids[2000:2040]
+    want_long = solo(target, long_p, max_tokens=6)
+    want_short = solo(target, short_p, max_tokens=6)
+    e = Engine(target)
+    sched = Scheduler(e)
+    try:
+        order: list[str] = []
+        pause = Pause(at=3)  # polled before each chunk: held before the 2nd chunk of the long prompt
+        long_req = Request(prompt=long_p, mode="ar", max_tokens=6, slot="long", cancel=pause)
+        f_long = sched.submit(lambda: e.run(long_req), "long", pause)
+        f_long.add_done_callback(lambda f: order.append("long"))
+        assert pause.reached.wait(30)
+        short_req = Request(prompt=short_p, mode="pld", max_tokens=6, slot="short")
+        f_short = sched.submit(lambda: e.run(short_req), "short")
+        f_short.add_done_callback(lambda f: order.append("short"))
+        pause.release.set()
+        short, long_ = f_short.result(60), f_long.result(60)
+    finally:
+        sched.stop(30)
+    assert order == ["short", "long"]
+    assert sched.stats["preempted"] >= 1  # the long prefill stopped inside a chunk for it
+    assert short.token_ids == want_short and long_.token_ids == want_long
+    assert long_.reused_tokens == 0 and not long_.cancelled
+
+
+def test_same_document_jobs_do_not_interleave_and_a_superseded_one_ends_first(target, code_ids):
+    prompt = code_ids[:2 * CHUNK + 10]
+    e = Engine(target)
+    sched = Scheduler(e)
+    inside, release = threading.Event(), threading.Event()
+    gives_way = sched._gives_way
+
+    def held(job):  # asked between two layers of a prefill chunk: hold the first time
+        if not inside.is_set():
+            inside.set()
+            assert release.wait(30)
+        return gives_way(job)
+
+    sched._gives_way = held
+    try:
+        old = Request(prompt=prompt, mode="ar", max_tokens=50, slot="doc")
+        f_old = sched.submit(lambda: e.run(old), "doc", old.cancel)
+        assert inside.wait(30)  # inside the first chunk
+        new = Request(prompt=prompt + [7], mode="ar", max_tokens=5, slot="doc")
+        f_new = sched.submit(lambda: e.run(new), "doc")
+        old.cancel.set()  # superseded by the next keystroke
+        release.set()
+        res_old, res_new = f_old.result(60), f_new.result(60)
+    finally:
+        sched.stop(30)
+    assert res_old.cancelled
+    assert sched.stats["preempted"] == 0  # the superseded prefill finished the chunk it was in ...
+    assert res_new.reused_tokens == CHUNK  # ... which the new request reused
+    assert res_new.token_ids == solo(target, prompt + [7], max_tokens=5)
+
+
+def test_a_failing_job_costs_only_itself(target, code_ids):
+    e = Engine(target)
+    sched = Scheduler(e)
+    try:
+        bad = sched.submit(lambda: e.run(Request(prompt=code_ids[:20], mode="nonsense")), "x")
+        good = sched.submit(lambda: e.run(Request(prompt=code_ids[:20], mode="ar", max_tokens=3)), "y")
+        plain = sched.submit(lambda: 42)
+        with pytest.raises(ValueError, match="unknown mode"):
+            bad.result(30)
+        assert good.result(30).token_ids == solo(target, code_ids[:20], max_tokens=3)
+        assert plain.result(30) == 42
+    finally:
+        sched.stop(30)
+    assert sched.submit(lambda: 1).cancelled()  # stopped: nothing more runs
