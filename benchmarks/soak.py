@@ -250,23 +250,34 @@ async def big_rewrite(sock: Path, max_tokens: int, fit_lines: int) -> dict:
     await asyncio.gather(other, return_exceptions=True)
     out["other_client_complete_ms"] = round((time.perf_counter() - t0) * 1000, 1)
     out["other_client_ok"] = other.exception() is None
-    # a rewrite within the budget (the last `fit_lines` lines): how long it holds the engine from another client
+    # a rewrite within the budget (the last `fit_lines` lines): how long it holds the engine from another
+    # client. That client's completion in a small document of its own, first alone (idle), then in a
+    # twin document right after the rewrite starts; each timed to its own answer.
+    twins = {"idle": "def mul(x, y):\n    return ", "during": "def div(x, y):\n    return "}
+    for name, text in twins.items():
+        await b.request("document/open", {"uri": f"file:///soak/{name}.py", "text": text, "version": 1})
+    fit: dict = {"lines": fit_lines}
+    t = time.perf_counter()
+    await b.request("complete", {"uri": "file:///soak/idle.py", "max_tokens": max_tokens,
+                                 "position": {"line": 1, "character": 11}}, timeout=600)
+    fit["other_client_idle_ms"] = round((time.perf_counter() - t) * 1000, 1)
     t0 = time.perf_counter()
     _, rw = a.send_request("rewrite", {"uri": "file:///soak/rw.py", "instruction": "rename f to g", "max_tokens": 2,
                                        "range": {"start": {"line": 2000 - fit_lines, "character": 0},
                                                  "end": {"line": 2000, "character": 0}}})
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # the rewrite's prefill is under way
     t1 = time.perf_counter()
-    _, other = b.send_request("complete", {"uri": "file:///soak/other.py", "max_tokens": max_tokens,
+    _, other = b.send_request("complete", {"uri": "file:///soak/during.py", "max_tokens": max_tokens,
                                            "position": {"line": 1, "character": 11}})
-    fit: dict = {"lines": fit_lines}
+    other.add_done_callback(lambda _: fit.setdefault("other_client_complete_ms",
+                                                     round((time.perf_counter() - t1) * 1000, 1)))
     try:
         res = await asyncio.wait_for(rw, 600)
         fit.update(prompt_tokens=res["prompt_tokens"], ms=round((time.perf_counter() - t0) * 1000, 1))
     except DaemonError as e:
         fit.update(error=f"{e.code}: {e.message}")
     await asyncio.gather(other, return_exceptions=True)
-    fit["other_client_complete_ms"] = round((time.perf_counter() - t1) * 1000, 1)
+    fit["other_client_answered_first"] = fit.get("other_client_complete_ms", 1e12) < fit.get("ms", 0) - 500
     out["rewrite_within_budget"] = fit
     await a.close()
     await b.close()
@@ -279,14 +290,18 @@ async def main(a: argparse.Namespace) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="completiond-soak-"))
     sock = tmp / "d.sock"
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "MKL_NUM_THREADS": str(a.threads)}
+    daemon_root = Path(a.checkout).resolve() if a.checkout else ROOT  # the code the daemon runs
+    if a.checkout:
+        env["PYTHONPATH"] = str(daemon_root)
     cmd = [sys.executable, "-m", "completiond", "serve", "--socket", str(sock), "--target", a.target,
            "--draft", a.draft, "--log-level", "WARNING", *a.serve_arg]
     log = open(tmp / "daemon.log", "wb")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=daemon_root)
     out: dict = {"target": a.target, "draft": a.draft, "threads": a.threads, "cpu": cpu_name(), "cpu_count": os.cpu_count(),
                  "loadavg_start": os.getloadavg(),  # other processes on the machine (the numbers are contended)
-                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv)}
+                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv),
+                 "daemon_code": _commit(daemon_root)}
     try:
         st = await wait_ready(sock, proc, a.load_timeout)
         out["load_s"] = round(time.perf_counter() - t0, 1)
@@ -302,7 +317,7 @@ async def main(a: argparse.Namespace) -> dict:
                   ("concurrent", lambda: concurrent(sock, a.clients, a.requests, a.max_tokens)),
                   ("big_document", lambda: big_document(sock, a.big_chars, a.edits, a.max_tokens)),
                   ("big_rewrite", lambda: big_rewrite(sock, a.max_tokens, a.rewrite_lines))]
-        for name, run in phases:
+        for name, run in [(n, r) for n, r in phases if n in a.phases.split(",")]:
             t = time.perf_counter()
             out[name] = await run()
             out[name]["phase_s"] = round(time.perf_counter() - t, 1)
@@ -323,6 +338,14 @@ async def main(a: argparse.Namespace) -> dict:
     return out
 
 
+def _commit(root: Path) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def cli() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="qwen2.5-coder-0.5b")
@@ -339,6 +362,8 @@ def cli() -> int:
     ap.add_argument("--rewrite-lines", type=int, default=60, help="lines of the rewrite that fits the budget")
     ap.add_argument("--load-timeout", type=float, default=900.0)
     ap.add_argument("--serve-arg", action="append", default=[], help="extra `serve` argument (repeatable)")
+    ap.add_argument("--phases", default="storm,concurrent,big_document,big_rewrite", help="comma-separated")
+    ap.add_argument("--checkout", default=None, help="run the daemon from this checkout (an older commit, say)")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/soak-<model>.json)")
     a = ap.parse_args()
     out = asyncio.run(main(a))

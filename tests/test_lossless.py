@@ -7,6 +7,7 @@ import torch
 
 import tiny
 from completiond.core.engine import MODES, Engine, Request
+from completiond.core.medusa import MedusaHeads
 from completiond.models import self_draft
 from completiond.core.stops import StopRules
 
@@ -19,7 +20,19 @@ def models():
     return {
         "self-draft": (target, self_draft(target, 2)),  # correlated: many accepted tokens
         "random-draft": (target, tiny.loaded(tiny.gemma_config(window=16, layers=1), seed=7, scale=4.0)),
+        "medusa": (target, random_medusa(target)),  # heads on the target's own hidden states
     }
+
+
+def random_medusa(target, k=3, seed=5, scale=0.05):
+    """Medusa heads with small random blocks: head k guesses near the target's own next token (a tiny
+    random model repeats itself often, so some guesses land), over a sub-vocabulary."""
+    hidden, vocab = target.model.config.hidden_size, target.vocab_size
+    torch.manual_seed(seed)
+    heads = MedusaHeads(hidden, k, torch.randperm(vocab)[: vocab // 2].sort().values)
+    with torch.no_grad():
+        heads.w.normal_(0, scale / hidden ** 0.5)
+    return heads
 
 
 def prompts(code_ids, n=N_PROMPTS, seed=0):
@@ -31,7 +44,7 @@ def prompts(code_ids, n=N_PROMPTS, seed=0):
     return out
 
 
-@pytest.mark.parametrize("pair", ["self-draft", "random-draft"])
+@pytest.mark.parametrize("pair", ["self-draft", "random-draft", "medusa"])
 def test_greedy_identical_across_modes(models, pair, code_ids):
     target, draft = models[pair]
     # always_speculate: every proposal is verified, whatever this machine's timings say
@@ -51,7 +64,7 @@ def test_greedy_identical_across_modes(models, pair, code_ids):
             accepted[m] += round(res.mean_accepted * res.target_passes)
     # the trees were really exercised
     assert accepted["pld"] > 50 and accepted["combined"] > 50
-    if pair == "self-draft":
+    if pair in ("self-draft", "medusa"):
         assert accepted["draft"] > 50
 
 

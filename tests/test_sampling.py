@@ -9,6 +9,7 @@ from scipy.stats import chisquare
 import tiny
 from completiond.core.engine import Engine, Request
 from completiond.models import self_draft
+from completiond.core.medusa import MedusaHeads
 from completiond.core.tree import Candidate, build_tree
 from completiond.core.verify import Sampling, accept, warp
 
@@ -78,13 +79,20 @@ def exact_joint(model, prompt, sampling, depth):
     return out
 
 
-@pytest.mark.parametrize("mode", ["pld", "draft", "combined"])
-def test_engine_sampling_matches_target(mode):
+@pytest.mark.parametrize("mode,kind", [("pld", "model"), ("draft", "model"), ("combined", "model"),
+                                       ("draft", "medusa"), ("combined", "medusa")])
+def test_engine_sampling_matches_target(mode, kind):
     """First 3 sampled tokens, many seeds: joint distribution equals the target's."""
     V = 5
     target = tiny.loaded(tiny.gemma_config(vocab=V, layers=2, hidden=32, window=8), seed=3, scale=2.0,
                          with_tokenizer=False)
-    draft = self_draft(target, 1)
+    if kind == "medusa":  # heads on the target's hidden states, random blocks, the whole vocabulary
+        torch.manual_seed(0)
+        draft = MedusaHeads(32, 3, torch.arange(V))
+        with torch.no_grad():
+            draft.w.normal_(0, 0.3)
+    else:
+        draft = self_draft(target, 1)
     # a repetitive prompt so that prompt lookup proposes several branches
     prompt = [2, 0, 3, 4, 0, 3, 1, 0, 3, 4, 0, 3, 2, 0, 3]
     sampling = Sampling(1.0)

@@ -9,6 +9,7 @@ import tiny
 from completiond.core import engine as engine_mod
 from completiond.core.engine import Engine, Request
 from completiond.core.runner import CHUNK
+from completiond.core import scheduler as scheduler_mod
 from completiond.core.scheduler import Scheduler
 
 
@@ -59,7 +60,8 @@ class Pause(threading.Event):
         return super().is_set()
 
 
-def test_a_new_request_preempts_a_long_prefill_and_nothing_changes(target, code_ids):
+def test_a_new_request_preempts_a_long_prefill_and_nothing_changes(target, code_ids, monkeypatch):
+    monkeypatch.setattr(scheduler_mod, "PREEMPT_MS", 0.0)  # the tiny model's whole prefill is a few ms
     long_p, short_p = code_ids[:4 * CHUNK + 30], code_ids[2000:2040]
     want_long = solo(target, long_p, max_tokens=6)
     want_short = solo(target, short_p, max_tokens=6)
@@ -67,7 +69,10 @@ def test_a_new_request_preempts_a_long_prefill_and_nothing_changes(target, code_
     sched = Scheduler(e)
     try:
         order: list[str] = []
-        pause = Pause(at=3)  # polled before each chunk: held before the 2nd chunk of the long prompt
+        # polled twice before each chunk and once per layer (the scheduler asks whether to give way):
+        # held just before the layers of the 2nd chunk, once the 1st chunk told the work left
+        layers = target.model.config.num_hidden_layers
+        pause = Pause(at=2 + layers + 2)
         long_req = Request(prompt=long_p, mode="ar", max_tokens=6, slot="long", cancel=pause)
         f_long = sched.submit(lambda: e.run(long_req), "long", pause)
         f_long.add_done_callback(lambda f: order.append("long"))
@@ -83,6 +88,49 @@ def test_a_new_request_preempts_a_long_prefill_and_nothing_changes(target, code_
     assert sched.stats["preempted"] >= 1  # the long prefill stopped inside a chunk for it
     assert short.token_ids == want_short and long_.token_ids == want_long
     assert long_.reused_tokens == 0 and not long_.cancelled
+
+
+def logged(name: str, steps, turns: list[str]):
+    """A job's steps, each turn it gets written down."""
+    def gen():
+        while True:
+            turns.append(name)
+            try:
+                left = next(steps)
+            except StopIteration as done:
+                return done.value
+            yield left
+    return gen()
+
+
+def test_shortest_work_left_goes_first_and_two_long_prefills_do_not_alternate(target, code_ids):
+    e = Engine(target)
+    sched = Scheduler(e)
+    turns: list[str] = []
+    hold, held = threading.Event(), threading.Event()
+    try:
+        # a job that holds the engine thread, so that the three below are queued together
+        blocker = sched.submit(lambda: held.set() or hold.wait(30), "block")
+        assert held.wait(30)
+        reqs = {"a": Request(prompt=code_ids[:3 * CHUNK + 5], mode="ar", max_tokens=4, slot="a"),
+                "b": Request(prompt=code_ids[1000:1000 + 3 * CHUNK + 5], mode="ar", max_tokens=4, slot="b"),
+                "short": Request(prompt=code_ids[3000:3040], mode="ar", max_tokens=4, slot="short")}
+        futs = {k: sched.submit(lambda r=r, k=k: logged(k, e.run(r), turns), k) for k, r in reqs.items()}
+        hold.set()
+        blocker.result(30)
+        results = {k: f.result(60) for k, f in futs.items()}
+    finally:
+        sched.stop(30)
+    # each job's first step comes in arrival order (not started = no work known); then "short"
+    # finishes before either long one, which then run one after the other, not chunk by chunk
+    assert turns[:3] == ["a", "b", "short"], turns
+    rest = turns[3:]
+    last_short = max(i for i, t in enumerate(rest) if t == "short")
+    assert set(rest[:last_short + 1]) == {"short"}, turns
+    long_turns = rest[last_short + 1:]
+    assert sum(x != y for x, y in zip(long_turns, long_turns[1:])) == 1, turns  # one switch: a..a b..b or b..b a..a
+    for k, r in reqs.items():
+        assert results[k].token_ids == solo(target, r.prompt, max_tokens=4)
 
 
 def test_same_document_jobs_do_not_interleave_and_a_superseded_one_ends_first(target, code_ids):

@@ -24,6 +24,7 @@ import torch
 
 from .budget import TreeBudget, calibration_path, load_costs, measure_costs, save_costs
 from .index import TokenIndex
+from .medusa import MedusaHeads, medusa_proposer
 from ..models import LoadedModel
 from .prompt import Heal
 from .proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
@@ -88,6 +89,7 @@ class Decoding:
     on_step: Callable[[Step], None] | None
     t0: float = field(default_factory=time.perf_counter)
     token: int = -1  # the last verified token: the root of the next tree
+    feature: torch.Tensor | None = None  # [H] the target's hidden state that gave `token` (medusa.py)
     verified: list[int] = field(default_factory=list)  # every token the target verified, in order
     passes: int = 0
     accepted: int = 0
@@ -125,14 +127,18 @@ class Decoding:
 class Engine:
     """Target (+ optional draft) resident, with a token index for prompt lookup. One request at a time."""
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, index: TokenIndex | None = None,
+    def __init__(self, target: LoadedModel, draft: LoadedModel | MedusaHeads | None = None, index: TokenIndex | None = None,
                  capacity: int = 4096, max_nodes: int = 64, max_candidate_len: int = 16, always_speculate: bool = False,
                  draft_branch: int = 4, backend: str = "auto"):
         self.target = target
         self.runner = Runner(target, capacity, backend=backend)  # lean where the family allows
         self.index = index or TokenIndex()
         self.prompt_lookup = PromptLookup(self.index)
-        self.draft = DraftModel(draft, capacity, branch=draft_branch) if draft is not None else None
+        # the draft: a small model, or Medusa heads on the target's own hidden states
+        self.medusa = medusa_proposer(draft, target.model.get_output_embeddings(), target.dtype) \
+            if isinstance(draft, MedusaHeads) else None
+        self.draft = DraftModel(draft, capacity, branch=draft_branch) \
+            if draft is not None and self.medusa is None else None
         self.budget = TreeBudget(max_nodes, always=always_speculate)
         self.max_candidate_len = max_candidate_len
         self.eos = target.eos_ids()
@@ -287,13 +293,14 @@ class Engine:
     def proposers(self, mode: str) -> list[Proposer]:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
-        if mode in ("draft", "combined") and self.draft is None and mode == "draft":
+        drafted = self.draft or self.medusa
+        if mode == "draft" and drafted is None:
             raise ValueError("mode 'draft' needs a draft model")
         chosen: list[Proposer] = []
         if mode in ("pld", "combined"):
             chosen.append(self.prompt_lookup)
-        if mode in ("draft", "combined") and self.draft is not None:
-            chosen.append(self.draft)
+        if mode in ("draft", "combined") and drafted is not None:
+            chosen.append(drafted)
         return chosen
 
     # ---- one completion -----------------------------------------------------------------------
@@ -309,9 +316,10 @@ class Engine:
             with self._urgent_lock:
                 self._urgent -= 1
 
-    def run(self, req: Request, on_step: Callable[[Step], None] | None = None) -> Generator[None, None, Result]:
+    def run(self, req: Request, on_step: Callable[[Step], None] | None = None) -> Generator[float, None, Result]:
         """`complete` as steps: it yields after every prefill chunk and every target pass, where a
-        scheduler may give the model to another job (each step inside `turn(req.slot, ...)`)."""
+        scheduler may give the model to another job (each step inside `turn(req.slot, ...)`). Each
+        yield is an estimate of the work left, in ms (the scheduler runs the shortest first)."""
         proposers = self.proposers(req.mode)
         if not req.reuse_prefix:
             self.runner.reset()
@@ -328,7 +336,7 @@ class Engine:
         try:
             yield from self._prefill(st, served)
             while not st.out.done:
-                yield
+                yield self._left_ms(st, 0)
                 _raise_if(req.cancel)
                 if req.deadline_ms is not None and st.elapsed_ms() > req.deadline_ms:
                     st.out.stopped_by = "deadline"
@@ -344,7 +352,12 @@ class Engine:
             self.typed.record(req.prompt, st.verified, req.heal)
         return st.result(len(served))
 
-    def _prefill(self, st: Decoding, served: list[int]) -> Generator[None, None, None]:
+    def _left_ms(self, st: Decoding, prompt_left: int) -> float:
+        """Work left, roughly: the prompt tokens still to prefill, and a pass per token still allowed."""
+        decode = st.req.max_tokens - len(st.out.ids)
+        return prompt_left * self.runner.prefill_ms_per_token + decode * self.budget.cost(1)
+
+    def _prefill(self, st: Decoding, served: list[int]) -> Generator[float, None, None]:
         """The first token(s): served from memory (then the cache is brought up to them), or one pass
         over the prompt tokens the cache lacks, whose last logits give the first token."""
         req, check = st.req, functools.partial(_raise_if, st.req.cancel)
@@ -352,9 +365,18 @@ class Engine:
             st.emit(served, first=True)
             if not st.out.done:  # speculate on from the served end: the cache must hold all before it
                 st.reused = min(self.runner.common_prefix(req.prompt + served), len(req.prompt))
-                yield from self.runner.sync_chunks(req.prompt + served[:-1], check=check)
+                for _ in self.runner.sync_chunks(req.prompt + served[:-1], check=check):
+                    yield self._left_ms(st, len(req.prompt) + len(served) - 1 - self.runner.length)
             return
-        logits = yield from self.runner.extend_chunks(req.prompt, check=check, whole_chunks=True)  # [vocab]
+        chunks = self.runner.extend_chunks(req.prompt, check=check, whole_chunks=True)
+        while True:
+            try:
+                next(chunks)
+            except StopIteration as done:
+                logits = done.value  # [vocab]
+                break
+            yield self._left_ms(st, len(req.prompt) - self.runner.length)
+        st.feature = self.runner.last_hidden[-1]
         if req.heal is not None:  # only tokens that start with the healed text may come first
             allowed = torch.full_like(logits, float("-inf"))
             allowed[req.heal.allowed] = 0.0
@@ -363,10 +385,11 @@ class Engine:
 
     def _step(self, st: Decoding, proposers: list[Proposer]) -> None:
         """propose -> tree -> verify (one target pass) -> accept -> keep the path, emit its tokens."""
-        tree = self._propose(st.token, proposers, st.req.max_tokens - len(st.out.ids))
+        tree = self._propose(st.token, proposers, st.req.max_tokens - len(st.out.ids), st.feature)
         logits = self.runner.forward(tree.tokens, tree.parents, range(len(tree)))  # [nodes, vocab]
         self.budget.observe_pass(len(tree), self.runner.last_pass_ms)
         path, bonus = accept(tree, logits, st.req.sampling, st.gen)
+        st.feature = self.runner.last_hidden[path[-1]]  # the state the bonus token came from
         self.runner.keep(path)
         self._observe(tree, path, proposers)
         st.passes += 1
@@ -385,13 +408,16 @@ class Engine:
             self.stats["cancelled"] += 1
             self.stats["cancelled_ms"] += st.elapsed_ms()
 
-    def _propose(self, root: int, proposers: list[Proposer], remaining: int) -> TokenTree:
+    def _propose(self, root: int, proposers: list[Proposer], remaining: int,
+                 feature: torch.Tensor | None = None) -> TokenTree:
         """Candidates from every proposer that says it pays, merged into one tree and cut to the
         size that pays. Prompt lookup runs first: whether the draft pays depends on what it found."""
         max_len = min(self.max_candidate_len, remaining - 1)
         if max_len <= 0 or not proposers:
             return TokenTree.root_only(root)
         context = self.runner.tokens + [root]
+        if self.medusa is not None:
+            self.medusa.feature = feature
         pass_ms = self.budget.cost(1)
         always = self.budget.always
         candidates = []

@@ -94,6 +94,8 @@ class Runner:
         self._pass_ids: list[int] = []  # uncommitted nodes since the last keep/rollback, and their parents
         self._pass_parents: list[int] = []
         self.last_pass_ms = 0.0
+        self.prefill_ms_per_token = 0.0  # of the last prefill chunk (the scheduler's work estimates)
+        self.last_hidden: torch.Tensor | None = None
         # Called before every decoder layer and prefill chunk while set (raises Cancelled to stop);
         # the engine sets it for the length of a request. A cancelled pass commits nothing.
         self.check: Callable[[], None] | None = None
@@ -188,7 +190,9 @@ class Runner:
         self._pass_parents = all_parents
         if self.check is not None and len(logits_at):  # the output layer costs about a layer or more
             self.check()  # (the nodes stay uncommitted, as after any pass: keep commits)
-        logits = self._logits(out.last_hidden_state[0, list(logits_at)])
+        # [len(logits_at), H]: final hidden states (after the final norm), for feature drafts (medusa.py)
+        self.last_hidden = out.last_hidden_state[0, list(logits_at)]
+        logits = self._logits(self.last_hidden)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.last_pass_ms = (time.perf_counter() - t0) * 1000
@@ -283,6 +287,7 @@ class Runner:
                 finally:
                     self._in_chunk = False
                 self.keep(range(len(part)))
+                self.prefill_ms_per_token = self.last_pass_ms / len(part)
                 c = end
                 self.check = layer_check
                 yield

@@ -6,16 +6,21 @@ cached sequence, its cancel check), then picks the next job:
 
 - a started job that was cancelled goes first: it ends at its next check and frees its slot;
 - requests go before warm-ups;
-- a job that has made no progress for MAX_WAIT_S goes next (nothing starves), else the job that
-  has used the model least so far (least attained service): a new completion goes before a long
-  rewrite's prefill, two long prefills alternate chunk by chunk; equals go first come, first served.
+- a job that has made no progress for MAX_WAIT_S goes next (nothing starves), else the job with
+  the least work left (shortest remaining first: each step of `Engine.run` yields its estimate in
+  ms: prompt tokens still to prefill, a pass per token still allowed). A request that has not
+  started counts as none: most are a keystroke's completion, so it goes before a long rewrite's
+  prefill, and after its first step its own estimate places it. Two cold prefills run one after the
+  other (the first done as early as FIFO would finish it), not chunk by chunk; equals go first come,
+  first served.
 
-A request that has not started yet is served within one layer: the job in a prefill chunk gives way
-between two layers (a warm-up gives way to any request), and the chunk runs again on its next turn.
-So another client's completion waits for one layer of a long prefill, or for the rest of one target
-pass, not for the whole request. Only new requests preempt a chunk: two jobs that both preempted
-could stop each other's chunks forever. Jobs of the same document never interleave (a superseded
-request finishes the chunk it is in, which the next request reuses).
+A request that has not started yet is served within one layer: a job with more than PREEMPT_MS of
+work left that is in a prefill chunk gives way between two layers (a warm-up gives way to any
+request), and the chunk runs again on its next turn. So another client's completion waits for one
+layer of a long prefill, or for the rest of one target pass, not for the whole request. Only new
+requests preempt a chunk: two jobs that both preempted could stop each other's chunks forever. Jobs
+of the same document never interleave (a superseded request finishes the chunk it is in, which the
+next request reuses).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MAX_WAIT_S = 5.0  # a job that waited this long for a turn gets the next one, and is not preempted in it
+PREEMPT_MS = 1000.0  # a prefill chunk stops for a new request only when its job has more work left than this
 
 
 @dataclass(eq=False)
@@ -45,7 +51,7 @@ class Job:
     future: Future
     seq: int
     steps: Generator | None = None
-    used_s: float = 0.0  # engine time in its turns so far
+    left_ms: float = 0.0  # work left, as its last step estimated it (0 before it starts)
     waiting_since: float = field(default_factory=time.monotonic)  # since it came, or its last whole step
     aged: bool = False  # this turn came from waiting MAX_WAIT_S: it is not preempted
     gave_way: bool = False  # its step in this turn was preempted
@@ -57,7 +63,6 @@ class Scheduler:
         self.jobs: list[Job] = []
         self.cond = threading.Condition()
         self.running: Job | None = None
-        self._turn_t0 = 0.0
         self._seq = itertools.count()
         self._stopping = False
         self.stats = {"jobs": 0, "turns": 0, "preempted": 0}
@@ -104,7 +109,7 @@ class Scheduler:
                             return
                     job = self._pick(time.monotonic())
                     job.aged = time.monotonic() - job.waiting_since > MAX_WAIT_S
-                    self.running, self._turn_t0 = job, time.monotonic()
+                    self.running = job
                     pinned = {j.slot for j in self.jobs if j.steps is not None and j is not job}
                 self._turn(job, pinned)
 
@@ -129,14 +134,15 @@ class Scheduler:
                         else:
                             done, value = True, first
                 if job.steps is not None:
-                    next(job.steps)
+                    left = next(job.steps)
+                    if isinstance(left, (int, float)):
+                        job.left_ms = float(left)
         except StopIteration as stop:
             done, value = True, stop.value
         except Exception as e:  # a bug must cost this job, not the thread every client shares
             done, error = True, e
         now = time.monotonic()
         with self.cond:
-            job.used_s += now - self._turn_t0
             if not job.gave_way:  # a preempted step is no progress: it still ages
                 job.waiting_since = now
             job.gave_way = False
@@ -161,10 +167,7 @@ class Scheduler:
         waited = [j for j in pool if now - j.waiting_since > MAX_WAIT_S and j is not self.running]
         if waited:
             return min(waited, key=lambda j: j.waiting_since)
-        return min(pool, key=lambda j: (self._used(j, now), j.seq))
-
-    def _used(self, j: Job, now: float) -> float:
-        return j.used_s + (now - self._turn_t0 if j is self.running else 0.0)
+        return min(pool, key=lambda j: (j.left_ms, j.seq))
 
     def _gives_way(self, job: Job) -> bool:
         """Asked between the layers of a prefill chunk: should `job` stop it for another job?"""
@@ -174,8 +177,8 @@ class Scheduler:
             nxt = self._pick(time.monotonic(), reap=False)  # not worth a chunk: a cancelled job ends after
             if nxt is job or nxt.slot == job.slot or (nxt.low and not job.low):
                 return False
-            if nxt.steps is not None and not job.low:  # only a request that has not started preempts
-                return False
+            if not job.low and (nxt.steps is not None or job.left_ms <= PREEMPT_MS):
+                return False  # only a request that has not started preempts, and not a nearly done job
             self.stats["preempted"] += 1
             job.gave_way = True
             return True

@@ -57,6 +57,21 @@ def add_parser(sub) -> None:
                     "completiond train-draft export", help="the commands that made this draft (for the card)")
     ex.add_argument("--extra", default="", help="markdown appended to the model card (measured acceptance)")
     ex.set_defaults(func=cmd_export)
+    md = steps.add_parser("medusa", help="train Medusa heads for a target on its own hidden states (issue 16)")
+    md.add_argument("--target", default="qwen2.5-coder-0.5b", help="the target the heads read (as `complete --target`)")
+    md.add_argument("--out", default="data/medusa-train",
+                    help="directory for features.pt and checkpoint.pt (both resumed when there)")
+    md.add_argument("--tokens", type=int, default=60_000, help="training positions (target hidden states)")
+    md.add_argument("--heads", type=int, default=3, help="heads: tokens guessed past the root (a new run only)")
+    md.add_argument("--vocab", type=int, default=16384, help="sub-vocabulary the heads read out over (a new run only)")
+    md.add_argument("--steps", type=int, default=800, help="total optimizer steps (a resumed run continues to it)")
+    md.add_argument("--batch", type=int, default=256, help="positions per step")
+    md.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW, cosine decay)")
+    md.add_argument("--seed", type=int, default=0, help="seed of the file order and the batches")
+    md.add_argument("--source", default="stdlib", choices=["stdlib", "site-packages"])
+    md.add_argument("--export", default=None,
+                    help="safetensors path for the heads (default: the package's shipped heads for the target)")
+    md.set_defaults(func=cmd_medusa)
     ev = steps.add_parser("eval", help="draft vs target on held-out code: cost, agreement, acceptance by length")
     ev.add_argument("--repo", default="pypi:toolz==1.0.0", help="held-out code (not in the training corpus)")
     ev.add_argument("--draft", default="default", help="the draft to evaluate: as `complete --draft`")
@@ -147,6 +162,23 @@ def cmd_train(a: argparse.Namespace) -> int:
         return load("default", "target", "cpu", "float32").model.get_input_embeddings().weight.detach()
 
     train(Path(a.corpus), Path(a.out), cfg, target_embed_fn=target_embed)
+    return 0
+
+
+def cmd_medusa(a: argparse.Namespace) -> int:
+    _at_least(a, 1, "tokens", "heads", "vocab", "steps", "batch")
+    if a.lr <= 0:
+        raise _usage(f"--lr {a.lr}: must be positive")
+    _out_dir("--out", a.out)
+    from ..core.medusa import shipped_path
+    from ..models import load
+    from .medusa import export, train_medusa
+
+    target = load(a.target, "target", "cpu", "bfloat16")
+    heads, report = train_medusa(target, Path(a.out), a.tokens, a.heads, a.vocab, a.steps, a.batch, a.lr, a.seed,
+                                 a.source)
+    path = export(heads, Path(a.export) if a.export else shipped_path(target.name), target, report)
+    print(json.dumps({"heads": str(path), "bytes": path.stat().st_size, **report}, indent=2))
     return 0
 
 

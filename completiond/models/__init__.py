@@ -302,11 +302,15 @@ def default_draft(target: LoadedModel) -> str:
     return "none"
 
 
-def load_draft(spec: str | None, target: LoadedModel) -> LoadedModel | None:
+def load_draft(spec: str | None, target: LoadedModel):
+    """The draft for `target`: a LoadedModel, Medusa heads (`medusa`: the shipped ones trained for
+    this target, `medusa:PATH`: a file from `train-draft medusa`) or None."""
     if spec == "default":
         spec = default_draft(target)
     if spec in (None, "", "none"):
         return None
+    if spec == "medusa" or spec.startswith("medusa:"):
+        return load_medusa(spec, target)
     if spec.startswith("self:"):
         n = spec.split(":", 1)[1]
         if not n.isdigit():
@@ -315,6 +319,25 @@ def load_draft(spec: str | None, target: LoadedModel) -> LoadedModel | None:
     draft = load(spec, role="draft", device=str(target.device), dtype=str(target.dtype).replace("torch.", ""))
     check_compatible(target, draft)
     return draft
+
+
+def load_medusa(spec: str, target: LoadedModel):
+    from ..core.medusa import MedusaHeads, shipped_path
+
+    path = Path(spec.split(":", 1)[1]).expanduser() if ":" in spec else shipped_path(target.name)
+    if not path.is_file():
+        raise ModelError(f"--draft {spec}: no Medusa heads at {path} (shipped for qwen2.5-coder-0.5b; "
+                         "train others with `completiond train-draft medusa`)")
+    try:
+        heads, meta = MedusaHeads.load(path)
+    except Exception as e:  # a truncated or foreign file: one line
+        raise ModelError(f"--draft {spec}: {path} is not a Medusa heads file ({type(e).__name__}: {e})") from None
+    hidden = target.model.config.hidden_size
+    if heads.w.shape[1] != hidden or int(heads.vocab.max()) >= target.vocab_size:
+        raise ModelError(f"--draft {spec}: heads for width {heads.w.shape[1]} and {meta.get('target', '?')}, "
+                         f"not {target.name} (width {hidden})")
+    heads.name = f"medusa ({heads.k} heads, {meta.get('target', path.stem)})"
+    return heads
 
 
 def draft_label(spec: str | None, draft: LoadedModel | None, target: LoadedModel) -> str | None:
