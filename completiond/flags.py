@@ -36,8 +36,8 @@ def model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="default", help=MODEL_HELP)
     p.add_argument("--draft", default="default",
                    help="as --target, or 'default' (one that fits the target), 'self:N' (first N target layers), "
-                        "'medusa' (heads on the target's hidden states, shipped for qwen2.5-coder-0.5b), "
-                        "'medusa:PATH' (heads from `train-draft medusa`), 'none'")
+                        "'eagle' / 'medusa' (heads on the target's hidden states, shipped for "
+                        "qwen2.5-coder-0.5b), 'eagle:PATH' / 'medusa:PATH' (from `train-draft heads`), 'none'")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                    help="weights/activations (auto: bf16 on CUDA and on CPUs where it measures faster, else fp32)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: CUDA when present")

@@ -7,7 +7,7 @@ import torch
 
 import tiny
 from completiond.core.engine import MODES, Engine, Request
-from completiond.core.medusa import MedusaHeads
+from completiond.core.heads import EagleHead, MedusaHeads
 from completiond.models import self_draft
 from completiond.core.stops import StopRules
 
@@ -21,6 +21,7 @@ def models():
         "self-draft": (target, self_draft(target, 2)),  # correlated: many accepted tokens
         "random-draft": (target, tiny.loaded(tiny.gemma_config(window=16, layers=1), seed=7, scale=4.0)),
         "medusa": (target, random_medusa(target)),  # heads on the target's own hidden states
+        "eagle": (target, random_eagle(target)),
     }
 
 
@@ -44,7 +45,17 @@ def prompts(code_ids, n=N_PROMPTS, seed=0):
     return out
 
 
-@pytest.mark.parametrize("pair", ["self-draft", "random-draft", "medusa"])
+def random_eagle(target, seed=6, scale=0.05):
+    """An EAGLE-style head with a small random MLP: its next state stays near the one it came from."""
+    hidden, vocab = target.model.config.hidden_size, target.vocab_size
+    torch.manual_seed(seed)
+    head = EagleHead(hidden, 2 * hidden, torch.randperm(vocab)[: vocab // 2].sort().values)
+    with torch.no_grad():
+        head.w2.normal_(0, scale / hidden ** 0.5)
+    return head
+
+
+@pytest.mark.parametrize("pair", ["self-draft", "random-draft", "medusa", "eagle"])
 def test_greedy_identical_across_modes(models, pair, code_ids):
     target, draft = models[pair]
     # always_speculate: every proposal is verified, whatever this machine's timings say
@@ -64,7 +75,7 @@ def test_greedy_identical_across_modes(models, pair, code_ids):
             accepted[m] += round(res.mean_accepted * res.target_passes)
     # the trees were really exercised
     assert accepted["pld"] > 50 and accepted["combined"] > 50
-    if pair in ("self-draft", "medusa"):
+    if pair in ("self-draft", "medusa", "eagle"):
         assert accepted["draft"] > 50
 
 

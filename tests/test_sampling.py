@@ -9,7 +9,7 @@ from scipy.stats import chisquare
 import tiny
 from completiond.core.engine import Engine, Request
 from completiond.models import self_draft
-from completiond.core.medusa import MedusaHeads
+from completiond.core.heads import EagleHead, MedusaHeads
 from completiond.core.tree import Candidate, build_tree
 from completiond.core.verify import Sampling, accept, warp
 
@@ -80,17 +80,19 @@ def exact_joint(model, prompt, sampling, depth):
 
 
 @pytest.mark.parametrize("mode,kind", [("pld", "model"), ("draft", "model"), ("combined", "model"),
-                                       ("draft", "medusa"), ("combined", "medusa")])
+                                       ("draft", "medusa"), ("combined", "medusa"), ("draft", "eagle"),
+                                       ("combined", "eagle")])
 def test_engine_sampling_matches_target(mode, kind):
     """First 3 sampled tokens, many seeds: joint distribution equals the target's."""
     V = 5
     target = tiny.loaded(tiny.gemma_config(vocab=V, layers=2, hidden=32, window=8), seed=3, scale=2.0,
                          with_tokenizer=False)
-    if kind == "medusa":  # heads on the target's hidden states, random blocks, the whole vocabulary
+    if kind in ("medusa", "eagle"):  # heads on the target's hidden states, random, the whole vocabulary
         torch.manual_seed(0)
-        draft = MedusaHeads(32, 3, torch.arange(V))
+        draft = MedusaHeads(32, 3, torch.arange(V)) if kind == "medusa" else EagleHead(32, 64, torch.arange(V))
         with torch.no_grad():
-            draft.w.normal_(0, 0.3)
+            for p in draft.parameters():
+                p.normal_(0, 0.3)
     else:
         draft = self_draft(target, 1)
     # a repetitive prompt so that prompt lookup proposes several branches

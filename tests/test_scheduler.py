@@ -4,6 +4,7 @@ and the engine thread's turns (core/scheduler.py). Interleaving must not change 
 import threading
 
 import pytest
+import torch
 
 import tiny
 from completiond.core import engine as engine_mod
@@ -178,3 +179,28 @@ def test_a_failing_job_costs_only_itself(target, code_ids):
     finally:
         sched.stop(30)
     assert sched.submit(lambda: 1).cancelled()  # stopped: nothing more runs
+
+
+def test_a_prefill_that_ends_before_another_jobs_turn_keeps_its_own_state(target, code_ids):
+    """Job a's last chunk runs, job b's first (non-final) chunk runs, then a goes on: a's first token
+    and feature come from its own last chunk, not from the runner's latest pass (b's, which had no
+    logits: an IndexError in the soak before)."""
+    from completiond.core.heads import MedusaHeads
+    from completiond.core.runner import drain
+
+    heads = MedusaHeads(target.model.config.hidden_size, 2, torch.arange(target.vocab_size))
+    e = Engine(target, heads)
+    a = Request(prompt=code_ids[:CHUNK + 40], mode="combined", max_tokens=6, slot="a")
+    b = Request(prompt=code_ids[2000:2000 + 2 * CHUNK + 40], mode="combined", max_tokens=6, slot="b")
+    ga, gb = e.run(a), e.run(b)
+    for _ in range(2):  # a's two chunks
+        with e.turn("a"):
+            next(ga)
+    with e.turn("b"):
+        next(gb)  # b's first chunk: no logits, last_hidden is empty
+    with e.turn("a"):
+        res_a = drain(ga)
+    with e.turn("b"):
+        res_b = drain(gb)
+    assert res_a.token_ids == solo(target, a.prompt, max_tokens=6)
+    assert res_b.token_ids == solo(target, b.prompt, max_tokens=6)

@@ -86,6 +86,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
         "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
         "max_tokens": a.max_tokens, "pass_cost_ms": {str(k): round(v, 2) for k, v in costs.items()},
+        # what one proposal of the draft costs (a draft model's pass, or the heads' steps), ms, recent average
+        "draft_step_ms": round(p.step_ms.value, 3) if (p := engine.draft or engine.heads) is not None else None,
         "modes": summarize_modes(prepared, modes), "peers": summarize_peers(prepared, peer_rows),
         "details": details(prepared, positions, root),
     }

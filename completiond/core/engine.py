@@ -24,7 +24,7 @@ import torch
 
 from .budget import TreeBudget, calibration_path, load_costs, measure_costs, save_costs
 from .index import TokenIndex
-from .medusa import MedusaHeads, medusa_proposer
+from .heads import EagleHead, MedusaHeads, head_proposer
 from ..models import LoadedModel
 from .prompt import Heal
 from .proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
@@ -89,7 +89,7 @@ class Decoding:
     on_step: Callable[[Step], None] | None
     t0: float = field(default_factory=time.perf_counter)
     token: int = -1  # the last verified token: the root of the next tree
-    feature: torch.Tensor | None = None  # [H] the target's hidden state that gave `token` (medusa.py)
+    feature: torch.Tensor | None = None  # [H] the target's hidden state that gave `token` (heads.py)
     verified: list[int] = field(default_factory=list)  # every token the target verified, in order
     passes: int = 0
     accepted: int = 0
@@ -127,18 +127,19 @@ class Decoding:
 class Engine:
     """Target (+ optional draft) resident, with a token index for prompt lookup. One request at a time."""
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel | MedusaHeads | None = None, index: TokenIndex | None = None,
+    def __init__(self, target: LoadedModel, draft: LoadedModel | MedusaHeads | EagleHead | None = None,
+                 index: TokenIndex | None = None,
                  capacity: int = 4096, max_nodes: int = 64, max_candidate_len: int = 16, always_speculate: bool = False,
                  draft_branch: int = 4, backend: str = "auto"):
         self.target = target
         self.runner = Runner(target, capacity, backend=backend)  # lean where the family allows
         self.index = index or TokenIndex()
         self.prompt_lookup = PromptLookup(self.index)
-        # the draft: a small model, or Medusa heads on the target's own hidden states
-        self.medusa = medusa_proposer(draft, target.model.get_output_embeddings(), target.dtype) \
-            if isinstance(draft, MedusaHeads) else None
+        # the draft: a small model, or heads on the target's own hidden states (Medusa, EAGLE-style)
+        self.heads = head_proposer(draft, target.model, target.dtype) \
+            if isinstance(draft, (MedusaHeads, EagleHead)) else None
         self.draft = DraftModel(draft, capacity, branch=draft_branch) \
-            if draft is not None and self.medusa is None else None
+            if draft is not None and self.heads is None else None
         self.budget = TreeBudget(max_nodes, always=always_speculate)
         self.max_candidate_len = max_candidate_len
         self.eos = target.eos_ids()
@@ -293,7 +294,7 @@ class Engine:
     def proposers(self, mode: str) -> list[Proposer]:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
-        drafted = self.draft or self.medusa
+        drafted = self.draft or self.heads
         if mode == "draft" and drafted is None:
             raise ValueError("mode 'draft' needs a draft model")
         chosen: list[Proposer] = []
@@ -373,10 +374,9 @@ class Engine:
             try:
                 next(chunks)
             except StopIteration as done:
-                logits = done.value  # [vocab]
+                logits, st.feature = done.value  # [vocab], [H]
                 break
             yield self._left_ms(st, len(req.prompt) - self.runner.length)
-        st.feature = self.runner.last_hidden[-1]
         if req.heal is not None:  # only tokens that start with the healed text may come first
             allowed = torch.full_like(logits, float("-inf"))
             allowed[req.heal.allowed] = 0.0
@@ -416,8 +416,8 @@ class Engine:
         if max_len <= 0 or not proposers:
             return TokenTree.root_only(root)
         context = self.runner.tokens + [root]
-        if self.medusa is not None:
-            self.medusa.feature = feature
+        if self.heads is not None:
+            self.heads.feature = feature
         pass_ms = self.budget.cost(1)
         always = self.budget.always
         candidates = []

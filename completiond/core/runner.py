@@ -239,16 +239,17 @@ class Runner:
         whole_chunks: cancel only between chunks, not between layers. A request superseded by the
         next keystroke in the same document then still finishes the chunk it is in, which the next
         request reuses; cancelled between layers, every keystroke would restart the same chunk."""
-        return drain(self.extend_chunks(seq, chunk, check, whole_chunks))
+        return drain(self.extend_chunks(seq, chunk, check, whole_chunks))[0]
 
     def extend_chunks(self, seq: Sequence[int], chunk: int = CHUNK, check: Callable[[], None] | None = None,
-                      whole_chunks: bool = False) -> Generator[None, None, torch.Tensor]:
-        """`extend`, yielding after every chunk (a scheduler may run another job there)."""
+                      whole_chunks: bool = False) -> Generator[None, None, tuple[torch.Tensor, torch.Tensor]]:
+        """`extend`, yielding after every chunk (a scheduler may run another job there). Returns the
+        logits [vocab] and the final hidden state [H] after the last token (read when they were
+        computed: another job's passes may run before this generator ends)."""
         if not seq:
             raise ValueError("empty sequence")
         c = min(self.common_prefix(seq), len(seq) - 1)  # recompute at least the last token for its logits
-        logits = yield from self._prefill(seq, c, chunk, check, logits=True, whole_chunks=whole_chunks)
-        return logits[-1]
+        return (yield from self._prefill(seq, c, chunk, check, logits=True, whole_chunks=whole_chunks))
 
     def sync(self, seq: Sequence[int], chunk: int = CHUNK, check: Callable[[], None] | None = None) -> None:
         """Make the cache hold exactly `seq` (prefix reuse), without logits: no pass when it already does."""
@@ -260,10 +261,11 @@ class Runner:
         yield from self._prefill(seq, self.common_prefix(seq), chunk, check, logits=False)
 
     def _prefill(self, seq: Sequence[int], c: int, chunk: int, check: Callable[[], None] | None,
-                 logits: bool, whole_chunks: bool = False) -> Generator[None, None, torch.Tensor | None]:
+                 logits: bool, whole_chunks: bool = False) -> Generator[None, None, tuple | None]:
         """Roll back to `c` tokens, then run seq[c:] in chunks on the grid of multiples of `chunk`,
         committing each: a cancel keeps every chunk that finished. Yields after each chunk, and when
-        `preempt` stopped one (which then runs again)."""
+        `preempt` stopped one (which then runs again). Returns (logits [vocab], hidden [H]) after the
+        last token when `logits`."""
         self.rollback(c)
         out = None
         layer_check = self.check
@@ -279,7 +281,9 @@ class Runner:
                 self._in_chunk = True
                 try:
                     with bulk():  # many rows: dequantized int8 weights beat the per-row kernel
-                        out = self.forward(part, list(range(-1, len(part) - 1)), at)
+                        logits_part = self.forward(part, list(range(-1, len(part) - 1)), at)
+                    if at:
+                        out = (logits_part[-1], self.last_hidden[-1])
                 except Preempted:  # nothing of this chunk was committed: it runs again
                     self.check, self._in_chunk = layer_check, False
                     yield

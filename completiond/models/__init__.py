@@ -303,14 +303,15 @@ def default_draft(target: LoadedModel) -> str:
 
 
 def load_draft(spec: str | None, target: LoadedModel):
-    """The draft for `target`: a LoadedModel, Medusa heads (`medusa`: the shipped ones trained for
-    this target, `medusa:PATH`: a file from `train-draft medusa`) or None."""
+    """The draft for `target`: a LoadedModel, heads on its hidden states (`medusa` / `eagle`: the
+    shipped ones trained for this target, `medusa:PATH` / `eagle:PATH`: a file from
+    `train-draft heads`) or None."""
     if spec == "default":
         spec = default_draft(target)
     if spec in (None, "", "none"):
         return None
-    if spec == "medusa" or spec.startswith("medusa:"):
-        return load_medusa(spec, target)
+    if spec.split(":", 1)[0] in ("medusa", "eagle"):
+        return load_draft_heads(spec, target)
     if spec.startswith("self:"):
         n = spec.split(":", 1)[1]
         if not n.isdigit():
@@ -321,22 +322,23 @@ def load_draft(spec: str | None, target: LoadedModel):
     return draft
 
 
-def load_medusa(spec: str, target: LoadedModel):
-    from ..core.medusa import MedusaHeads, shipped_path
+def load_draft_heads(spec: str, target: LoadedModel):
+    from ..core.heads import load_heads, shipped_path
 
-    path = Path(spec.split(":", 1)[1]).expanduser() if ":" in spec else shipped_path(target.name)
+    kind = spec.split(":", 1)[0]
+    path = Path(spec.split(":", 1)[1]).expanduser() if ":" in spec else shipped_path(target.name, kind)
     if not path.is_file():
-        raise ModelError(f"--draft {spec}: no Medusa heads at {path} (shipped for qwen2.5-coder-0.5b; "
-                         "train others with `completiond train-draft medusa`)")
+        raise ModelError(f"--draft {spec}: no {kind} heads at {path} (shipped for qwen2.5-coder-0.5b; "
+                         f"train others with `completiond train-draft heads --kind {kind}`)")
     try:
-        heads, meta = MedusaHeads.load(path)
+        heads, meta = load_heads(path)
     except Exception as e:  # a truncated or foreign file: one line
-        raise ModelError(f"--draft {spec}: {path} is not a Medusa heads file ({type(e).__name__}: {e})") from None
+        raise ModelError(f"--draft {spec}: {path} is not a heads file ({type(e).__name__}: {e})") from None
     hidden = target.model.config.hidden_size
-    if heads.w.shape[1] != hidden or int(heads.vocab.max()) >= target.vocab_size:
-        raise ModelError(f"--draft {spec}: heads for width {heads.w.shape[1]} and {meta.get('target', '?')}, "
-                         f"not {target.name} (width {hidden})")
-    heads.name = f"medusa ({heads.k} heads, {meta.get('target', path.stem)})"
+    if heads.kind != kind or heads.hidden != hidden or int(heads.vocab.max()) >= target.vocab_size:
+        raise ModelError(f"--draft {spec}: {heads.kind} heads for width {heads.hidden} and "
+                         f"{meta.get('target', '?')}, not {kind} heads for {target.name} (width {hidden})")
+    heads.name = f"{kind} ({meta.get('target', path.stem)})"
     return heads
 
 
