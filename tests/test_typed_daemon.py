@@ -1,6 +1,7 @@
 """Typing at the cursor of a suggestion (issue 15), through a real daemon with a tiny FIM model:
 typed text that matches the suggestion is served with no target pass; any typed text keeps the FIM
-split, so the whole earlier prompt (suffix included) stays cached; a new line starts afresh."""
+split, so the whole earlier prompt (suffix included) stays cached, new lines included (Enter, an
+accepted multi-line suggestion); moving the cursor elsewhere starts afresh."""
 
 import asyncio
 
@@ -68,7 +69,7 @@ async def test_typing_through_the_suggestion_is_served_without_a_pass(client):
     assert served >= 3  # several positions had a suggestion to type through
 
 
-async def test_other_typed_text_keeps_the_prompt_cached_and_a_new_line_rebuilds(client):
+async def test_other_typed_text_and_new_lines_keep_the_prompt_cached(client):
     c = client
     (_, line, char), = cursor_in(SRC, 1)
     await c.request("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
@@ -82,9 +83,13 @@ async def test_other_typed_text_keeps_the_prompt_cached_and_a_new_line_rebuilds(
     # sampling requests never take this path: they rebuild (and so re-run the suffix)
     sampled = await complete(c, line, char + len(typed), temperature=0.8, seed=1)
     assert sampled["reused_tokens"] < first["prompt_tokens"] - 1
-    # a new line: the prompt is built afresh (the FIM split moves to the new cursor)
-    await type_text(c, 3, line, char + len(typed), "\n")
-    fresh = await complete(c, line + 1, 0)
+    # Enter and more typing (or accepting a multi-line suggestion): the split stays, nothing is re-run
+    await type_text(c, 3, line, char + len(typed), "\n    x = ")
+    on = await complete(c, line + 1, 8)
+    assert on["reused_tokens"] >= first["prompt_tokens"] - 1
+    assert on["prompt_tokens"] - first["prompt_tokens"] <= len(typed) + 8
+    # the cursor moved elsewhere: the prompt is built afresh (the FIM split moves to it)
+    fresh = await complete(c, line - 2, 0)
     assert fresh["reused_tokens"] < first["prompt_tokens"] - 1
 
 

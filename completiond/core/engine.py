@@ -335,6 +335,9 @@ class Engine:
                if req.sampling.greedy and req.typed_through and req.reuse_prefix else None)
         served = hit[0].tokens[hit[1]:] if hit else []
         try:
+            # a first step before any pass: the scheduler learns this request's size before its prefill
+            # runs, so a long one can already give way inside its first chunk
+            yield self._left_ms(st, len(req.prompt) - st.reused)
             yield from self._prefill(st, served)
             while not st.out.done:
                 yield self._left_ms(st, 0)
@@ -356,7 +359,8 @@ class Engine:
     def _left_ms(self, st: Decoding, prompt_left: int) -> float:
         """Work left, roughly: the prompt tokens still to prefill, and a pass per token still allowed."""
         decode = st.req.max_tokens - len(st.out.ids)
-        return prompt_left * self.runner.prefill_ms_per_token + decode * self.budget.cost(1)
+        per_token = self.runner.prefill_ms_per_token or self.budget.cost(1) / 16  # a prior until a chunk ran
+        return prompt_left * per_token + decode * self.budget.cost(1)
 
     def _prefill(self, st: Decoding, served: list[int]) -> Generator[float, None, None]:
         """The first token(s): served from memory (then the cache is brought up to them), or one pass

@@ -160,7 +160,8 @@ def _mode(d: Daemon, mode: str | None) -> str:
 @dataclass
 class Anchor:
     """The last completion prompt built from scratch for a document: while the user types at its
-    cursor (on the same line), later prompts extend it instead of moving the FIM split."""
+    cursor (new lines included: Enter, or an accepted multi-line suggestion), later prompts extend
+    its FIM middle instead of moving the split, so its suffix is never prefilled again."""
     text: str
     offset: int
     ids: list[int]
@@ -168,17 +169,17 @@ class Anchor:
     fim: bool
 
 
-MAX_TYPED_CHARS = 64  # typed past the anchor: after this many characters the prompt is rebuilt
+MAX_TYPED_CHARS = 512  # typed past the anchor: after this many characters the prompt is rebuilt
 
 
 def typed_since(a: Anchor | None, text: str, offset: int) -> str | None:
     """What was typed at the anchor's cursor to turn its text into `text` with the cursor at
-    `offset` (on the same line, nothing else changed), else None."""
+    `offset` (nothing else changed), else None."""
     if a is None or not a.fim or not 0 < offset - a.offset <= MAX_TYPED_CHARS \
             or len(text) != len(a.text) + offset - a.offset:
         return None
     typed = text[a.offset:offset]
-    if "\n" in typed or not (text.startswith(a.text[:a.offset]) and text.endswith(a.text[a.offset:])):
+    if not (text.startswith(a.text[:a.offset]) and text.endswith(a.text[a.offset:])):
         return None
     return typed
 
