@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tiny
-from completiond.core import engine as engine_mod
+from completiond.core import slots as slots_mod
 from completiond.core.engine import Engine, Request
 from completiond.core.runner import CHUNK
 from completiond.core import scheduler as scheduler_mod
@@ -36,12 +36,12 @@ def test_each_slot_keeps_its_sequence(target, code_ids):
 
 
 def test_least_recently_used_slot_goes_unless_pinned(target, code_ids, monkeypatch):
-    monkeypatch.setattr(engine_mod, "MAX_SLOTS", 2)
+    monkeypatch.setattr(slots_mod, "MAX_SLOTS", 2)
     e = Engine(target)
     for i, slot in enumerate(("a", "b", "c")):
         with e.turn(slot, pinned={"a"}):
             e.runner.sync(code_ids[i * 10:i * 10 + 20])
-    assert list(e.slots) == ["a", "c"]  # b was the least recently used one that no job holds
+    assert e.slots.keys() == ["a", "c"]  # b was the least recently used one that no job holds
     assert e.cached_prefix_len(code_ids[:20], "a") == 20
 
 

@@ -16,7 +16,6 @@ import contextlib
 import functools
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Collection, Generator, Hashable, Iterator
 from dataclasses import dataclass, field
 
@@ -28,57 +27,14 @@ from .heads import EagleHead, MedusaHeads, head_proposer
 from ..models import LoadedModel
 from .prompt import Heal
 from .proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
-from .runner import Cancelled, Held, Runner, drain
-from .stops import StopRules
-from .tree import TokenTree, build_tree
+from .runner import Cancelled, Runner, drain
+from .slots import Slots
+from .tree import TokenTree, build_tree, truncate
+from .request import Request, Result  # part of this module's API (defined apart to keep it short)
 from .typed import Detokenizer, Step, TypedThrough, typed_prompt  # Step: part of this module's API
-from .verify import Sampling, accept, sample
+from .verify import accept, sample
 
 MODES = ("ar", "pld", "draft", "combined")
-MAX_SLOTS = 4  # sequences kept cached (one per document): 0.5B Qwen, 4k tokens: ~50 MB each in bf16
-
-
-@dataclass
-class Request:
-    prompt: list[int]
-    mode: str = "combined"
-    max_tokens: int = 64
-    sampling: Sampling = field(default_factory=Sampling)
-    seed: int | None = None
-    stops: StopRules = field(default_factory=StopRules)
-    deadline_ms: float | None = None
-    cancel: threading.Event = field(default_factory=threading.Event)
-    reuse_prefix: bool = True  # False: prefill the whole prompt (benchmarks measure what reuse saves)
-    heal: Heal | None = None  # token healing: constrains the first token, hides the text it repeats
-    # greedy: serve a continuation the target already verified (typed.py). Off by default: a benchmark
-    # that repeats a prompt in every mode must compute it each time; the daemon turns it on.
-    typed_through: bool = False
-    slot: Hashable = None  # whose cached sequence to continue (the daemon: one per client document)
-
-
-@dataclass
-class Result:
-    text: str
-    token_ids: list[int]
-    tokens: list[str]
-    mode: str
-    target_passes: int
-    mean_accepted: float
-    ms_first_token: float
-    ms_total: float
-    stopped_by: str
-    cancelled: bool = False
-    prompt_tokens: int = 0
-    reused_tokens: int = 0
-    accepted_by_depth: list[int] = field(default_factory=list)
-    served_tokens: int = 0  # tokens served from an earlier completion's verified tokens: no pass for them
-
-
-@dataclass
-class Slot:
-    """One cached sequence: the target's KV cache and ids, and the draft's."""
-    target: Held
-    draft: Held | None
 
 
 @dataclass
@@ -151,11 +107,7 @@ class Engine:
         self._urgent = 0  # complete() calls waiting for or holding the lock: a warm-up yields to them
         self._urgent_lock = threading.Lock()  # += on an int is not atomic across threads
         self._warm_cancel: threading.Event | None = None  # the warm-up in flight (preempt_warm)
-        # cached sequences by Request.slot, least recently used first; the runners hold `slot_key`'s
-        self.slots: OrderedDict[Hashable, Slot] = OrderedDict(
-            {None: Slot(Held(self.runner.cache, self.runner.tokens),
-                        Held(self.draft.runner.cache, self.draft.runner.tokens) if self.draft else None)})
-        self.slot_key: Hashable = None
+        self.slots = Slots([self.runner] + ([self.draft.runner] if self.draft else []))  # by Request.slot
 
     # ---- set-up -------------------------------------------------------------------------------
     def calibrate(self, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), context: int = 64,
@@ -225,26 +177,12 @@ class Engine:
         `preempt` asked between the layers of a prefill chunk. Slots of `pinned` keys (jobs that are
         between turns) are never evicted."""
         with self.lock, self._checks(check):
-            self._hold(slot, pinned)
+            self.slots.hold(slot, pinned)
             self.runner.preempt = preempt
             try:
                 yield
             finally:
                 self.runner.preempt = None
-
-    def _hold(self, key: Hashable, pinned: Collection[Hashable]) -> None:
-        slot = self.slots.get(key)
-        if slot is None:  # make room: the least recently used slots that no job is between turns on
-            spare = [k for k in self.slots if k not in pinned]
-            for k in spare[:max(0, len(self.slots) + 1 - MAX_SLOTS)]:
-                del self.slots[k]
-            slot = self.slots[key] = Slot(self.runner.new_held(), self.draft.runner.new_held() if self.draft else None)
-        self.slots.move_to_end(key)
-        if key != self.slot_key:
-            self.runner.hold(slot.target)
-            if self.draft is not None:
-                self.draft.runner.hold(slot.draft)
-            self.slot_key = key
 
     @contextlib.contextmanager
     def _checks(self, check: Callable[[], None]) -> Iterator[None]:
@@ -268,8 +206,7 @@ class Engine:
     def cached_prefix_len(self, prompt: list[int], slot: Hashable = None) -> int:
         """How many leading tokens of `prompt` the target's cache of `slot` holds now (warm/cold per
         document in `status`). Thread-safe: reads a snapshot, so it may be one pass out of date."""
-        s = self.slots.get(slot)
-        held = list(s.target.tokens) if s is not None else []  # one atomic copy: the engine thread may change it
+        held = self.slots.tokens(slot)  # one atomic copy: the engine thread may change it
         n = min(len(held), len(prompt))
         i = 0
         while i < n and held[i] == prompt[i]:
@@ -431,7 +368,7 @@ class Engine:
             min_value = 0.0 if always else max(0.02, p.min_value(pass_ms))
             candidates += p.propose(context, Limits(max_len=max_len, min_value=min_value))
         tree = build_tree(root, candidates, self.budget.max_nodes)
-        return _truncate(tree, self.budget.best_size(tree.value))
+        return truncate(tree, self.budget.best_size(tree.value))
 
     def _observe(self, tree: TokenTree, path: list[int], proposers: list[Proposer]) -> None:
         on_path = set(path)
@@ -450,12 +387,3 @@ class Engine:
 def _raise_if(cancel: threading.Event) -> None:
     if cancel.is_set():
         raise Cancelled()
-
-
-def _truncate(tree: TokenTree, n: int) -> TokenTree:
-    """The first 1 + n nodes (best-first order, so parents come first)."""
-    if n + 1 >= len(tree):
-        return tree
-    keep = n + 1
-    children = [{t: c for t, c in ch.items() if c < keep} for ch in tree.children[:keep]]
-    return TokenTree(tree.tokens[:keep], tree.parents[:keep], tree.value[:keep], tree.source[:keep], children)

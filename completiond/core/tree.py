@@ -78,3 +78,12 @@ def build_tree(root: int, candidates: list[Candidate], budget: int) -> TokenTree
             heapq.heappush(heap, (neg * c.probs[d + 1], tie, ci, d + 1, node))
             tie += 1
     return tree
+
+
+def truncate(tree: TokenTree, n: int) -> TokenTree:
+    """The first 1 + n nodes (best-first order, so parents come first)."""
+    if n + 1 >= len(tree):
+        return tree
+    keep = n + 1
+    children = [{t: c for t, c in ch.items() if c < keep} for ch in tree.children[:keep]]
+    return TokenTree(tree.tokens[:keep], tree.parents[:keep], tree.value[:keep], tree.source[:keep], children)

@@ -31,7 +31,7 @@ from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, bind_unix, drain, read_
 from .workspace import WorkspaceWatcher
 
 if TYPE_CHECKING:  # torch is imported by the loader, after the socket is up
-    from ..core.engine import Engine, Result
+    from ..core.engine import Engine
 
 log = logging.getLogger("completiond.daemon")
 

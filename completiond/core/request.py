@@ -1,0 +1,47 @@
+"""What a completion asks for (`Request`) and what it answers (`Result`): the engine's API types."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from .prompt import Heal
+from .stops import StopRules
+from .verify import Sampling
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    mode: str = "combined"
+    max_tokens: int = 64
+    sampling: Sampling = field(default_factory=Sampling)
+    seed: int | None = None
+    stops: StopRules = field(default_factory=StopRules)
+    deadline_ms: float | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    reuse_prefix: bool = True  # False: prefill the whole prompt (benchmarks measure what reuse saves)
+    heal: Heal | None = None  # token healing: constrains the first token, hides the text it repeats
+    # greedy: serve a continuation the target already verified (typed.py). Off by default: a benchmark
+    # that repeats a prompt in every mode must compute it each time; the daemon turns it on.
+    typed_through: bool = False
+    slot: Hashable = None  # whose cached sequence to continue (the daemon: one per client document)
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    tokens: list[str]
+    mode: str
+    target_passes: int
+    mean_accepted: float
+    ms_first_token: float
+    ms_total: float
+    stopped_by: str
+    cancelled: bool = False
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    accepted_by_depth: list[int] = field(default_factory=list)
+    served_tokens: int = 0  # tokens served from an earlier completion's verified tokens: no pass for them
