@@ -72,7 +72,9 @@ def test_cancel_mid_prefill_keeps_finished_chunks(target, code_ids, backend):
     assert e.runner.length == CHUNK and e.runner.tokens == prompt[:CHUNK]
     assert e.cached_prefix_len(prompt) == CHUNK
 
-    gate = Gate(at=2 + 1)  # a request: two polls before each chunk, none between its layers
+    # a request: once begun, its first chunk runs without a poll (the next keystroke reuses it), then
+    # two polls before each later chunk, none between layers: cancelled at the first of them
+    gate = Gate(at=1)
     cancel_from_thread(gate)
     res = e.complete(Request(prompt=prompt, mode="ar", max_tokens=12, cancel=gate))
     assert res.cancelled and res.token_ids == [] and res.target_passes == 0

@@ -269,11 +269,16 @@ class Runner:
         self.rollback(c)
         out = None
         layer_check = self.check
+        first = True
         try:
             while c < len(seq):
-                for f in (check, layer_check):
+                # whole_chunks: a request's prefill, once begun, runs at least one chunk even if the
+                # next keystroke superseded it meanwhile: the next request reuses it (at 200 Hz typing,
+                # every request is superseded before it starts, and the prompt would never advance)
+                for f in () if whole_chunks and first else (check, layer_check):
                     if f is not None:
                         f()
+                first = False
                 end = min(len(seq), (c // chunk + 1) * chunk)
                 part = list(seq[c:end])
                 at = [len(part) - 1] if logits and end == len(seq) else []
