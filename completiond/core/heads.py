@@ -114,7 +114,7 @@ class _HeadProposer:
     """What both proposers share: the readout rows, the feature the engine sets, calibration by depth."""
 
     def __init__(self, heads: nn.Module, rows: torch.Tensor, depth: int):
-        self.heads = heads.to(rows.dtype).eval()
+        self.heads = heads.to(device=rows.device, dtype=rows.dtype).eval()  # the target's device
         self.rows = rows  # [V', H] the target's output layer rows for heads.vocab
         self.feature: torch.Tensor | None = None  # [H] set by the engine before each propose
         self.accepted = [Ewma(0.3, 0.05) for _ in range(depth)]  # per depth: tested nodes accepted ...
