@@ -2,8 +2,13 @@
 character by character. For each keystroke while the typed text is a prefix of the suggestion, the
 request from Engine.typed_prompt: served tokens, target passes, engine ms. Also whether the prompt the
 daemon builds today (FIM, from the edited text) is an exact-id extension (what Engine.complete alone
-would serve). Real Qwen2.5-Coder-0.5B, serve defaults (bf16 + int8, lean), torch threads from argv."""
-import json, statistics, sys, sysconfig, time
+would serve). Real Qwen2.5-Coder-0.5B, serve defaults (bf16 + int8, lean).
+
+    python benchmarks/typed_replay.py THREADS [LINES] [code]
+
+LINES (default 6) lines are picked from every 25th longer line, or with `code`, from every 6th line
+that starts a statement (self., return, if, for, while, elif)."""
+import json, statistics, sys, sysconfig
 from pathlib import Path
 import torch
 torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
@@ -17,7 +22,12 @@ engine = Engine(target)
 src = (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text()
 lines = src.splitlines(keepends=True)
 starts = [sum(len(l) for l in lines[:i]) for i in range(len(lines))]
-picks = [i for i, l in enumerate(lines) if len(l.strip()) > 24 and not l.strip().startswith(("#", '"', "'"))][10::25][:int(sys.argv[2]) if len(sys.argv) > 2 else 6]
+if sys.argv[3:4] == ["code"]:
+    picks = [i for i, l in enumerate(lines) if len(l.strip()) > 12
+             and l.strip().startswith(("self.", "return ", "if ", "for ", "while ", "elif "))][::6]
+else:
+    picks = [i for i, l in enumerate(lines) if len(l.strip()) > 24 and not l.strip().startswith(("#", '"', "'"))][10::25]
+picks = picks[:int(sys.argv[2]) if len(sys.argv) > 2 else 6]
 rows = []
 for i in picks:
     line = lines[i]

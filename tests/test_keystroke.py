@@ -11,6 +11,7 @@ import tiny
 from completiond.core.engine import Engine, Request
 from completiond.models import self_draft
 from completiond.core.runner import CHUNK, Cancelled, Runner
+from completiond.core.scheduler import Scheduler
 from completiond.core.stops import StopRules
 from completiond.core.verify import Sampling
 
@@ -139,20 +140,33 @@ def test_resumed_prefill_matches_an_uninterrupted_one(target, code_ids):
 
 
 def test_warm_is_preempted_by_a_request_and_reused(target, code_ids):
+    """As in the daemon: the warm-up is a low-priority job of the scheduler; a request for the same
+    document arrives and cancels it (Warmer.asked); the request starts from the chunks it finished."""
     prompt = long_prompt(code_ids)
     fresh = Engine(target).complete(Request(prompt=prompt, mode="ar", max_tokens=10))
     e = Engine(target)
-    layers = target.model.config.num_hidden_layers
-    gate = Gate(at=1 + (1 + layers) + 2)  # before layer 1 of the second chunk it waits to be cancelled
-    got: dict = {}
-    warm = threading.Thread(target=lambda: got.setdefault("cached", e.warm(prompt, gate)))
-    warm.start()
-    assert gate.reached.wait(30)
-    # a real request from another thread: it preempts the warm-up (sets its cancel) and takes over
-    res = e.complete(Request(prompt=prompt, mode="ar", max_tokens=10))
-    warm.join(30)
-    assert gate.is_set()
-    assert got["cached"] == CHUNK  # the chunks it finished ...
+    sched = Scheduler(e)
+    inside, release = threading.Event(), threading.Event()
+    gives_way = sched._gives_way
+
+    def held(job):  # asked between two layers of a prefill chunk: hold inside the second chunk
+        if not inside.is_set() and e.runner.length >= CHUNK:
+            inside.set()
+            assert release.wait(30)
+        return gives_way(job)
+
+    sched._gives_way = held
+    cancel = threading.Event()
+    try:
+        warm = sched.submit(lambda: e.warming(prompt), "doc", cancel, low=True)
+        assert inside.wait(30)
+        req = sched.submit(lambda: e.run(Request(prompt=prompt, mode="ar", max_tokens=10, slot="doc")), "doc")
+        cancel.set()  # the request's document: its warm-up stops
+        release.set()
+        cached, res = warm.result(30), req.result(30)
+    finally:
+        sched.stop(30)
+    assert cached == CHUNK  # the chunks it finished ...
     assert e.stats["warms"] == e.stats["warms_preempted"] == 1
     assert res.reused_tokens == CHUNK  # ... are what the request started from
     assert res.token_ids == fresh.token_ids

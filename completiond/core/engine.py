@@ -104,9 +104,6 @@ class Engine:
         self.stats = {"requests": 0, "passes": 0, "accepted": 0, "served_tokens": 0, "cancelled": 0,
                       "cancelled_ms": 0.0, "warms": 0, "warms_preempted": 0, "warm_ms": 0.0}
         self.typed = TypedThrough()
-        self._urgent = 0  # complete() calls waiting for or holding the lock: a warm-up yields to them
-        self._urgent_lock = threading.Lock()  # += on an int is not atomic across threads
-        self._warm_cancel: threading.Event | None = None  # the warm-up in flight (preempt_warm)
         self.slots = Slots([self.runner] + ([self.draft.runner] if self.draft else []))  # by Request.slot
 
     # ---- set-up -------------------------------------------------------------------------------
@@ -135,23 +132,11 @@ class Engine:
     @torch.inference_mode()
     def warm(self, prompt: list[int], cancel: threading.Event | None = None, slot: Hashable = None) -> int:
         """Prefill the caches with `prompt` ahead of a request (on open, after edits, in benchmarks);
-        a later request with the same prefix reuses it. Returns the tokens now cached.
-
-        Low priority: it stops within one decoder layer when `cancel` is set, when `preempt_warm()`
-        is called or when a `complete` (from another thread) waits for the engine; every prefill
-        chunk that finished stays cached, so the request that preempted it starts from there."""
-        own = cancel if cancel is not None else threading.Event()
-
-        def check() -> None:
-            if own.is_set() or self._urgent:
-                raise Cancelled()
-
-        with self.turn(slot, check=check):
-            self._warm_cancel = own
-            try:
-                return drain(self.warming(prompt))
-            finally:
-                self._warm_cancel = None
+        a later request with the same prefix reuses it. Returns the tokens now cached. It stops within
+        one decoder layer when `cancel` is set; every prefill chunk that finished stays cached. (The
+        daemon runs `warming` as a low-priority job of its scheduler: any request goes first.)"""
+        with self.turn(slot, check=functools.partial(_raise_if, cancel) if cancel is not None else None):
+            return drain(self.warming(prompt))
 
     def warming(self, prompt: list[int]) -> Generator[None, None, int]:
         """`warm` as steps (one per prefill chunk), run in turns (core/scheduler.py); the turn's check
@@ -196,13 +181,6 @@ class Engine:
             for r in runners:
                 r.check = None
 
-    def preempt_warm(self) -> None:
-        """Stop the warm-up in flight, if any, within one layer (thread-safe; the daemon calls it when a
-        request arrives). A warm-up still queued is stopped by its own `cancel` event."""
-        ev = self._warm_cancel
-        if ev is not None:
-            ev.set()
-
     def cached_prefix_len(self, prompt: list[int], slot: Hashable = None) -> int:
         """How many leading tokens of `prompt` the target's cache of `slot` holds now (warm/cold per
         document in `status`). Thread-safe: reads a snapshot, so it may be one pass out of date."""
@@ -244,15 +222,8 @@ class Engine:
     # ---- one completion -----------------------------------------------------------------------
     @torch.inference_mode()
     def complete(self, req: Request, on_step: Callable[[Step], None] | None = None) -> Result:
-        with self._urgent_lock:
-            self._urgent += 1  # a warm-up in flight sees it between two layers and yields the lock
-        try:
-            self.preempt_warm()
-            with self.turn(req.slot, functools.partial(_raise_if, req.cancel)):
-                return drain(self.run(req, on_step))
-        finally:
-            with self._urgent_lock:
-                self._urgent -= 1
+        with self.turn(req.slot, functools.partial(_raise_if, req.cancel)):
+            return drain(self.run(req, on_step))
 
     def run(self, req: Request, on_step: Callable[[Step], None] | None = None) -> Generator[float, None, Result]:
         """`complete` as steps: it yields after every prefill chunk and every target pass, where a

@@ -1,8 +1,9 @@
 """`completiond serve`: one resident engine shared by every editor on the machine.
 
-The event loop only reads frames, keeps documents and writes answers; model work runs on a single
-worker thread (one forward pass at a time) and is cancellable between passes. A new `complete` for
-a document cancels the older one (latest wins); a client that disconnects has its work cancelled.
+The event loop only reads frames, keeps documents and writes answers; model work runs on one engine
+thread, every client's jobs in turns of one prefill chunk or pass (core/scheduler.py), cancellable
+between passes. A new `complete` for a document cancels the older one (latest wins); a client that
+disconnects has its work cancelled.
 Malformed input gets an error answer (or, when the byte stream cannot be resynchronised, that
 connection is closed); the daemon itself keeps serving.
 
