@@ -73,12 +73,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
     costs = engine.calibrate()
     prepared = run_modes(engine, root, positions, modes, a.max_tokens, multiline=not a.single_line)
     peer_rows = run_transformers(engine, prepared, [p for p in peers if p.startswith("hf-")]) if peers else {}
+    prefill = {}
     if "llama.cpp" in peers:
-        if llama_cpp_available():
-            peer_rows.update(run_llama_cpp(engine, prepared, torch.get_num_threads()))
+        if (why := llama_cpp_available()) is None:
+            rows, prefill = run_llama_cpp(engine, prepared, torch.get_num_threads())
+            peer_rows.update(rows)
         else:
-            print("completiond bench: llama-cpp-python is not installed; skipping llama.cpp "
-                  "(pip install 'completiond[peers]')", file=sys.stderr)
+            print(f"completiond bench: {why}; skipping llama.cpp (its peer runs on Node)", file=sys.stderr)
     summary = {
         "repo": label, "machine": machine(target), "date": datetime.date.today().isoformat(),
         "command": "completiond " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
@@ -89,6 +90,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         # what one proposal of the draft costs (a draft model's pass, or the heads' steps), ms, recent average
         "draft_step_ms": round(p.step_ms.value, 3) if (p := engine.draft or engine.heads) is not None else None,
         "modes": summarize_modes(prepared, modes), "peers": summarize_peers(prepared, peer_rows),
+        **({"prefill": prefill} if prefill else {}),
         "details": details(prepared, positions, root),
     }
     if a.replay:
@@ -127,4 +129,7 @@ def table(summary: dict) -> str:
                      f"{r['tokens_per_s']:>8.1f}{r.get('mean_accepted', float('nan')):>9.2f}{r['speedup_vs_ar']:>7.2f}"
                      f"{r['identical_rate']:>7.2f}{r.get('exact_match', float('nan')):>7.2f}"
                      f"{r.get('edit_similarity', float('nan')):>9.2f}")
+    if p := summary.get("prefill"):
+        lines.append(f"cold prefill, {p['prompts']} prompts, {p['tokens']} tokens: ours {p['ours_tokens_per_s']} tokens/s, "
+                     f"llama.cpp {p['llama_cpp_tokens_per_s']} ({p['ratio_vs_llama_cpp']}x llama.cpp)")
     return "\n".join(lines)

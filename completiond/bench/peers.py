@@ -1,5 +1,7 @@
 """Peers on the same models, positions and machine: transformers `generate` (plain, prompt lookup,
-assisted by our draft) and llama-cpp-python on the same GGUF (plain, prompt-lookup decoding).
+assisted by our draft) and llama.cpp on the same GGUF (plain, prompt-lookup decoding) through
+node-llama-cpp's prebuilt binaries (llama_cpp/peer.mjs; llama-cpp-python needs a ~45 min source build
+on 2 cores, and the prebuilt Python wheels need a newer glibc than Debian 12's).
 
 Each peer starts from the same warm state as our modes (a cache holding the prompt up to its last
 WARM_GAP tokens: transformers from a copied DynamicCache, llama.cpp from its own prompt cache) and
@@ -9,14 +11,19 @@ generates as many tokens as our `ar` produced at that position, so times compare
 from __future__ import annotations
 
 import copy
+import json
+import shutil
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 from transformers import DynamicCache
 
 from ..core.engine import Engine
 from ..models import LoadedModel
+from ..paths import cache_root
 from .modes import WARM_GAP, Prepared
 from .repo import edit_similarity, first_line
 
@@ -85,53 +92,115 @@ def run_transformers(engine: Engine, prepared: list[Prepared], peers: list[str])
     return out
 
 
-def llama_cpp_available() -> bool:
-    try:
-        import llama_cpp  # noqa: F401
-        return True
-    except ImportError:
-        return False
+LLAMA_CPP_DIR = Path(__file__).with_name("llama_cpp")  # package.json, package-lock.json, peer.mjs
 
 
-def run_llama_cpp(engine: Engine, prepared: list[Prepared], threads: int) -> dict[str, list[dict]]:
-    """llama.cpp on the same GGUF: plain decoding and LlamaPromptLookupDecoding, with its prompt cache."""
-    from llama_cpp import Llama
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+def llama_cpp_available() -> str | None:
+    """Why the llama.cpp peer cannot run here, or None when it can (it needs Node and npm)."""
+    missing = [t for t in ("node", "npm") if shutil.which(t) is None]
+    return f"{' and '.join(missing)} not found on PATH" if missing else None
 
+
+def install_llama_cpp_peer() -> Path:
+    """node-llama-cpp's prebuilt llama.cpp, installed once into the cache: exact versions from the lock
+    (`npm ci` refuses it: some of node-llama-cpp's optional platform builds do not exist at 3.22.1)."""
+    home = cache_root() / "llama-cpp-peer"
+    home.mkdir(parents=True, exist_ok=True)
+    stale = False
+    for name in ("package.json", "package-lock.json", "peer.mjs"):
+        src = (LLAMA_CPP_DIR / name).read_bytes()
+        stale |= name != "peer.mjs" and (not (home / name).exists() or (home / name).read_bytes() != src)
+        (home / name).write_bytes(src)
+    if stale or not (home / "node_modules" / "node-llama-cpp").is_dir():
+        print("completiond bench: installing the llama.cpp peer (node-llama-cpp 3.22.1, prebuilt) ...", file=sys.stderr)
+        # --omit=optional: its GPU builds are optional dependencies (hundreds of MB); the CPU one is ours
+        subprocess.run(["npm", "install", "--no-save", "--omit=optional", "--ignore-scripts", "--no-audit", "--no-fund"],
+                       cwd=home, check=True, stdout=subprocess.DEVNULL)
+    return home
+
+
+class LlamaCppPeer:
+    """llama.cpp in a Node process (peer.mjs): same GGUF, same token ids, same thread count as ours."""
+
+    def __init__(self, gguf: str, threads: int, n_ctx: int):
+        home = install_llama_cpp_peer()
+        self.proc = subprocess.Popen(["node", str(home / "peer.mjs"), gguf, str(threads), str(n_ctx)], cwd=home,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.info = self.ask(op="info")
+
+    def ask(self, **req) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the llama.cpp peer exited (rc {self.proc.wait()})")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"llama.cpp peer: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+    def __enter__(self) -> "LlamaCppPeer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def run_llama_cpp(engine: Engine, prepared: list[Prepared], threads: int) -> tuple[dict[str, list[dict]], dict]:
+    """llama.cpp on the same GGUF and prompts (token ids): plain greedy decoding and its prompt-lookup
+    predictor, from the same warm cache as ours; plus cold prefill of the same prompts, ours and its,
+    side by side. Returns (peer rows, a 'prefill' summary)."""
     gguf = engine.target.meta.get("gguf")
     if not gguf:
         print("completiond bench: the target was not loaded from a GGUF file; skipping llama.cpp", file=sys.stderr)
-        return {}
-    out: dict[str, list[dict]] = {}
+        return {}, {}
+    out: dict[str, list[dict]] = {"llama.cpp": [], "llama.cpp-prompt-lookup": []}
     tok = engine.target.tokenizer
     n_ctx = max(len(pp.prompt) + len(pp.runs["ar"].result.token_ids) for pp in prepared) + 64
-    for name, draft in (("llama.cpp", None), ("llama.cpp-prompt-lookup", LlamaPromptLookupDecoding(num_pred_tokens=10))):
-        # with a draft model llama-cpp-python keeps every position's logits: it needs logits_all=True
-        llm = Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_batch=512, verbose=False, draft_model=draft,
-                    logits_all=draft is not None)
-        rows = []
+    with LlamaCppPeer(gguf, threads, n_ctx) as peer:
         for pp in prepared:
             n = len(pp.runs["ar"].result.token_ids)
             if n == 0:
                 continue
             cut = max(1, len(pp.prompt) - WARM_GAP)
-            llm.reset()
-            llm.eval(pp.prompt[:cut])  # warm: its cache holds the same prefix as ours
-            t0 = time.perf_counter()
-            gen = []
-            for t in llm.generate(pp.prompt, temp=0.0, top_k=1):  # reuses the cached prefix itself
-                gen.append(int(t))
-                if len(gen) >= n:
-                    break
-            ms = (time.perf_counter() - t0) * 1000
-            text = tok.decode([t for t in gen if t not in engine.eos], skip_special_tokens=False)
-            if pp.heal is not None:  # the same prompt, unconstrained: hide the healed text if it came back
-                text = text[len(pp.heal.text):] if text.startswith(pp.heal.text) else text
-            cut = pp.stops.cut(text)
-            line = first_line(text if cut is None else text[:cut])
-            rows.append({"position": prepared.index(pp), "ms_total": ms, "tokens": len(gen),
-                         "exact": line == pp.reference, "similarity": edit_similarity(line, pp.reference),
-                         "identical": gen == pp.runs["ar"].result.token_ids,
-                         "text_identical": tok.decode(gen) == tok.decode(pp.runs["ar"].result.token_ids)})
-        out[name] = rows
-    return out
+            for name in out:
+                r = peer.ask(op="complete", warm=pp.prompt[:cut], rest=pp.prompt[cut:], n=n,
+                             lookup=name.endswith("lookup"))
+                gen = r["tokens"]
+                text = tok.decode([t for t in gen if t not in engine.eos], skip_special_tokens=False)
+                if pp.heal is not None:  # the same prompt, unconstrained: hide the healed text if it came back
+                    text = text[len(pp.heal.text):] if text.startswith(pp.heal.text) else text
+                stop = pp.stops.cut(text)
+                line = first_line(text if stop is None else text[:stop])
+                out[name].append({"position": prepared.index(pp), "ms_total": r["ms"], "ms_first_token": r["ms_first"],
+                                  "tokens": len(gen), "exact": line == pp.reference,
+                                  "similarity": edit_similarity(line, pp.reference),
+                                  "identical": gen == pp.runs["ar"].result.token_ids,
+                                  "text_identical": tok.decode(gen) == tok.decode(pp.runs["ar"].result.token_ids)})
+        prefill = compare_prefill(engine, peer, [pp.prompt for pp in prepared[:PREFILL_PROMPTS]])
+        prefill["llama_cpp"] = peer.info
+    return out, prefill
+
+
+PREFILL_PROMPTS = 8
+
+
+def compare_prefill(engine: Engine, peer: LlamaCppPeer, prompts: list[list[int]]) -> dict:
+    """Cold prompt processing (empty cache, logits of the last token), ours then llama.cpp's, prompt by prompt."""
+    ours, theirs, tokens = [], [], 0
+    for prompt in prompts:
+        engine.runner.reset()
+        t0 = time.perf_counter()
+        engine.runner.extend(prompt)
+        ours.append((time.perf_counter() - t0) * 1000)
+        theirs.append(peer.ask(op="prefill", prompt=prompt)["ms"])
+        tokens += len(prompt)
+    engine.runner.reset()
+    return {"prompts": len(prompts), "tokens": tokens,
+            "ours_tokens_per_s": round(tokens / (sum(ours) / 1000), 1),
+            "llama_cpp_tokens_per_s": round(tokens / (sum(theirs) / 1000), 1),
+            "ratio_vs_llama_cpp": round(sum(theirs) / sum(ours), 3)}

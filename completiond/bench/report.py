@@ -72,6 +72,8 @@ def summarize_peers(prepared: list[Prepared], peer_rows: dict[str, list[dict]]) 
         tokens = sum(r["tokens"] for r in rows)
         out[name] = {
             "p50_ms": _pct(ms, 50), "p95_ms": _pct(ms, 95),
+            **({"p50_first_token_ms": _pct([r["ms_first_token"] for r in rows], 50),
+                "p95_first_token_ms": _pct([r["ms_first_token"] for r in rows], 95)} if "ms_first_token" in rows[0] else {}),
             "tokens_per_s": round(tokens / (sum(ms) / 1000), 2) if sum(ms) else 0.0,
             "speedup_vs_ar": round(sum(ar_ms) / sum(ms), 3) if sum(ms) else 0.0,
             "identical_rate": round(sum(r["identical"] for r in rows) / len(rows), 4),
