@@ -60,6 +60,19 @@ def test_fused_layers_equal_the_parts(scheme):
         torch.testing.assert_close(fused(x), torch.cat([p(x) for p in parts], -1), rtol=0, atol=1e-6)
 
 
+def test_int4_keeps_attention_and_the_output_layer_int8():
+    """The int4 scheme is int4 in the MLP only; a fused q/k/v of mixed schemes runs as parts."""
+    lm = tiny.loaded(tiny.qwen2_config())
+    quantize(lm.model, "int4")
+    kinds = {name.rsplit(".", 1)[-1]: m.scheme for name, m in lm.model.named_modules() if isinstance(m, QuantLinear)}
+    assert kinds == {"q_proj": "int8", "k_proj": "int8", "v_proj": "int8", "o_proj": "int8",
+                     "gate_proj": "int4", "up_proj": "int4", "down_proj": "int4", "lm_head": "int8"}
+    assert quant.scheme_of(lm.model) == "int4"
+    x = torch.randn(3, 64)
+    parts = [QuantLinear.from_linear(linear(64, 64, seed=i), s) for i, s in enumerate(["int8", "int4"])]
+    torch.testing.assert_close(QuantLinear.cat(parts)(x), torch.cat([p(x) for p in parts], -1), rtol=0, atol=1e-6)
+
+
 def test_bad_scheme_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown quantization scheme 'int3'"):
         quantize(tiny.loaded(tiny.qwen2_config()).model, "int3")

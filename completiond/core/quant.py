@@ -3,7 +3,8 @@
 Schemes (weights only; activations keep the model's dtype, embeddings stay as they are):
 - int8: per-output-channel symmetric, w ~ q * s with q in [-127, 127], s = max|w_row| / 127;
   run by `aten._weight_int8pack_mm(x [M, K], q [N, K] int8, s [N])` (s in x's dtype).
-- int4: group-wise asymmetric, groups of INT4_GROUP = 32 along K, w ~ (q - 8) * scale + zero with
+- int4: the MLP layers only (attention and the output layer stay int8, see INT4_KEEP_INT8 and
+  `quantize`), group-wise asymmetric, groups of INT4_GROUP = 32 along K, w ~ (q - 8) * scale + zero with
   q in [0, 15] (the tinygemm convention the kernel uses); packed by
   `aten._convert_weight_to_int4pack_for_cpu(q [N, K] int32, inner_k_tiles)` into uint8 [N, K / 2]
   and run by `aten._weight_int4pack_mm_for_cpu(x [M, K], packed, group, scale_zero [K / group, N, 2])`.
@@ -34,6 +35,9 @@ from torch import nn
 
 SCHEMES = ("int8", "int4")
 INT4_GROUP = 32
+# Layers kept int8 under the int4 scheme: attention is ~12 % of a Qwen2 layer's weights but int4
+# there costs the most agreement with the unquantized model (README "Fast target pass").
+INT4_KEEP_INT8: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 _ROWS = 4096  # rows quantized at a time (bounds the float32 temporaries; a multiple of 64)
 BULK_ROWS = 32  # int8 passes with more rows than this inside `bulk()` run on dequantized weights
 _bulk = threading.local()
@@ -143,10 +147,11 @@ class QuantLinear(nn.Module):
         """One layer for [x W1^T, x W2^T, ...] (fused q/k/v or gate/up): the packed weights
         concatenated where the kernels' layout allows it, else the parts run one after another."""
         scheme, group = parts[0].scheme, parts[0].group
-        if any(p.scheme != scheme or p.group != group or p.in_features != parts[0].in_features for p in parts):
-            raise ValueError("cannot fuse layers quantized differently")
-        if scheme == "int4" and any(p.out_features % int4_row_block() for p in parts[:-1]):
-            return _Parts(parts)  # an int4 part with a row tail would land mid-block
+        if any(p.in_features != parts[0].in_features for p in parts):
+            raise ValueError("cannot fuse layers with different input sizes")
+        if any(p.scheme != scheme or p.group != group for p in parts) or (
+                scheme == "int4" and any(p.out_features % int4_row_block() for p in parts[:-1])):
+            return _Parts(parts)  # mixed schemes, or an int4 part whose row tail would land mid-block
         bias = None
         if any(p.bias is not None for p in parts):
             bias = torch.cat([p.bias if p.bias is not None else p.scales.new_zeros(p.out_features) for p in parts])
@@ -190,7 +195,10 @@ def _int4(w: torch.Tensor, group: int, deq: bool = True) -> tuple[torch.Tensor, 
 def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP) -> None:
     """Replace every nn.Linear of the decoder and the output layer by a QuantLinear, in place.
 
-    Embeddings stay as they are. The output layer keeps `full_weight` (see the module docstring).
+    Embeddings stay as they are. The output layer is int8 under both schemes (as llama.cpp keeps
+    the output layer at 6-8 bits in its 4-bit files): the int4 head's error bound is too wide for
+    `exact_head_logits` (over a quarter of the vocabulary could win on every pass, README). It keeps
+    `full_weight` (see the module docstring).
     """
     if scheme not in SCHEMES:
         raise ValueError(f"unknown quantization scheme {scheme!r} (expected one of {', '.join(SCHEMES)})")
@@ -198,19 +206,20 @@ def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP) -> None:
     for module in list(base.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, name, QuantLinear.from_linear(child, scheme, group))
+                keep = scheme == "int4" and name in INT4_KEEP_INT8
+                setattr(module, name, QuantLinear.from_linear(child, "int8" if keep else scheme, group))
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear):
         raise ValueError(f"cannot quantize an output layer of type {type(head).__name__}")
-    qhead = QuantLinear.from_linear(head, scheme, group, norms=True)
+    qhead = QuantLinear.from_linear(head, "int8", norms=True)
     qhead.full_weight = head.weight.detach()
     model.set_output_embeddings(qhead)
 
 
 def scheme_of(model: nn.Module) -> str:
-    """'int8' / 'int4' for a quantized model, else 'none'."""
-    head = model.get_output_embeddings()
-    return head.scheme if isinstance(head, QuantLinear) else "none"
+    """'int8' / 'int4' (some layer int4) for a quantized model, else 'none'."""
+    schemes = {m.scheme for m in model.modules() if isinstance(m, QuantLinear)}
+    return "int4" if "int4" in schemes else "int8" if schemes else "none"
 
 
 def full_weight(head: nn.Module) -> torch.Tensor:

@@ -101,8 +101,9 @@ QUANTS = ("auto", "none", "int8", "int4")
 def pick_quant(quant: str, device: torch.device, dtype: torch.dtype) -> str:
     """Weight-only quantization: auto = int8 on CPUs with fast bf16 (a decode pass reads half the bf16
     bytes; the kernels want bf16 activations), none on CUDA and with float32 activations. int4
-    (group 32, requantized from the GGUF's dequantized weights) is faster still but measurably
-    worse on the Q4_K_M models: selectable, not the default (README "Fast target pass")."""
+    (MLP layers group-32 int4 requantized from the GGUF's dequantized weights, attention and output
+    layer int8) is faster still but measurably worse on the Q4_K_M models: selectable, not the
+    default (README "Fast target pass")."""
     if quant not in QUANTS:
         raise ModelError(f"unknown quantization {quant!r}: use {', '.join(QUANTS)}")
     if quant == "auto":

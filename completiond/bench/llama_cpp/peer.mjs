@@ -60,7 +60,7 @@ async function pass({context, k, reps}) {
 }
 
 const ops = {complete, prefill, pass, info: async () => ({system: llama.systemInfo, build: llama.buildType,
-  cpu_variant: llama.cpuMathCores, llama_cpp: llama.llamaCppRelease})};
+  math_cores: llama.cpuMathCores, llama_cpp: llama.llamaCppRelease})};
 for await (const line of readline.createInterface({input: process.stdin})) {
   let reply;
   try {

@@ -1,0 +1,76 @@
+"""What weight quantization does to the model: top-1 agreement and mean KL against the unquantized
+target (the GGUF dequantized to bf16), teacher-forced over real code (the bench repositories' files).
+
+    python benchmarks/quant_agreement.py --json benchmarks/results/quant-agreement.json
+
+Variants: int8; int4 as shipped (MLP int4, attention and output layer int8); int4 in every layer;
+int4 with down_proj also int8. Needs the bench repositories in the cache (run `completiond bench
+--repo pypi:toolz==1.0.0` and `pypi:boltons==25.0.0` once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from completiond.core import quant
+from completiond.models import load
+from completiond.models.device import cpu_name
+from completiond.paths import cache_root
+
+VARIANTS = {"int8": ("int8", None), "int4": ("int4", quant.INT4_KEEP_INT8), "int4, every layer": ("int4", ()),
+            "int4, down_proj int8 too": ("int4", quant.INT4_KEEP_INT8 + ("down_proj",))}
+
+
+def logits(scheme: str, keep: tuple[str, ...] | None, texts: list[str], tokens: int) -> list[torch.Tensor]:
+    saved = quant.INT4_KEEP_INT8
+    if keep is not None:
+        quant.INT4_KEEP_INT8 = keep
+    try:
+        t = load("default", "target", "cpu", "bfloat16", scheme)
+    finally:
+        quant.INT4_KEEP_INT8 = saved
+    with torch.inference_mode():
+        ids = [t.tokenizer.encode(x)[:tokens] for x in texts]
+        return [t.model(torch.tensor([i])).logits[0].float() for i in ids if len(i) >= 64]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--files", type=int, default=12)
+    ap.add_argument("--tokens", type=int, default=768, help="tokens per file")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    files = sorted((cache_root() / "bench-repos").glob("*[!l]/*/*.py"))[: a.files]
+    if not files:
+        print("quant_agreement: no bench repositories in the cache (see the docstring)", file=sys.stderr)
+        return 2
+    texts = [f.read_text(errors="replace") for f in files]
+    ref = logits("none", None, texts, a.tokens)
+    n = sum(len(x) for x in ref)
+    rows = {}
+    for name, (scheme, keep) in VARIANTS.items():
+        got = logits(scheme, keep, texts, a.tokens)
+        agree = sum((r.argmax(-1) == g.argmax(-1)).sum().item() for r, g in zip(ref, got)) / n
+        kl = sum(F.kl_div(g.log_softmax(-1), r.log_softmax(-1), log_target=True, reduction="sum").item()
+                 for r, g in zip(ref, got)) / n
+        rows[name] = {"top1_agreement": round(agree, 4), "mean_kl": round(kl, 4)}
+        print(f"{name:28} top-1 agreement {agree:.4f}  mean KL {kl:.4f}", flush=True)
+    if a.json:
+        a.json.write_text(json.dumps({
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(["python", *sys.argv]), "cpu": cpu_name(), "files": [f.name for f in files],
+            "tokens": n, "reference": "qwen2.5-coder-0.5b, GGUF dequantized to bf16", "variants": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
