@@ -1,0 +1,81 @@
+"""Target pass cost by tree size on CUDA (issue 14 point 5), Qwen2.5-Coder 0.5B and 1.5B shapes with
+random weights (a pass costs the same whatever the values, and the device machine cannot fetch the
+real files), bf16, lean and transformers backends, 1,536 tokens of context. Run by benchmarks/gpu.sh.
+
+    python benchmarks/gpu_pass_cost.py --json benchmarks/results/gpu-pass-cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from pass_cost import SIZES, fill_cache, tree  # noqa: E402
+
+from completiond.core.runner import Runner  # noqa: E402
+from completiond.models import LoadedModel  # noqa: E402
+
+SHAPES = {"qwen2.5-coder-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                     num_attention_heads=14, tie_word_embeddings=True),
+          "qwen2.5-coder-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                     num_attention_heads=12, tie_word_embeddings=False)}
+
+
+def model(shape: dict) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    cfg = Qwen2Config(vocab_size=151936, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
+                      rms_norm_eps=1e-6, use_sliding_window=False, **shape)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.bfloat16).eval().cuda()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--context", type=int, default=1536)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_pass_cost: no CUDA device", file=sys.stderr)
+        return 2
+    out = {}
+    for name, shape in SHAPES.items():
+        lm = LoadedModel(name=name, model=model(shape), tokenizer=None, device=torch.device("cuda"), dtype=torch.bfloat16)
+        for backend in ("lean", "transformers"):
+            r = Runner(lm, capacity=a.context + 256, backend=backend)
+            fill_cache(r, a.context)
+            row = {}
+            with torch.inference_mode():
+                for n in SIZES:
+                    times = []
+                    for _ in range(a.reps):
+                        torch.cuda.synchronize()
+                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        start.record()
+                        r.forward([0] * n, tree(n), range(n))
+                        end.record()
+                        torch.cuda.synchronize()
+                        times.append(start.elapsed_time(end))
+                        r.rollback(a.context)
+                    row[n] = round(sorted(times)[len(times) // 2], 3)  # median ms
+            out[f"{name} {backend}"] = row
+            print(f"{name:20} {backend:13}" + "".join(f"{n:>5}:{ms:7.2f}" for n, ms in row.items()), flush=True)
+        del lm
+        torch.cuda.empty_cache()
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(["python", *sys.argv]), "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "context": a.context, "median_ms_per_pass": out}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
