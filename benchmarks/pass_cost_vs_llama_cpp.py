@@ -29,12 +29,8 @@ from completiond.core.engine import Engine
 from completiond.models import load
 from completiond.models.device import cpu_name
 
-SIZES = [1, 2, 4, 8, 16, 32, 64]
-
-
-def tree(n: int) -> list[int]:
-    """A chain with branches, as the product's trees are (node i under node (i-1)//2)."""
-    return [-1] + [(i - 1) // 2 for i in range(1, n)]
+sys.path.insert(0, str(Path(__file__).parent))
+from pass_cost import SIZES, tree  # noqa: E402  (the same sizes and tree shape as our own pass-cost table)
 
 
 def main(argv: list[str] | None = None) -> int:
