@@ -10,7 +10,8 @@ the daemon's CPU time per keystroke and the stale work `status` counted (cancell
 
 --baseline is a checkout of an older completiond (its package dir is put first on PYTHONPATH of
 that daemon); the current one is this checkout. Both use the serve defaults (CPU: the 0.5B, int8).
---cold adds a run of the current daemon in which typing starts as soon as the file is open.
+--cold adds a run of the current daemon in which typing starts as soon as the file is open;
+--no-quick a run of the current daemon (cursor sent) with the quick prompt switched off.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ async def type_lines(sock: Path, positions, pause_s: float, max_tokens: int, cur
                      pid: int) -> dict:
     client = await Client.connect(sock)
     await client.request("initialize", {"client": "keystroke-bench", "protocol": 1})
-    ttft, final, accepted, served, requests = [], [], [], 0, 0
+    ttft, final, accepted, served, requests, first_answer, lanes = [], [], [], 0, 0, [], []
     accept_served = accept_passes = 0
     cpu0 = cpu_s(pid)
     for i, pos in enumerate(positions):
@@ -60,20 +61,28 @@ async def type_lines(sock: Path, positions, pause_s: float, max_tokens: int, cur
         ttft += r["ttft"]
         final += r["final"]
         served += r.get("served", 0)
+        first_answer += [r["first_answer_ms"]] if "first_answer_ms" in r else []
+        lanes += r.get("lanes", [])
         requests += r["requests"]
         if "after_accept_ms" in r:
             accepted.append(r["after_accept_ms"])
             accept_served += r["after_accept_served"]
             accept_passes += r["after_accept_passes"]
     cpu = cpu_s(pid) - cpu0
-    stale = (await client.request("status", {})).get("stale")  # older daemons: None
+    status = await client.request("status", {})
+    stale = status.get("stale")  # older daemons: None
     await client.close()
     out = {"p50_first_token_ms": p(ttft, 50), "p95_first_token_ms": p(ttft, 95),
            "p50_final_keystroke_ms": p(final, 50), "p95_final_keystroke_ms": p(final, 95),
            "final_keystroke_ms": [round(x, 1) for x in final], "requests": requests,
            "answered_with_tokens": len(ttft), "served_from_memory": served,
            "daemon_cpu_s": round(cpu, 1), "cpu_ms_per_keystroke": round(cpu * 1000 / max(requests, 1), 1),
-           "stale_work": stale}
+           "stale_work": stale, "pass_cost_ms": status.get("pass_cost_ms"),
+           # from a line's first keystroke to the first ghost text in that file (typing starts --pause s
+           # after opening it): the cold-file wait
+           "p50_first_answer_ms": p(first_answer, 50), "p95_first_answer_ms": p(first_answer, 95),
+           "first_answer_ms": [round(x, 1) for x in first_answer],
+           "answers_by_prompt_lane": {k: lanes.count(k) for k in sorted(set(lanes))}}
     if accept:
         out.update({"p50_after_accept_ms": p(accepted, 50), "p95_after_accept_ms": p(accepted, 95),
                     "after_accept_ms": [round(x, 1) for x in accepted], "after_accept_served": accept_served,
@@ -151,6 +160,8 @@ def main() -> int:
                     help="also run the current daemon with the editor's cursor sent after opening (document/cursor)")
     ap.add_argument("--accept", action="store_true", help="accept each line's last suggestion and ask again")
     ap.add_argument("--cold", action="store_true", help="also a run that types as soon as the file is open")
+    ap.add_argument("--no-quick", action="store_true",
+                    help="also run the current daemon (with the cursor) without the quick prompt (issue 15)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     a = ap.parse_args()
@@ -164,6 +175,9 @@ def main() -> int:
         runs["current+cursor"] = run_daemon(str(ROOT), positions, a, cursor=True)
     if a.cold:
         runs["current, typing at once"] = run_daemon(str(ROOT), positions, a, cursor=a.cursor, pause=0.0)
+    if a.no_quick:  # the same daemon with the quick prompt switched off (every completion the full prompt)
+        a.serve_arg = [*a.serve_arg, "--quick-prompt-ms=-1"]
+        runs["current+cursor, no quick prompt"] = run_daemon(str(ROOT), positions, a, cursor=True)
     result = {"date": datetime.date.today().isoformat(), "command": " ".join(["python"] + sys.argv),
               "repo": label, "cpu": cpu_name(), "load_average": os.getloadavg(), "lines": len(positions),
               "typed_chars": sum(len(x.reference) for x in positions), "pause_after_open_s": a.pause,

@@ -32,6 +32,9 @@ def add_parsers(sub) -> None:
                    help="seconds a TCP client has to send initialize with the token")
     s.add_argument("--no-warm", dest="warm", action="store_false",
                    help="do not prefill a document's prompt while idle (after open and when typing pauses)")
+    s.add_argument("--quick-prompt-ms", type=float, default=P.QUICK_PROMPT_MS, metavar="MS",
+                   help="answer from a short prompt around the cursor while the full prompt still lacks more "
+                        "than MS of prefill (the warm-up fills it meanwhile); -1: always the full prompt")
     s.add_argument("--log-level", default="INFO")
     model_flags(s)
     s.set_defaults(func=cmd_serve)
@@ -122,7 +125,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     async def main() -> None:
         nonlocal daemon
         daemon = Daemon(load_models, info, token=token, default_mode=a.mode,
-                        roots=[Path(r) for r in a.workspace], auth_timeout=a.auth_timeout, warm=a.warm)
+                        roots=[Path(r) for r in a.workspace], auth_timeout=a.auth_timeout, warm=a.warm,
+                        quick_prompt_ms=a.quick_prompt_ms)
         await daemon.serve(sock, tcp)
 
     try:

@@ -33,6 +33,8 @@ def add_parser(sub) -> None:
     b.add_argument("--replay", type=int, default=0, metavar="LINES",
                    help="also replay typing LINES lines through a real daemon (keystroke latency)")
     b.add_argument("--edits", type=int, default=0, metavar="N", help="also run N rewrite (edit) tasks")
+    b.add_argument("--prompt-tokens", type=int, default=2048, metavar="N",
+                   help="prompt budget per completion (the daemon's quick prompt: 256)")
     b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     b.add_argument("--json", default=None, metavar="OUT", help="also write the full result as JSON to OUT")
     b.add_argument("--plot", default=None, metavar="OUT.png", help="write a latency plot to OUT.png")
@@ -71,7 +73,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         raise UsageError(f"no code positions found in {root}")
     engine = Engine(target, draft, backend=a.backend)
     costs = engine.calibrate()
-    prepared = run_modes(engine, root, positions, modes, a.max_tokens, multiline=not a.single_line)
+    prepared = run_modes(engine, root, positions, modes, a.max_tokens, multiline=not a.single_line,
+                         max_prompt=a.prompt_tokens)
     peer_rows = run_transformers(engine, prepared, [p for p in peers if p.startswith("hf-")]) if peers else {}
     prefill = {}
     if "llama.cpp" in peers:

@@ -60,6 +60,10 @@ async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: 
         elif isinstance(res, dict) and res.get("cancelled"):
             superseded += 1
     out = {"ttft": ttft, "final": final, "superseded": superseded, "requests": len(pending), "served": served}
+    answered = [firsts[m["id"]] for _, _, m in pending if m["id"] in firsts]
+    if pending and answered:  # the file's first ghost text, from the first keystroke (the user's first wait)
+        out["first_answer_ms"] = (min(answered) - pending[0][0]) * 1000
+    out["lanes"] = [r.get("prompt_lane", "full") for r in results if isinstance(r, dict) and not r.get("cancelled")]
     last = results[-1] if results else None
     if accept and isinstance(last, dict) and last.get("text"):
         out.update(await _accept(client, uri, version, line, col, last["text"], reuse, max_tokens, firsts))

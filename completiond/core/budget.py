@@ -46,7 +46,7 @@ class TreeBudget:
 
     def costs(self) -> dict[int, float]:
         """Measured ms per pass by tree size (what a calibration cache stores)."""
-        return {s: e.value for s, e in sorted(self._cost.items())}
+        return {s: e.value for s, e in sorted(self._cost.copy().items())}  # copy: atomic, any thread
 
     def load_costs(self, costs: dict[int, float]) -> None:
         """Install measured costs, made consistent: a bigger tree never costs less than a smaller

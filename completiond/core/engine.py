@@ -191,6 +191,11 @@ class Engine:
             i += 1
         return i
 
+    def prefill_ms_per_token(self) -> float:
+        """What one more prompt token costs to prefill on this device, in ms: measured on long prefill
+        chunks, else a prior from the one-node pass (a chunk costs about 16 tokens per pass)."""
+        return self.runner.bulk_ms_per_token or self.budget.cost(1) / 16
+
     def typed_prompt(self, prompt: list[int], typed: str) -> tuple[list[int], Heal | None] | None:
         """After a greedy completion for `prompt`, the user typed `typed` at its cursor: the prompt
         and heal whose continuation is the rest of that completion (served with no pass), or None

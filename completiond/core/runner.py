@@ -26,6 +26,7 @@ BACKENDS = ("transformers", "lean", "auto")
 # request. Chunks follow a fixed grid of absolute positions, so a prefill resumed after a cancel
 # runs the same shapes (hence the same K/V, bit for bit) as one that was never interrupted.
 CHUNK = 256
+BULK_TOKENS = 64  # prefill chunks at least this long measure the per-token cost of a cold prompt
 
 
 class Cancelled(Exception):
@@ -95,6 +96,7 @@ class Runner:
         self._pass_parents: list[int] = []
         self.last_pass_ms = 0.0
         self.prefill_ms_per_token = 0.0  # of the last prefill chunk (the scheduler's work estimates)
+        self.bulk_ms_per_token = 0.0  # of long prefill chunks (>= BULK_TOKENS), averaged: a cold prompt's cost
         self.last_hidden: torch.Tensor | None = None
         # Called before every decoder layer and prefill chunk while set (raises Cancelled to stop);
         # the engine sets it for the length of a request. A cancelled pass commits nothing.
@@ -143,8 +145,9 @@ class Runner:
         self._pass_ids, self._pass_parents = [], []
         return was
 
-    def new_held(self) -> Held:
-        return Held(TreeKVCache(self.capacity), [])
+    def new_held(self, capacity: int | None = None) -> Held:
+        """An empty sequence; its cache starts at `capacity` slots (default the runner's) and grows."""
+        return Held(TreeKVCache(capacity or self.capacity), [])
 
     @torch.inference_mode()
     def forward(self, ids: Sequence[int], parents: Sequence[int], logits_at: Sequence[int],
@@ -297,6 +300,9 @@ class Runner:
                     self._in_chunk = False
                 self.keep(range(len(part)))
                 self.prefill_ms_per_token = self.last_pass_ms / len(part)
+                if len(part) >= BULK_TOKENS:
+                    ms = self.last_pass_ms / len(part)
+                    self.bulk_ms_per_token = ms if not self.bulk_ms_per_token else (self.bulk_ms_per_token + ms) / 2
                 c = end
                 self.check = layer_check
                 yield

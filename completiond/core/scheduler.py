@@ -83,6 +83,18 @@ class Scheduler:
             self.cond.notify()
         return fut
 
+    def move(self, slot: Hashable, capacity: int | None = None) -> None:
+        """Called by the running job on the engine thread, inside its turn: the job works on `slot`'s
+        cached sequence from now on, in this turn and the later ones (a completion picks its prompt,
+        and so its sequence, only once it runs: service/handlers.Lane)."""
+        job = self.running
+        if job is None:
+            raise RuntimeError("Scheduler.move is for the job whose turn it is")
+        with self.cond:
+            pinned = {j.slot for j in self.jobs if j.steps is not None and j is not job}
+            job.slot = slot
+        self.engine.slots.hold(slot, pinned, capacity)
+
     def stop(self, timeout: float | None = None) -> None:
         """Cancel every job (started ones end at their next check) and end the thread."""
         with self.cond:

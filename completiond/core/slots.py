@@ -9,7 +9,7 @@ from collections.abc import Collection, Hashable
 
 from .runner import Held, Runner
 
-MAX_SLOTS = 4  # 0.5B Qwen, 4k tokens: ~50 MB each in bf16
+MAX_SLOTS = 6  # 0.5B Qwen, 4k tokens: ~50 MB each in bf16 (a quick prompt's: ~6 MB, see handlers.Lane)
 
 
 class Slots:
@@ -30,15 +30,16 @@ class Slots:
         held = self.held.get(key)
         return list(held[0].tokens) if held is not None else []
 
-    def hold(self, key: Hashable, pinned: Collection[Hashable] = ()) -> None:
-        """Make the runners work on `key`'s sequences (new ones if it has none). Room is made by
-        dropping the least recently used slots, never those of `pinned` keys (jobs between turns)."""
+    def hold(self, key: Hashable, pinned: Collection[Hashable] = (), capacity: int | None = None) -> None:
+        """Make the runners work on `key`'s sequences (new ones if it has none, their caches starting
+        at `capacity` tokens). Room is made by dropping the least recently used slots, never those of
+        `pinned` keys (jobs between turns)."""
         held = self.held.get(key)
         if held is None:
             spare = [k for k in self.held if k not in pinned]
             for k in spare[:max(0, len(self.held) + 1 - MAX_SLOTS)]:
                 del self.held[k]
-            held = self.held[key] = [r.new_held() for r in self.runners]
+            held = self.held[key] = [r.new_held(capacity) for r in self.runners]
         self.held.move_to_end(key)
         if key != self.key:
             for runner, h in zip(self.runners, held):

@@ -50,12 +50,16 @@ class Daemon:
 
     def __init__(self, engine: Engine | Loader, info: dict, token: str | None = None,
                  default_mode: str = "combined", max_frame_bytes: int = P.MAX_FRAME_BYTES,
-                 roots: Iterable[Path] = (), auth_timeout: float = AUTH_TIMEOUT_S, warm: bool = True):
+                 roots: Iterable[Path] = (), auth_timeout: float = AUTH_TIMEOUT_S, warm: bool = True,
+                 quick_prompt_ms: float = P.QUICK_PROMPT_MS):
         self.info = info  # target, draft, device, dtype, socket
         self.token = token
         self.default_mode = default_mode
         self.max_frame_bytes = max_frame_bytes
         self.auth_timeout = auth_timeout
+        # a completion whose full prompt lacks more prefill than this (ms) answers from the quick
+        # prompt around the cursor while the full one warms (handlers.Lane); < 0: never
+        self.quick_prompt_ms = quick_prompt_ms
         self.engine: Engine | None = None if callable(engine) else engine
         # model work: one engine thread, every client's jobs in turns (core/scheduler.py)
         self.scheduler: Scheduler | None = Scheduler(self.engine) if self.engine is not None else None
@@ -242,7 +246,11 @@ class Daemon:
                 self.engine.index.set_open(key, tok.encode(text, add_special_tokens=False))
                 d.indexed_version = version
             req = prep.make()
-            req.cancel, req.slot = job.cancel, (s.id, prep.uri)
+            req.cancel = job.cancel
+            if req.slot is None:
+                req.slot = (s.id, prep.uri)
+            elif req.slot != (s.id, prep.uri):  # the quick prompt (handlers.Lane): its own cached sequence
+                self.scheduler.move(req.slot, prep.lanes["chosen"].capacity)
             res = yield from self.engine.run(req, on_step)
             if time.time() - self._calibration_saved > CALIBRATION_SAVE_S:  # real passes refreshed the costs
                 self.engine.save_calibration()

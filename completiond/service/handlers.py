@@ -12,8 +12,8 @@ import hmac
 import itertools
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,7 @@ class Prepared:
     make: Callable[[], Request]  # called on the engine thread: tokenizing stays off the event loop
     partial: str  # the notification that streams text while it runs
     result: Callable[[Result], dict]
+    lanes: dict = field(default_factory=dict)  # complete: the prompts make() chose between (Lane by name)
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ async def status(d: Daemon, s: Session, p: P.Empty, msgid) -> dict:
         # ones), tokens served from memory with no pass
         "stale": {k: round(st[k], 1) for k in ("cancelled", "cancelled_ms", "warms", "warms_preempted", "warm_ms",
                                                "served_tokens") if k in st},
+        "pass_cost_ms": {str(n): round(ms, 1) for n, ms in d.engine.budget.costs().items()},  # by tree size
         "warm": d.warmer.status(s),  # per document of the asker: is its next completion's prompt cached?
         # the engine thread's turns: jobs queued or paused now, prefill chunks stopped for a new
         # request, documents with a cached sequence
@@ -157,6 +159,23 @@ def _mode(d: Daemon, mode: str | None) -> str:
     return mode
 
 
+QUICK_PROMPT_TOKENS = 256  # the quick prompt: the cursor's neighbourhood (prefix and suffix), no other files
+QUICK_CAPACITY = 512  # its cached sequence starts this small (it grows if typing makes it longer)
+
+
+@dataclass
+class Lane:
+    """A prompt for the cursor and the cached sequence (slot) it is prefilled into. A completion has a
+    full lane (the whole budget: repository context, long prefix and suffix) and, while the full one
+    is cold, a quick lane: a few hundred tokens around the cursor in a slot of their own. A cold
+    2.5k-token prompt takes ~9 s to prefill on 2 CPU cores, the quick one ~1 s; the warm-up fills the
+    quick lane first, then the full one, and completions move to the full lane once it is warm."""
+    ids: list[int]
+    heal: Heal | None
+    slot: Hashable
+    capacity: int | None = None
+
+
 @dataclass
 class Anchor:
     """The last completion prompt built from scratch for a document: while the user types at its
@@ -164,9 +183,21 @@ class Anchor:
     its FIM middle instead of moving the split, so its suffix is never prefilled again."""
     text: str
     offset: int
-    ids: list[int]
-    heal: Heal | None
+    full: Lane
+    quick: Lane | None
     fim: bool
+
+
+def pick_lane(d: Daemon, full: Lane, quick: Lane | None) -> Lane:
+    """The full lane, unless its cache lacks more than `d.quick_prompt_ms` of prefill (measured per
+    token on this device) and the quick lane lacks less. Reads cache snapshots: any thread."""
+    if quick is None or d.quick_prompt_ms < 0:
+        return full
+    e = d.engine
+    lacks = len(full.ids) - e.cached_prefix_len(full.ids, full.slot)
+    if lacks * e.prefill_ms_per_token() <= d.quick_prompt_ms:
+        return full
+    return quick if len(quick.ids) - e.cached_prefix_len(quick.ids, quick.slot) < lacks else full
 
 
 MAX_TYPED_CHARS = 512  # typed past the anchor: after this many characters the prompt is rebuilt
@@ -198,6 +229,8 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
     greedy = p.temperature < P.MIN_TEMPERATURE
     anchor = s.anchors.get(doc.uri) if greedy and p.reuse_prefix else None
     typed = typed_since(anchor, text, offset)
+    slot = (s.id, doc.uri)
+    lanes: dict[str, Lane] = {}  # filled by make(): the lane it chose ("chosen") and the full one
 
     def make() -> Request:
         from ..core.engine import Request
@@ -206,24 +239,41 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
         common = dict(mode=mode, max_tokens=p.max_tokens, seed=p.seed, sampling=Sampling(p.temperature, p.top_p, p.top_k),
                       deadline_ms=p.deadline_ms, reuse_prefix=p.reuse_prefix, typed_through=greedy)
         if typed is not None:  # the user typed on at the anchor's cursor: keep its prompt, add what was typed
+            lane = pick_lane(d, anchor.full, anchor.quick)
             stops = stops_at(text, offset, p.multiline, fim=True)
-            served = d.engine.typed_prompt(anchor.ids, typed)  # typed what the suggestion said: no pass
-            if served is None:
-                line_head = text[text.rfind("\n", 0, offset) + 1:offset]
-                served = extend_middle(tok, anchor.ids, (anchor.heal.text if anchor.heal else "") + typed,
-                                       heal_last=bool(line_head.strip()))
-            ids, heal = served
-            return Request(prompt=ids, stops=stops, heal=heal, **common)
+            served = d.engine.typed_prompt(lane.ids, typed)  # typed what the suggestion said: no pass
+            line_head = text[text.rfind("\n", 0, offset) + 1:offset]
+
+            def extended(a: Lane) -> Lane:
+                ids, heal = extend_middle(tok, a.ids, (a.heal.text if a.heal else "") + typed,
+                                          heal_last=bool(line_head.strip()))
+                return Lane(ids, heal, a.slot, a.capacity)
+
+            chosen = Lane(*served, lane.slot, lane.capacity) if served is not None else extended(lane)
+            lanes.update(chosen=chosen, full=chosen if lane is anchor.full else extended(anchor.full))
+            return Request(prompt=chosen.ids, stops=stops, heal=chosen.heal, slot=chosen.slot, **common)
         path, repo = locate(doc.uri, roots)
         workspace = ((Path(f).relative_to(root).as_posix(), Path(f)) for root, files in indexed for f in files
                      if Path(f).is_relative_to(root))  # walked only if the file imports something
         context = related_files(path, text, [(locate(u, roots)[0], t) for u, t in others], workspace)
         prompt = build_prompt(tok, text, offset, multiline=p.multiline, path=path, repo=repo, context=context,
                               starts=starts)
-        s.anchors[doc.uri] = Anchor(text, offset, prompt.ids, prompt.heal, fim=fim_tokens(tok) is not None)
-        return Request(prompt=prompt.ids, stops=prompt.stops, heal=prompt.heal, **common)
+        full = Lane(prompt.ids, prompt.heal, slot)
+        quick = None
+        if p.reuse_prefix and d.quick_prompt_ms >= 0 and len(full.ids) > 2 * QUICK_PROMPT_TOKENS:
+            q = build_prompt(tok, text, offset, multiline=p.multiline, max_tokens=QUICK_PROMPT_TOKENS, path=path,
+                             repo=repo, starts=starts)
+            quick = Lane(q.ids, q.heal, (*slot, "quick"), QUICK_CAPACITY)
+        s.anchors[doc.uri] = Anchor(text, offset, full, quick, fim=fim_tokens(tok) is not None)
+        chosen = pick_lane(d, full, quick)
+        lanes.update(chosen=chosen, full=full)
+        return Request(prompt=chosen.ids, stops=prompt.stops, heal=chosen.heal, slot=chosen.slot, **common)
 
-    return Prepared(doc.uri, mode, make, "complete/partial", lambda res: P.Completion.of(res).to_wire())
+    def result(res: Result) -> dict:
+        lane = "quick" if lanes.get("chosen") is not None and lanes["chosen"].slot != slot else "full"
+        return {**P.Completion.of(res).to_wire(), "prompt_lane": lane}
+
+    return Prepared(doc.uri, mode, make, "complete/partial", result, lanes)
 
 
 def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> Prepared:

@@ -204,6 +204,7 @@ MAX_DOCUMENT_CHARS = 4 * 1024 * 1024  # cost per request no longer grows with it
 MAX_OPEN_DOCUMENTS = 4096  # per connection, and MAX_SESSION_CHARS in all: memory is what they bound
 MAX_SESSION_CHARS = 16 * MAX_DOCUMENT_CHARS
 MAX_PROMPT_TOKENS = 3072  # one prompt, completion or rewrite (selection + instruction + context): prefill time
+QUICK_PROMPT_MS = 300.0  # serve --quick-prompt-ms: the prefill a cold prompt may cost before the quick one answers
 MAX_TEMPERATURE = 10.0
 MAX_LOOKUP_LEN = 256
 
@@ -367,6 +368,7 @@ class Completion:
     prompt_tokens: int = 0
     reused_tokens: int = 0
     served_tokens: int = 0  # typed-through: tokens served from an earlier completion, with no pass
+    prompt_lane: str = "full"  # complete: "quick" when answered from the short prompt of a cold document
 
     @classmethod
     def of(cls, res: Any, text: str | None = None) -> Completion:

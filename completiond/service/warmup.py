@@ -5,7 +5,9 @@ warm-up for that document on the engine thread at the cursor (after the last edi
 request's position, else the end). Where the user already asked for completions in this document,
 the next completion is computed ahead, so a request at that cursor (after accepting a suggestion,
 say) is served from the engine's memory of verified tokens (llama.vim's speculative follow-up);
-elsewhere the prompt is prefilled. It is the lowest priority: every request goes first (it waits
+elsewhere the prompt is prefilled. While a document's full prompt is cold (a freshly opened file),
+the quick prompt around the cursor is warmed first, then the full one (handlers.Lane). It is the
+lowest priority: every request goes first (it waits
 for one layer), and one for the same document stops it and reuses every prefill chunk it finished.
 Each document keeps its own cached sequence (Engine.slots), so a warm-up of one document survives
 requests in another. `status` reports per document whether its prompt is cached.
@@ -142,13 +144,18 @@ class Warmer:
             if cancel.is_set():
                 return None
             req = prepared.make()
-            req.slot = (s.id, uri)
+            quick, full = prepared.lanes["chosen"], prepared.lanes["full"]
+            if quick is not full:  # the full prompt is cold: the quick one first, in its own sequence
+                d.scheduler.move(quick.slot, quick.capacity)
             if ask is not None:  # llama.vim's speculative follow-up: the whole completion, preemptible
                 req.cancel = cancel
                 yield from d.engine.run(req)
             else:
                 yield from d.engine.warming(req.prompt)  # the scheduler's turn checks `cancel`
-            return req.prompt
+            if quick is not full:  # then the full prompt, which later completions move to
+                d.scheduler.move(full.slot)
+                yield from d.engine.warming(full.ids)
+            return full.ids
 
         def done(fut: asyncio.Future) -> None:
             if self.cancel is cancel:

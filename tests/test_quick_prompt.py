@@ -1,0 +1,129 @@
+"""The quick prompt (issue 15, cold documents): while a document's full prompt is cold, a completion
+answers from a short prompt around the cursor in a cached sequence of its own; the warm-up fills the
+quick prompt first, then the full one, and completions move to the full prompt once it is warm.
+Through a real daemon with a tiny FIM model; `quick_prompt_ms=0` stands for a slow device (a tiny
+model prefills thousands of tokens in the 300 ms the default allows)."""
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+import tiny
+from completiond.core.engine import Engine
+from completiond.service.client import Client
+from completiond.service.daemon import Daemon
+from completiond.service.handlers import QUICK_PROMPT_TOKENS, Lane, pick_lane
+
+SRC = (tiny.STDLIB / "textwrap.py").read_text()
+URI = "file:///w/textwrap.py"
+
+
+@pytest.fixture
+async def served(tmp_path, request):
+    """(client, daemon); request.param: (warm, quick_prompt_ms)."""
+    warm, quick_ms = getattr(request, "param", (False, 0.0))
+    engine = Engine(tiny.loaded(tiny.qwen2_config(), seed=5, scale=4.0))
+    daemon = Daemon(engine, {"target": "tiny-qwen", "draft": None, "device": "cpu"}, warm=warm,
+                    quick_prompt_ms=quick_ms)
+    sock = tmp_path / "d.sock"
+    task = asyncio.create_task(daemon.serve(sock))
+    while not sock.exists():
+        await asyncio.sleep(0.01)
+    c = await Client.connect(sock)
+    await c.request("initialize", {"client": "t", "protocol": 1, "workspace_roots": []})
+    yield c, daemon
+    await c.close()
+    daemon.stopping.set()
+    await asyncio.wait_for(task, 30)
+
+
+def middle_cursor() -> tuple[int, int]:
+    """(line, character) at the end of a code line in the middle of SRC: a long prefix and suffix."""
+    lines = SRC.split("\n")
+    i = next(i for i in range(len(lines) // 2, len(lines)) if lines[i].strip())
+    return i, len(lines[i])
+
+
+async def complete(c, line: int, char: int, **kw) -> dict:
+    return await c.request("complete", {"uri": URI, "position": {"line": line, "character": char},
+                                        "max_tokens": 8, "mode": "ar", "multiline": False, **kw})
+
+
+async def wait_full_warm(c, timeout: float = 60.0) -> dict:
+    for _ in range(int(timeout / 0.05)):
+        st = (await c.request("status", {}))["warm"][URI]
+        if st["warm"]:
+            return st
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"full prompt never warm: {st}")
+
+
+async def test_cold_document_answers_from_the_quick_prompt_in_its_own_sequence(served):
+    c, daemon = served
+    line, char = middle_cursor()
+    await c.request("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
+    first = await complete(c, line, char)
+    assert first["prompt_lane"] == "quick"
+    assert first["prompt_tokens"] <= QUICK_PROMPT_TOKENS + 8 and first["reused_tokens"] == 0
+    keys = daemon.engine.slots.keys()
+    sid = next(k[0] for k in keys if isinstance(k, tuple))
+    assert (sid, URI, "quick") in keys  # the quick prompt's own sequence
+    assert not daemon.engine.slots.tokens((sid, URI))  # the full one was not touched
+    # the same cursor again: still cold, the quick prompt is served from its cache
+    again = await complete(c, line, char)
+    assert again["prompt_lane"] == "quick" and again["reused_tokens"] == again["prompt_tokens"] - 1
+    assert again["text"] == first["text"]
+    # typing at the cursor extends the quick prompt: only the typed tokens are new
+    at = {"line": line, "character": char}
+    await c.notify("document/change", {"uri": URI, "version": 2,
+                                       "changes": [{"range": {"start": at, "end": at}, "text": " zq"}]})
+    typed = await complete(c, line, char + 3)
+    assert typed["prompt_lane"] == "quick" and typed["reused_tokens"] >= first["prompt_tokens"] - 1
+
+
+@pytest.mark.parametrize("served", [(True, 0.0)], indirect=True)
+async def test_warm_up_fills_the_quick_prompt_then_the_full_one_which_completions_move_to(served):
+    c, daemon = served
+    line, char = middle_cursor()
+    await c.notify("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
+    await c.notify("document/cursor", {"uri": URI, "position": {"line": line, "character": char}})
+    st = await wait_full_warm(c)
+    assert st["prompt_tokens"] > 2 * QUICK_PROMPT_TOKENS
+    res = await complete(c, line, char)
+    assert res["prompt_lane"] == "full" and res["reused_tokens"] == res["prompt_tokens"] - 1
+    # the quick prompt was warmed on the way (in its own sequence): it holds a short prompt
+    quick = [k for k in daemon.engine.slots.keys() if isinstance(k, tuple) and k[-1] == "quick"]
+    assert quick and 0 < len(daemon.engine.slots.tokens(quick[0])) <= QUICK_PROMPT_TOKENS + 8
+    # typing on at the cursor keeps the full prompt, extended by the typed tokens
+    at = {"line": line, "character": char}
+    await c.notify("document/change", {"uri": URI, "version": 2,
+                                       "changes": [{"range": {"start": at, "end": at}, "text": " zq"}]})
+    typed = await complete(c, line, char + 3)
+    assert typed["prompt_lane"] == "full" and typed["reused_tokens"] >= res["prompt_tokens"] - 1
+
+
+@pytest.mark.parametrize("served", [(False, 300.0)], indirect=True)
+async def test_a_fast_device_always_uses_the_full_prompt(served):
+    c, _ = served  # the default threshold: a tiny model prefills the whole prompt well within it
+    line, char = middle_cursor()
+    await c.request("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
+    res = await complete(c, line, char)
+    assert res["prompt_lane"] == "full" and res["prompt_tokens"] > 2 * QUICK_PROMPT_TOKENS
+
+
+def test_pick_lane_weighs_what_each_cache_lacks():
+    full, quick = Lane(list(range(1000)), None, "f"), Lane(list(range(200)), None, "q")
+    cached = {"f": 0, "q": 0}
+    engine = SimpleNamespace(cached_prefix_len=lambda ids, slot: cached[slot], prefill_ms_per_token=lambda: 3.0)
+    d = SimpleNamespace(engine=engine, quick_prompt_ms=300.0)
+    assert pick_lane(d, full, quick) is quick  # 1000 tokens lacking: 3 s
+    assert pick_lane(d, full, None) is full
+    cached["f"] = 900  # 100 lacking: 300 ms, within the allowance
+    assert pick_lane(d, full, quick) is full
+    cached["f"] = 850  # 150 lacking (450 ms), but the quick prompt lacks all of its 200
+    assert pick_lane(d, full, quick) is full
+    cached["q"] = 100
+    assert pick_lane(d, full, quick) is quick
+    d.quick_prompt_ms = -1  # switched off
+    assert pick_lane(d, full, quick) is full
