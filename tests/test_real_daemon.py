@@ -2,7 +2,8 @@
 
 An editor starts the daemon and asks at once (the load takes seconds: quantization, calibration);
 two clients ask meanwhile, one of them in a document of about a million characters. Every request
-gets its completion once the model is in, and `status` answers the whole time.
+gets its completion once the model is in, and `status` answers the whole time. The cold big
+document answers from the quick prompt first, and from the full one once the warm-up filled it.
 """
 
 import asyncio
@@ -44,6 +45,23 @@ async def client_completes(sock: Path, uri: str, text: str, line: int, char: int
         await c.close()
 
 
+async def warm_then_complete(sock: Path, uri: str, text: str, line: int, char: int) -> dict:
+    """Open, let the warm-up prefill the prompt at the cursor (quick, then full), then complete."""
+    c = await Client.connect(sock)
+    try:
+        await c.request("initialize", {"client": "test", "protocol": 1, "workspace_roots": []})
+        await c.request("document/open", {"uri": uri, "text": text, "version": 1, "language_id": "python"})
+        await c.notify("document/cursor", {"uri": uri, "position": {"line": line, "character": char}})
+        for _ in range(1200):
+            if (await c.request("status", {}))["warm"][uri]["warm"]:
+                break
+            await asyncio.sleep(0.25)
+        return await asyncio.wait_for(c.request("complete", {
+            "uri": uri, "position": {"line": line, "character": char}, "max_tokens": 12, "mode": "combined"}), 600)
+    finally:
+        await c.close()
+
+
 def test_slow_start_big_document_two_clients(tmp_path):
     sock = tmp_path / "d.sock"
     log = tmp_path / "serve.log"
@@ -53,14 +71,16 @@ def test_slow_start_big_document_two_clients(tmp_path):
         wait_for_socket(sock, proc, timeout=600)  # first use may assemble and convert the model
         first = daemon_status(sock)
         assert first["state"] == "loading" and first["phase"], first
-        big = big_document()
-        lines = big.split("\n")
-        mid = next(i for i in range(len(lines) // 2, len(lines)) if lines[i].startswith("def "))
+        lines = big_document().split("\n")
+        at = next(i for i in range(len(lines) // 2, len(lines)) if lines[i].startswith("def "))
+        # a function to write in the middle of the file: the cursor in its empty body
+        lines[at:at] = ["def read_lines(path):", "    ", "", ""]
+        big, mid = "\n".join(lines), at + 1
         small = "import os\n\n\ndef list_python_files(root):\n    "
 
         async def both() -> list[dict]:
             return await asyncio.gather(
-                client_completes(sock, "file:///w/big.py", big, mid, len(lines[mid])),
+                client_completes(sock, "file:///w/big.py", big, mid, 4),
                 client_completes(sock, "file:///w/small.py", small, 4, 4))
 
         statuses = []
@@ -75,11 +95,19 @@ def test_slow_start_big_document_two_clients(tmp_path):
         big_res, small_res = asyncio.run(with_status_polls())
         assert big_res["info"]["state"] == "loading"  # initialize answered before the model was in
         for res in (big_res, small_res):
-            assert not res["cancelled"] and res["text"].strip(), res
+            assert not res["cancelled"] and res["text"].strip(), str({k: v for k, v in res.items() if k != "info"})
             assert res["prompt_tokens"] <= 3100  # the big document's prompt is a window, not the file
         assert statuses[0] == "loading" and set(statuses) <= {"loading", "ready"}, statuses
         ready = daemon_status(sock)
         assert ready["state"] == "ready" and ready["target"] == "qwen2.5-coder-0.5b" and ready["requests_served"] == 2
+        # the big document was cold: its first completion came from the quick prompt around the cursor
+        # (a full ~2.5k-token prompt takes seconds to prefill on CPU); once the warm-up has filled the
+        # full prompt, completions there use it
+        assert big_res["prompt_lane"] == "quick" and big_res["prompt_tokens"] <= 300, big_res
+        assert small_res["prompt_lane"] == "full", small_res
+        warm = asyncio.run(warm_then_complete(sock, "file:///w/big.py", big, mid, 4))
+        assert warm["prompt_lane"] == "full" and warm["prompt_tokens"] > 1000, warm
+        assert warm["reused_tokens"] == warm["prompt_tokens"] - 1, warm
     finally:
         stop_daemon(proc)
     text = log.read_text(errors="replace")

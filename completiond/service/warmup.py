@@ -7,8 +7,8 @@ the next completion is computed ahead, so a request at that cursor (after accept
 say) is served from the engine's memory of verified tokens (llama.vim's speculative follow-up);
 elsewhere the prompt is prefilled. While a document's full prompt is cold (a freshly opened file),
 the quick prompt around the cursor is warmed first, then the full one (handlers.Lane). It is the
-lowest priority: every request goes first (it waits
-for one layer), and one for the same document stops it and reuses every prefill chunk it finished.
+lowest priority: every request goes first (it waits for one layer), and one for the same document
+stops it and reuses every prefill chunk it finished.
 Each document keeps its own cached sequence (Engine.slots), so a warm-up of one document survives
 requests in another. `status` reports per document whether its prompt is cached.
 """
