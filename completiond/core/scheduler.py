@@ -45,7 +45,7 @@ PREEMPT_MS = 1000.0  # a prefill chunk stops for a new request only when its job
 @dataclass(eq=False)
 class Job:
     start: Callable[[], Any]  # called on the engine thread: a generator of steps, or the answer itself
-    slot: Hashable
+    slot: Hashable  # its document: jobs of one document never interleave
     cancel: threading.Event
     low: bool  # a warm-up: only when no request waits
     future: Future
@@ -55,6 +55,11 @@ class Job:
     waiting_since: float = field(default_factory=time.monotonic)  # since it came, or its last whole step
     aged: bool = False  # this turn came from waiting MAX_WAIT_S: it is not preempted
     gave_way: bool = False  # its step in this turn was preempted
+    held: Hashable = None  # the cached sequence it works on, when not its document's own (Scheduler.move)
+
+    @property
+    def sequence(self) -> Hashable:
+        return self.slot if self.held is None else self.held
 
 
 class Scheduler:
@@ -86,13 +91,13 @@ class Scheduler:
     def move(self, slot: Hashable, capacity: int | None = None) -> None:
         """Called by the running job on the engine thread, inside its turn: the job works on `slot`'s
         cached sequence from now on, in this turn and the later ones (a completion picks its prompt,
-        and so its sequence, only once it runs: service/handlers.Lane)."""
+        and so its sequence, only once it runs: service/handlers.Lane). It stays its document's job."""
         job = self.running
         if job is None:
             raise RuntimeError("Scheduler.move is for the job whose turn it is")
         with self.cond:
-            pinned = {j.slot for j in self.jobs if j.steps is not None and j is not job}
-            job.slot = slot
+            pinned = {j.sequence for j in self.jobs if j.steps is not None and j is not job}
+            job.held = slot
         self.engine.slots.hold(slot, pinned, capacity)
 
     def stop(self, timeout: float | None = None) -> None:
@@ -122,7 +127,7 @@ class Scheduler:
                     job = self._pick(time.monotonic())
                     job.aged = time.monotonic() - job.waiting_since > MAX_WAIT_S
                     self.running = job
-                    pinned = {j.slot for j in self.jobs if j.steps is not None and j is not job}
+                    pinned = {j.sequence for j in self.jobs if j.steps is not None and j is not job}
                 self._turn(job, pinned)
 
     def _turn(self, job: Job, pinned: set) -> None:
@@ -135,7 +140,7 @@ class Scheduler:
                 raise Cancelled()
 
         try:
-            with self.engine.turn(job.slot, check, preempt=lambda: self._gives_way(job), pinned=pinned):
+            with self.engine.turn(job.sequence, check, preempt=lambda: self._gives_way(job), pinned=pinned):
                 if job.steps is None:
                     if not job.future.set_running_or_notify_cancel():
                         done = True  # its asker gave up before it started

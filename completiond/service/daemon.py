@@ -27,7 +27,7 @@ from .handlers import METHODS, Method, Prepared
 from ..core.index import TokenIndex
 from ..core.scheduler import Scheduler
 from .session import Job, Session
-from .warmup import Warmer, cursor_after
+from .warmup import WARM_AFTER_S, Warmer, cursor_after
 from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, bind_unix, drain, read_frames, remove_own
 from .workspace import WorkspaceWatcher
 
@@ -206,7 +206,8 @@ class Daemon:
         """After document/open|change (request or notification): warm that document when typing pauses."""
         if frame.method in ("document/open", "document/change") and s.authed and isinstance(frame.params, dict) \
                 and frame.params.get("uri") in s.docs:
-            self.warmer.touched(s, frame.params["uri"], cursor_after(frame.params.get("changes"), s.encoding))
+            self.warmer.touched(s, frame.params["uri"], cursor_after(frame.params.get("changes"), s.encoding),
+                                0.0 if frame.method == "document/open" else WARM_AFTER_S)
 
     async def _call(self, s: Session, frame: P.Frame, method: Method):
         return await method.fn(self, s, method.params.parse(frame.params), frame.msgid)

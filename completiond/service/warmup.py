@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
+from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 from . import protocol as P
@@ -73,10 +74,13 @@ class Warmer:
         self.warmed: dict[tuple[int, str], Warmed] = {}
         self.cancel: threading.Event | None = None  # the warm-up queued or running
         self.cancel_key: tuple[int, str] | None = None  # and its document
+        # set while the running warm-up prefills a quick prompt (handlers.Lane): a request for its
+        # document then lets it finish the chunk it is in (the request needs that chunk) and end
+        self.finish: threading.Event | None = None
 
-    def touched(self, s: Session, uri: str, cursor: P.Position | None = None) -> None:
-        """A document was opened or edited (the cursor now at `cursor`, if known): warm it once the
-        edits pause."""
+    def touched(self, s: Session, uri: str, cursor: P.Position | None = None, after_s: float = WARM_AFTER_S) -> None:
+        """A document was opened (after_s 0: at once) or edited (the cursor now at `cursor`, if known):
+        warm it once the edits pause."""
         if not self.enabled:
             return
         key = (s.id, uri)
@@ -84,7 +88,7 @@ class Warmer:
             self.positions[key] = cursor
         if (t := self.timers.pop(key, None)) is not None:
             t.cancel()
-        self.timers[key] = asyncio.get_running_loop().call_later(WARM_AFTER_S, self._start, s, uri)
+        self.timers[key] = asyncio.get_running_loop().call_later(after_s, self._start, s, uri)
 
     def asked(self, s: Session, uri: str, params: P.Params) -> None:
         """A request arrived: a warm-up of its document stops now (one of another document only waits:
@@ -95,7 +99,7 @@ class Warmer:
             if params.temperature < P.MIN_TEMPERATURE and params.reuse_prefix:
                 self.asks[(s.id, uri)] = params
         if self.cancel is not None and self.cancel_key == (s.id, uri):
-            self.cancel.set()
+            (self.finish or self.cancel).set()
 
     def forget(self, s: Session) -> None:
         if self.cancel is not None and self.cancel_key and self.cancel_key[0] == s.id:
@@ -119,9 +123,12 @@ class Warmer:
     def _start(self, s: Session, uri: str) -> None:
         self.timers.pop((s.id, uri), None)
         d = self.d
-        busy = any(c.jobs for c in d.sessions.values())
-        if d.engine is None or s.closed or uri not in s.docs or busy:
-            return  # a request is running or queued: it fills the cache itself
+        if d.engine is None or s.closed or uri not in s.docs:
+            return
+        if any(c.jobs for c in d.sessions.values()):
+            # a request is running or queued: try again after it (it may have filled the quick prompt only)
+            self.timers[(s.id, uri)] = asyncio.get_running_loop().call_later(WARM_AFTER_S, self._start, s, uri)
+            return
         doc = s.docs[uri]
         pos = self.positions.get((s.id, uri)) or end_position(doc.text, s.encoding)
         # after a completion was asked in this document: compute the next one ahead (a request at this
@@ -147,14 +154,24 @@ class Warmer:
             quick, full = prepared.lanes["chosen"], prepared.lanes["full"]
             if quick is not full:  # the full prompt is cold: the quick one first, in its own sequence
                 d.scheduler.move(quick.slot, quick.capacity)
+                self.finish = finish = threading.Event()
+                try:
+                    yield from _until(d.engine.warming(quick.ids), finish)
+                finally:
+                    self.finish = None
+                if finish.is_set():  # a request for this document came: it goes on from here
+                    return None
+                if ask is not None:  # compute the completion ahead on the quick prompt, now cached
+                    req.cancel = cancel
+                    yield from d.engine.run(req)
+                d.scheduler.move(full.slot)  # then the full prompt, which later completions move to
+                yield from d.engine.warming(full.ids)
+                return full.ids
             if ask is not None:  # llama.vim's speculative follow-up: the whole completion, preemptible
                 req.cancel = cancel
                 yield from d.engine.run(req)
             else:
                 yield from d.engine.warming(req.prompt)  # the scheduler's turn checks `cancel`
-            if quick is not full:  # then the full prompt, which later completions move to
-                d.scheduler.move(full.slot)
-                yield from d.engine.warming(full.ids)
             return full.ids
 
         def done(fut: asyncio.Future) -> None:
@@ -167,3 +184,12 @@ class Warmer:
 
         d.scheduler.submit(work, (s.id, uri), cancel, low=True).add_done_callback(
             lambda fut: loop.call_soon_threadsafe(done, fut))
+
+
+def _until(steps: Generator, stop: threading.Event) -> Generator:
+    """The steps of `steps` until `stop` is set (checked after each: a step is one prefill chunk)."""
+    for _ in steps:
+        yield
+        if stop.is_set():
+            steps.close()
+            return
