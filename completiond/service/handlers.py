@@ -101,7 +101,7 @@ async def doc_close(d: Daemon, s: Session, p: P.DocumentClose, msgid) -> None:
 async def doc_cursor(d: Daemon, s: Session, p: P.DocumentCursor, msgid) -> None:
     """The editor's cursor rests here (LSP sends no cursor): once it stays, warm this position."""
     s.offset(s.doc(p.uri), p.position)  # -32602 for a position outside the document
-    d.warmer.touched(s, p.uri, p.position)
+    d.warmer.touched(s, p.uri, p.position, 0.0)  # editors send it once the cursor rests: warm at once
 
 
 async def cancel(d: Daemon, s: Session, p: P.Cancel, msgid) -> None:
