@@ -52,7 +52,7 @@ async def type_lines(sock: Path, positions, pause_s: float, max_tokens: int, cur
                      pid: int) -> dict:
     client = await Client.connect(sock)
     await client.request("initialize", {"client": "keystroke-bench", "protocol": 1})
-    ttft, final, accepted, served, requests, first_answer, lanes = [], [], [], 0, 0, [], []
+    ttft, final, accepted, served, requests, first_answer, lanes, served_ms = [], [], [], 0, 0, [], [], []
     accept_served = accept_passes = 0
     cpu0 = cpu_s(pid)
     for i, pos in enumerate(positions):
@@ -63,6 +63,7 @@ async def type_lines(sock: Path, positions, pause_s: float, max_tokens: int, cur
         served += r.get("served", 0)
         first_answer += [r["first_answer_ms"]] if "first_answer_ms" in r else []
         lanes += r.get("lanes", [])
+        served_ms += r.get("served_ms", [])
         requests += r["requests"]
         if "after_accept_ms" in r:
             accepted.append(r["after_accept_ms"])
@@ -82,7 +83,9 @@ async def type_lines(sock: Path, positions, pause_s: float, max_tokens: int, cur
            # after opening it): the cold-file wait
            "p50_first_answer_ms": p(first_answer, 50), "p95_first_answer_ms": p(first_answer, 95),
            "first_answer_ms": [round(x, 1) for x in first_answer],
-           "answers_by_prompt_lane": {k: lanes.count(k) for k in sorted(set(lanes))}}
+           "answers_by_prompt_lane": {k: lanes.count(k) for k in sorted(set(lanes))},
+           # typed through a suggestion: the daemon's ms from the request to the served text
+           "p50_served_daemon_ms": p(served_ms, 50), "p95_served_daemon_ms": p(served_ms, 95)}
     if accept:
         out.update({"p50_after_accept_ms": p(accepted, 50), "p95_after_accept_ms": p(accepted, 95),
                     "after_accept_ms": [round(x, 1) for x in accepted], "after_accept_served": accept_served,

@@ -63,6 +63,8 @@ async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: 
     answered = [firsts[m["id"]] for _, _, m in pending if m["id"] in firsts]
     if pending and answered:  # the file's first ghost text, from the first keystroke (the user's first wait)
         out["first_answer_ms"] = (min(answered) - pending[0][0]) * 1000
+    # typed through the suggestion: the daemon's own time to the served text (no pass before it)
+    out["served_ms"] = [r["ms_first_token"] for r in results if isinstance(r, dict) and r.get("served_tokens", 0) > 0]
     out["lanes"] = [r.get("prompt_lane", "full") for r in results if isinstance(r, dict) and not r.get("cancelled")]
     last = results[-1] if results else None
     if accept and isinstance(last, dict) and last.get("text"):
