@@ -323,3 +323,21 @@ def test_warm_with_a_draft_stops_inside_the_draft_prefill(target, code_ids):
     fresh = Engine(target, draft).complete(Request(prompt=prompt, mode="draft", max_tokens=10))
     res = e.complete(Request(prompt=prompt, mode="draft", max_tokens=10))
     assert res.token_ids == fresh.token_ids
+
+
+def test_a_superseded_keystroke_prefill_of_a_few_tokens_stops_between_layers(target, code_ids):
+    """A chunk of a few typed tokens costs a pass whatever its length, and the next request's prompt
+    holds them too: superseded, it stops between two layers instead of running to its end."""
+    prompt = code_ids[:103]
+    layers = target.model.config.num_hidden_layers
+    e = Engine(target)
+    e.warm(prompt[:100])
+    before = e.runner.layers_run
+    gate = Gate(at=4)  # two polls before the chunk, then one per layer: the cancel lands before layer 2
+    cancel_from_thread(gate)
+    res = e.complete(Request(prompt=prompt, mode="ar", max_tokens=12, cancel=gate))
+    assert res.cancelled and res.token_ids == []
+    assert 0 < e.runner.layers_run - before < layers  # stopped inside the pass
+    assert e.runner.length == 100 and e.cached_prefix_len(prompt) == 100  # nothing of it committed
+    again = e.complete(Request(prompt=prompt, mode="ar", max_tokens=12))
+    assert again.token_ids == Engine(target).complete(Request(prompt=prompt, mode="ar", max_tokens=12)).token_ids

@@ -26,6 +26,7 @@ BACKENDS = ("transformers", "lean", "auto")
 # request. Chunks follow a fixed grid of absolute positions, so a prefill resumed after a cancel
 # runs the same shapes (hence the same K/V, bit for bit) as one that was never interrupted.
 CHUNK = 256
+WHOLE_CHUNK_MIN = 8  # see _prefill: superseded prefill chunks longer than this still run to their end
 BULK_TOKENS = 64  # prefill chunks at least this long measure the per-token cost of a cold prompt
 
 
@@ -275,17 +276,20 @@ class Runner:
         first = True
         try:
             while c < len(seq):
+                end = min(len(seq), (c // chunk + 1) * chunk)
+                part = list(seq[c:end])
                 # whole_chunks: a request's prefill, once begun, runs at least one chunk even if the
                 # next keystroke superseded it meanwhile: the next request reuses it (at 200 Hz typing,
-                # every request is superseded before it starts, and the prompt would never advance)
-                for f in () if whole_chunks and first else (check, layer_check):
+                # every request is superseded before it starts, and the prompt would never advance).
+                # Not a chunk of a few tokens (a keystroke's): it costs a pass whatever its length, so
+                # the next request, whose prompt holds those tokens too, would pay that pass twice.
+                whole = whole_chunks and len(part) > WHOLE_CHUNK_MIN
+                for f in () if whole and first else (check, layer_check):
                     if f is not None:
                         f()
                 first = False
-                end = min(len(seq), (c // chunk + 1) * chunk)
-                part = list(seq[c:end])
                 at = [len(part) - 1] if logits and end == len(seq) else []
-                self.check = None if whole_chunks else layer_check
+                self.check = None if whole else layer_check
                 self._in_chunk = True
                 try:
                     with bulk():  # many rows: dequantized int8 weights beat the per-row kernel
