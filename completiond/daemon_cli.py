@@ -104,6 +104,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         from .core.engine import Engine
         from .models import draft_label, load, load_draft
         from .core.prompt import prepare_tokenizer
+        from .models.device import trim_heap
 
         phase(f"loading target {a.target}")
         target = load(a.target, "target", a.device, a.dtype, a.quant)
@@ -116,6 +117,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         t1 = time.perf_counter()
         how = engine.calibrate_cached()  # cached per machine/model: seconds, not minutes
         prepare_tokenizer(target.tokenizer)  # not in the first completion
+        trim_heap()  # the load's temporaries, and weights the lean forward fused, back to the system
         log.info("start-up: calibration %s in %.1f s (%s backend)", how, time.perf_counter() - t1,
                  engine.runner.backend)
         return engine, {**P.model_info(target, draft), "draft": draft_label(a.draft, draft, target)}

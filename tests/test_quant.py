@@ -56,8 +56,14 @@ def test_fused_layers_equal_the_parts(scheme):
     x = torch.randn(3, 64)
     for sizes in ([128, 64, 64], [64, 32, 32]):  # 32-row int4 parts cannot be concatenated
         parts = [QuantLinear.from_linear(linear(n, 64, bias=True, seed=i), scheme) for i, n in enumerate(sizes)]
+        alone = [p(x) for p in parts]
         fused = QuantLinear.cat(parts)
-        torch.testing.assert_close(fused(x), torch.cat([p(x) for p in parts], -1), rtol=0, atol=1e-6)
+        torch.testing.assert_close(fused(x), torch.cat(alone, -1), rtol=0, atol=1e-6)
+        if isinstance(fused, QuantLinear):  # the parts now read the fused weights: one copy in memory
+            ptr = fused.packed.untyped_storage().data_ptr()
+            assert all(p.packed.untyped_storage().data_ptr() == ptr for p in parts)
+            for p, want in zip(parts, alone):
+                torch.testing.assert_close(p(x), want, rtol=0, atol=0)
 
 
 def test_int4_keeps_attention_and_the_output_layer_int8():

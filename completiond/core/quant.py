@@ -155,9 +155,18 @@ class QuantLinear(nn.Module):
         bias = None
         if any(p.bias is not None for p in parts):
             bias = torch.cat([p.bias if p.bias is not None else p.scales.new_zeros(p.out_features) for p in parts])
-        return QuantLinear(scheme, torch.cat([p.packed for p in parts]),
-                           torch.cat([p.scales for p in parts], 0 if scheme == "int8" else 1),
-                           sum(p.out_features for p in parts), parts[0].in_features, bias, group)
+        out = QuantLinear(scheme, torch.cat([p.packed for p in parts]),
+                          torch.cat([p.scales for p in parts], 0 if scheme == "int8" else 1),
+                          sum(p.out_features for p in parts), parts[0].in_features, bias, group)
+        # the parts (what transformers' forward runs) keep views of the fused weights, not a second copy
+        at = 0
+        for p in parts:
+            rows = len(p.packed)
+            p.packed = out.packed[at:at + rows]
+            if scheme == "int8":
+                p.scales = out.scales[at:at + rows]
+            at += rows
+        return out
 
 
 def _dequantized_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -223,6 +232,9 @@ def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP) -> None:
         raise ValueError(f"cannot quantize an output layer of type {type(head).__name__}")
     qhead = QuantLinear.from_linear(head, "int8", norms=True)
     qhead.full_weight = head.weight.detach()
+    embed = model.get_input_embeddings().weight
+    if embed is not head.weight and embed.shape == head.weight.shape and torch.equal(embed, head.weight):
+        qhead.full_weight = embed.detach()  # tied weights loaded as two copies: keep one (272 MB, the 0.5B)
     model.set_output_embeddings(qhead)
 
 
