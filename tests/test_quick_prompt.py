@@ -127,3 +127,12 @@ def test_pick_lane_weighs_what_each_cache_lacks():
     assert pick_lane(d, full, quick) is quick
     d.quick_prompt_ms = -1  # switched off
     assert pick_lane(d, full, quick) is full
+
+
+async def test_a_short_document_has_no_quick_prompt(served):
+    c, daemon = served  # quick_prompt_ms=0: any cold prompt long enough would go quick
+    text = "import os\n\n\ndef walk(root):\n    for name in os.listdir(root):\n        "
+    await c.request("document/open", {"uri": URI, "text": text, "version": 1, "language_id": "python"})
+    res = await complete(c, 5, 8)
+    assert res["prompt_lane"] == "full" and res["prompt_tokens"] <= QUICK_PROMPT_TOKENS + 64
+    assert not [k for k in daemon.engine.slots.keys() if isinstance(k, tuple) and k[-1] == "quick"]
