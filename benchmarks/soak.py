@@ -277,6 +277,9 @@ async def big_rewrite(sock: Path, max_tokens: int, fit_lines: int) -> dict:
     except DaemonError as e:
         fit.update(error=f"{e.code}: {e.message}")
     await asyncio.gather(other, return_exceptions=True)
+    if other.exception() is None:  # where its time went, as the daemon saw it
+        fit["other_client_result"] = {k: other.result().get(k) for k in (
+            "ms_first_token", "ms_total", "prompt_tokens", "reused_tokens", "target_passes", "prompt_lane")}
     fit["other_client_answered_first"] = fit.get("other_client_complete_ms", 1e12) < fit.get("ms", 0) - 500
     out["rewrite_within_budget"] = fit
     await a.close()

@@ -195,3 +195,38 @@ def test_a_prefill_that_ends_before_another_jobs_turn_keeps_its_own_state(target
         res_b = drain(gb)
     assert res_a.token_ids == solo(target, a.prompt, max_tokens=6)
     assert res_b.token_ids == solo(target, b.prompt, max_tokens=6)
+
+
+def test_a_cancelled_job_between_turns_does_not_hold_back_its_documents_request(target):
+    """A warm-up of document A that started, then waited behind B's long prefill and was cancelled by
+    a request for A: that request is ready at once (it preempts B's chunk), instead of waiting for B's
+    step to end so that the cancelled job can be reaped first. A cancelled job that is running now
+    still keeps its document (a superseded request finishes its chunk for the next one)."""
+    import time
+    from concurrent.futures import Future
+
+    from completiond.core.scheduler import Job
+
+    sched = Scheduler(Engine(target))
+    try:
+        def job(slot, low, seq, started=True, left=0.0):
+            j = Job(lambda: None, slot, threading.Event(), low, Future(), seq)
+            j.steps = iter(()) if started else None
+            j.left_ms = left
+            return j
+
+        b = job("B", False, 0, left=5000.0)
+        warm = job("A", True, 1)
+        warm.cancel.set()
+        ask = job("A", False, 2, started=False)
+        with sched.cond:
+            sched.jobs, sched.running = [b, warm, ask], b
+            assert sched._pick(time.monotonic(), reap=False) is ask  # what B's chunk is asked to give way to
+            warm.cancel.clear()  # not cancelled: A's request waits for A's job
+            assert sched._pick(time.monotonic(), reap=False) is b
+            warm.cancel.set()
+            sched.running = warm  # cancelled but computing now: A stays busy
+            assert ask not in [sched._pick(time.monotonic(), reap=False)]
+            sched.jobs, sched.running = [], None
+    finally:
+        sched.stop(30)

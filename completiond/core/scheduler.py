@@ -175,7 +175,9 @@ class Scheduler:
 
     def _pick(self, now: float, reap: bool = True) -> Job:
         """The job for the next turn (called with the lock held; jobs is not empty)."""
-        busy = {j.slot for j in self.jobs if j.steps is not None}
+        # documents with a started job; not a cancelled one between turns (it ends at its next check,
+        # computing nothing): a request for its document must not wait behind it for other jobs' steps
+        busy = {j.slot for j in self.jobs if j.steps is not None and (j is self.running or not j.cancel.is_set())}
         ready = [j for j in self.jobs if j.steps is not None or j.slot not in busy]
         for j in ready if reap else ():
             if j.steps is not None and j.cancel.is_set():

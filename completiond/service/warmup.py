@@ -74,9 +74,9 @@ class Warmer:
         self.warmed: dict[tuple[int, str], Warmed] = {}
         self.cancel: threading.Event | None = None  # the warm-up queued or running
         self.cancel_key: tuple[int, str] | None = None  # and its document
-        # set while the running warm-up prefills a quick prompt (handlers.Lane): a request for its
-        # document then lets it finish the chunk it is in (the request needs that chunk) and end
-        self.finish: threading.Event | None = None
+        # the warm-up's soft stop, and whether it is computing a quick-prompt chunk (handlers.Lane) right
+        # now: a request for its document then lets it finish that chunk (the request needs it) and end
+        self.finish: tuple[threading.Event, list[bool]] | None = None
 
     def touched(self, s: Session, uri: str, cursor: P.Position | None = None, after_s: float = WARM_AFTER_S) -> None:
         """A document was opened (after_s 0: at once) or edited (the cursor now at `cursor`, if known):
@@ -99,7 +99,8 @@ class Warmer:
             if params.temperature < P.MIN_TEMPERATURE and params.reuse_prefix:
                 self.asks[(s.id, uri)] = params
         if self.cancel is not None and self.cancel_key == (s.id, uri):
-            (self.finish or self.cancel).set()
+            finish, active = self.finish or (None, [False])
+            (finish if active[0] else self.cancel).set()  # mid-chunk of the quick prompt: end after it
 
     def forget(self, s: Session) -> None:
         if self.cancel is not None and self.cancel_key and self.cancel_key[0] == s.id:
@@ -143,6 +144,8 @@ class Warmer:
         if self.cancel is not None:
             self.cancel.set()  # one warm-up at a time: the newest document wins
         cancel = self.cancel = threading.Event()
+        finish, active = threading.Event(), [False]
+        self.finish = (finish, active)  # replaced with cancel: they always belong to the same warm-up
         self.cancel_key = (s.id, uri)
         version = doc.version
         loop = asyncio.get_running_loop()
@@ -154,11 +157,7 @@ class Warmer:
             quick, full = prepared.lanes["chosen"], prepared.lanes["full"]
             if quick is not full:  # the full prompt is cold: the quick one first, in its own sequence
                 d.scheduler.move(quick.slot, quick.capacity)
-                self.finish = finish = threading.Event()
-                try:
-                    yield from _until(d.engine.warming(quick.ids), finish)
-                finally:
-                    self.finish = None
+                yield from _until(d.engine.warming(quick.ids), finish, active)
                 if finish.is_set():  # a request for this document came: it goes on from here
                     return None
                 if ask is not None:  # compute the completion ahead on the quick prompt, now cached
@@ -186,10 +185,18 @@ class Warmer:
             lambda fut: loop.call_soon_threadsafe(done, fut))
 
 
-def _until(steps: Generator, stop: threading.Event) -> Generator:
-    """The steps of `steps` until `stop` is set (checked after each: a step is one prefill chunk)."""
-    for _ in steps:
-        yield
+def _until(steps: Generator, stop: threading.Event, active: list[bool]) -> Generator:
+    """The steps of `steps` (prefill chunks) until `stop` is set, checked after each, in the same turn
+    (the job then ends without waiting for another turn); active[0] is True while a step computes."""
+    while True:
+        active[0] = True
+        try:
+            next(steps)
+        except StopIteration:
+            return
+        finally:
+            active[0] = False
         if stop.is_set():
             steps.close()
             return
+        yield
