@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -82,3 +83,46 @@ def stop_daemon(proc: subprocess.Popen) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
     return proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def in_process(tmp_path: Path, engine, **daemon_kw):
+    """A `Daemon` on `engine` in this process and an initialized client: yields (client, daemon)."""
+    import asyncio
+
+    from completiond.service.client import Client
+    from completiond.service.daemon import Daemon
+
+    daemon = Daemon(engine, {"target": "tiny", "draft": None, "device": "cpu"}, **daemon_kw)
+    sock = tmp_path / "d.sock"
+    task = asyncio.create_task(daemon.serve(sock))
+    while not sock.exists():
+        await asyncio.sleep(0.01)
+    c = await Client.connect(sock)
+    await c.request("initialize", {"client": "t", "protocol": 1, "workspace_roots": []})
+    try:
+        yield c, daemon
+    finally:
+        await c.close()
+        daemon.stopping.set()
+        await asyncio.wait_for(task, 30)
+
+
+async def wait_warm(c, uri: str, timeout: float = 60.0) -> dict:
+    """Until `status` says the next completion's prompt of `uri` is cached; its warm entry."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = (await c.request("status", {}))["warm"][uri]
+        if st["warm"]:
+            return st
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"{uri} never warm: {st}")
+
+
+async def insert(c, uri: str, version: int, line: int, char: int, text: str) -> None:
+    """Type `text` at (line, char): an incremental document/change."""
+    at = {"line": line, "character": char}
+    await c.notify("document/change", {"uri": uri, "version": version,
+                                       "changes": [{"range": {"start": at, "end": at}, "text": text}]})

@@ -4,16 +4,14 @@ quick prompt first, then the full one, and completions move to the full prompt o
 Through a real daemon with a tiny FIM model; `quick_prompt_ms=0` stands for a slow device (a tiny
 model prefills thousands of tokens in the 300 ms the default allows)."""
 
-import asyncio
 from types import SimpleNamespace
 
 import pytest
 
 import tiny
 from completiond.core.engine import Engine
-from completiond.service.client import Client
-from completiond.service.daemon import Daemon
 from completiond.service.handlers import QUICK_PROMPT_TOKENS, Lane, pick_lane
+from daemon_util import in_process, insert, wait_warm
 
 SRC = (tiny.STDLIB / "textwrap.py").read_text()
 URI = "file:///w/textwrap.py"
@@ -24,18 +22,8 @@ async def served(tmp_path, request):
     """(client, daemon); request.param: (warm, quick_prompt_ms)."""
     warm, quick_ms = getattr(request, "param", (False, 0.0))
     engine = Engine(tiny.loaded(tiny.qwen2_config(), seed=5, scale=4.0))
-    daemon = Daemon(engine, {"target": "tiny-qwen", "draft": None, "device": "cpu"}, warm=warm,
-                    quick_prompt_ms=quick_ms)
-    sock = tmp_path / "d.sock"
-    task = asyncio.create_task(daemon.serve(sock))
-    while not sock.exists():
-        await asyncio.sleep(0.01)
-    c = await Client.connect(sock)
-    await c.request("initialize", {"client": "t", "protocol": 1, "workspace_roots": []})
-    yield c, daemon
-    await c.close()
-    daemon.stopping.set()
-    await asyncio.wait_for(task, 30)
+    async with in_process(tmp_path, engine, warm=warm, quick_prompt_ms=quick_ms) as (c, daemon):
+        yield c, daemon
 
 
 def middle_cursor() -> tuple[int, int]:
@@ -48,15 +36,6 @@ def middle_cursor() -> tuple[int, int]:
 async def complete(c, line: int, char: int, **kw) -> dict:
     return await c.request("complete", {"uri": URI, "position": {"line": line, "character": char},
                                         "max_tokens": 8, "mode": "ar", "multiline": False, **kw})
-
-
-async def wait_full_warm(c, timeout: float = 60.0) -> dict:
-    for _ in range(int(timeout / 0.05)):
-        st = (await c.request("status", {}))["warm"][URI]
-        if st["warm"]:
-            return st
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"full prompt never warm: {st}")
 
 
 async def test_cold_document_answers_from_the_quick_prompt_in_its_own_sequence(served):
@@ -75,9 +54,7 @@ async def test_cold_document_answers_from_the_quick_prompt_in_its_own_sequence(s
     assert again["prompt_lane"] == "quick" and again["reused_tokens"] == again["prompt_tokens"] - 1
     assert again["text"] == first["text"]
     # typing at the cursor extends the quick prompt: only the typed tokens are new
-    at = {"line": line, "character": char}
-    await c.notify("document/change", {"uri": URI, "version": 2,
-                                       "changes": [{"range": {"start": at, "end": at}, "text": " zq"}]})
+    await insert(c, URI, 2, line, char, " zq")
     typed = await complete(c, line, char + 3)
     assert typed["prompt_lane"] == "quick" and typed["reused_tokens"] >= first["prompt_tokens"] - 1
 
@@ -88,7 +65,7 @@ async def test_warm_up_fills_the_quick_prompt_then_the_full_one_which_completion
     line, char = middle_cursor()
     await c.notify("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
     await c.notify("document/cursor", {"uri": URI, "position": {"line": line, "character": char}})
-    st = await wait_full_warm(c)
+    st = await wait_warm(c, URI)
     assert st["prompt_tokens"] > 2 * QUICK_PROMPT_TOKENS
     res = await complete(c, line, char)
     assert res["prompt_lane"] == "full" and res["reused_tokens"] == res["prompt_tokens"] - 1
@@ -96,9 +73,7 @@ async def test_warm_up_fills_the_quick_prompt_then_the_full_one_which_completion
     quick = [k for k in daemon.engine.slots.keys() if isinstance(k, tuple) and k[-1] == "quick"]
     assert quick and 0 < len(daemon.engine.slots.tokens(quick[0])) <= QUICK_PROMPT_TOKENS + 8
     # typing on at the cursor keeps the full prompt, extended by the typed tokens
-    at = {"line": line, "character": char}
-    await c.notify("document/change", {"uri": URI, "version": 2,
-                                       "changes": [{"range": {"start": at, "end": at}, "text": " zq"}]})
+    await insert(c, URI, 2, line, char, " zq")
     typed = await complete(c, line, char + 3)
     assert typed["prompt_lane"] == "full" and typed["reused_tokens"] >= res["prompt_tokens"] - 1
 

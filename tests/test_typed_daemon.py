@@ -3,14 +3,12 @@ typed text that matches the suggestion is served with no target pass; any typed 
 split, so the whole earlier prompt (suffix included) stays cached, new lines included (Enter, an
 accepted multi-line suggestion); moving the cursor elsewhere starts afresh."""
 
-import asyncio
 
 import pytest
 
 import tiny
-from completiond.service.client import Client
-from completiond.service.daemon import Daemon
 from completiond.core.engine import Engine
+from daemon_util import in_process, insert, wait_warm
 
 SRC = (tiny.STDLIB / "textwrap.py").read_text()[:3000]
 URI = "file:///w/textwrap.py"
@@ -19,17 +17,8 @@ URI = "file:///w/textwrap.py"
 @pytest.fixture(params=[False])
 async def client(tmp_path, request):
     engine = Engine(tiny.loaded(tiny.qwen2_config(), seed=5, scale=4.0))
-    daemon = Daemon(engine, {"target": "tiny-qwen", "draft": None, "device": "cpu"}, warm=request.param)
-    sock = tmp_path / "d.sock"
-    task = asyncio.create_task(daemon.serve(sock))
-    while not sock.exists():
-        await asyncio.sleep(0.01)
-    c = await Client.connect(sock)
-    await c.request("initialize", {"client": "t", "protocol": 1, "workspace_roots": []})
-    yield c
-    await c.close()
-    daemon.stopping.set()
-    await asyncio.wait_for(task, 30)
+    async with in_process(tmp_path, engine, warm=request.param) as (c, _):
+        yield c
 
 
 def cursor_in(text: str, n: int) -> list[tuple[int, int, int]]:
@@ -43,9 +32,7 @@ def cursor_in(text: str, n: int) -> list[tuple[int, int, int]]:
 
 
 async def type_text(c, version: int, line: int, char: int, typed: str) -> None:
-    at = {"line": line, "character": char}
-    await c.notify("document/change", {"uri": URI, "version": version,
-                                       "changes": [{"range": {"start": at, "end": at}, "text": typed}]})
+    await insert(c, URI, version, line, char, typed)
 
 
 async def complete(c, line: int, char: int, **kw) -> dict:
@@ -102,11 +89,6 @@ async def test_editor_cursor_warms_the_prompt_there(client):
     await c.notify("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
     await c.notify("document/cursor", {"uri": URI, "position": {"line": 9999, "character": 0}})  # ignored
     await c.notify("document/cursor", {"uri": URI, "position": {"line": line, "character": char}})
-    for _ in range(600):
-        st = (await c.request("status", {}))["warm"][URI]
-        if st["warm"]:
-            break
-        await asyncio.sleep(0.05)
-    assert st["warm"]
+    assert (await wait_warm(c, URI, timeout=30.0))["warm"]
     res = await complete(c, line, char)
     assert res["reused_tokens"] == res["prompt_tokens"] - 1  # the suffix too was already cached

@@ -2,12 +2,11 @@
 the completion that follows reuses it, a request preempts a warm-up, and output never changes."""
 
 import asyncio
-import time
 
 import pytest
 
 from completiond.service.client import Client
-from daemon_util import start_daemon, stop_daemon
+from daemon_util import start_daemon, stop_daemon, wait_warm
 
 SRC = "".join(f"def f{i}(a, b):\n    return a * {i} + b\n\n\n" for i in range(40)) + "def mul(a, b):\n    "
 URI = "file:///w/m.py"
@@ -38,21 +37,11 @@ async def both(warm_sock, cold_sock, uri: str):
     return c, cold
 
 
-async def wait_warm(c, uri=URI, timeout=60.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        st = (await c.request("status", {}))["warm"][uri]
-        if st["warm"]:
-            return st
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"{uri} never warm: {st}")
-
-
 async def test_opened_document_is_warm_and_its_completion_reuses_the_prompt(daemons):
     warm_sock, cold_sock = daemons
     c = await session(warm_sock)
     await c.notify("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
-    st = await wait_warm(c)
+    st = await wait_warm(c, URI)
     assert st["cached_tokens"] == st["prompt_tokens"] > 100
     res = await c.request("complete", {"uri": URI, "position": END, "max_tokens": 8, "mode": "ar"})
     assert res["reused_tokens"] == res["prompt_tokens"] - 1  # only the last prompt token re-run (its logits)

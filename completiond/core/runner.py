@@ -303,10 +303,9 @@ class Runner:
                 finally:
                     self._in_chunk = False
                 self.keep(range(len(part)))
-                self.prefill_ms_per_token = self.last_pass_ms / len(part)
+                ms = self.prefill_ms_per_token = self.last_pass_ms / len(part)
                 if len(part) >= BULK_TOKENS:
-                    ms = self.last_pass_ms / len(part)
-                    self.bulk_ms_per_token = ms if not self.bulk_ms_per_token else (self.bulk_ms_per_token + ms) / 2
+                    self.bulk_ms_per_token = (self.bulk_ms_per_token + ms) / 2 if self.bulk_ms_per_token else ms
                 c = end
                 self.check = layer_check
                 yield

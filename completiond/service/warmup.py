@@ -19,8 +19,8 @@ import asyncio
 import dataclasses
 import logging
 import threading
-from dataclasses import dataclass
 from collections.abc import Generator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import protocol as P
@@ -154,23 +154,21 @@ class Warmer:
             if cancel.is_set():
                 return None
             req = prepared.make()
-            quick, full = prepared.lanes["chosen"], prepared.lanes["full"]
-            if quick is not full:  # the full prompt is cold: the quick one first, in its own sequence
-                d.scheduler.move(quick.slot, quick.capacity)
-                yield from _until(d.engine.warming(quick.ids), finish, active)
+            chosen, full = prepared.lanes["chosen"], prepared.lanes["full"]
+            cold = chosen is not full  # the full prompt is cold: the quick one first, in its own sequence
+            if cold:
+                d.scheduler.move(chosen.slot, chosen.capacity)
+                yield from _until(d.engine.warming(chosen.ids), finish, active)
                 if finish.is_set():  # a request for this document came: it goes on from here
                     return None
-                if ask is not None:  # compute the completion ahead on the quick prompt, now cached
-                    req.cancel = cancel
-                    yield from d.engine.run(req)
-                d.scheduler.move(full.slot)  # then the full prompt, which later completions move to
-                yield from d.engine.warming(full.ids)
-                return full.ids
             if ask is not None:  # llama.vim's speculative follow-up: the whole completion, preemptible
                 req.cancel = cancel
                 yield from d.engine.run(req)
-            else:
+            elif not cold:
                 yield from d.engine.warming(req.prompt)  # the scheduler's turn checks `cancel`
+            if cold:  # then the full prompt, which later completions move to
+                d.scheduler.move(full.slot)
+                yield from d.engine.warming(full.ids)
             return full.ids
 
         def done(fut: asyncio.Future) -> None:

@@ -1,0 +1,59 @@
+"""Cold prefill time by prompt length on the default target (the quick prompt's and the full
+prompt's cost: README, Daemon, "Quick prompt"). Each length is prefilled from an empty cache the way
+a completion does (256-token chunks, int8 weights dequantized per chunk), twice; the faster counts.
+
+    python benchmarks/prefill_cost.py --threads 2 --json benchmarks/results/prefill-cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from completiond.core.engine import Engine  # noqa: E402
+from completiond.models import load  # noqa: E402
+from completiond.models.device import cpu_name  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lengths", default="128,256,512,1024,2048")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    target = load(a.target, "target", "auto", "auto", "auto")
+    engine = Engine(target)
+    text = (ROOT / "completiond" / "core" / "engine.py").read_text()
+    ids = target.tokenizer.encode(text * 4, add_special_tokens=False)
+    engine.warm(ids[:64])  # first-call costs out of the way
+    rows = {}
+    for n in (int(x) for x in a.lengths.split(",")):
+        best = float("inf")
+        for _ in range(2):
+            engine.runner.reset()
+            t = time.perf_counter()
+            engine.warm(ids[:n])
+            best = min(best, (time.perf_counter() - t) * 1000)
+        rows[n] = {"ms": round(best, 1), "tokens_per_s": round(n / best * 1000, 1)}
+        print(n, rows[n], flush=True)
+    out = {"date": datetime.date.today().isoformat(), "command": " ".join(["python"] + sys.argv),
+           "cpu": cpu_name(), "threads": a.threads, "target": target.name,
+           "quant": target.meta.get("quant"), "prefill": rows}
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
