@@ -287,6 +287,51 @@ async def big_rewrite(sock: Path, max_tokens: int, fit_lines: int) -> dict:
     return out
 
 
+async def cancelled(sock: Path, pid: int, settle_s: float) -> dict:
+    """RSS before and after each kind of cancelled request (issue 13: within 10 % of its start).
+    "before" is read before the request's document is opened, so the document, its warm-up and the
+    cancelled request's own cache and activations all count against it."""
+    c = await connect(sock)
+    body = SOURCE + "\n\ndef cancelled_{k}(items):\n    result = []\n    for item in items:\n        "
+    rw_sel = "".join(f"    w{i:04d} = f(w{i - 1:04d}, {i % 97:2d}) + 1  # ok\n" for i in range(60))
+    kinds = [  # (name, document text, method, params, seconds before the cancel)
+        ("cold_completion_mid_prefill", body, "complete",
+         lambda uri, t: {"uri": uri, "max_tokens": 8, "position": {"line": t.count("\n"), "character": 8}}, 0.3),
+        ("rewrite_60_lines_mid_prefill", rw_sel, "rewrite",
+         lambda uri, t: {"uri": uri, "instruction": "rename f to g", "max_tokens": 600,
+                         "range": {"start": {"line": 0, "character": 0}, "end": {"line": 60, "character": 0}}}, 1.5),
+        ("rewrite_60_lines_mid_decode", rw_sel, "rewrite",
+         lambda uri, t: {"uri": uri, "instruction": "rename f to g", "max_tokens": 600,
+                         "range": {"start": {"line": 0, "character": 0}, "end": {"line": 60, "character": 0}}}, 8.0),
+    ]
+    out: dict = {}
+    for k, (name, text, method, params, after_s) in enumerate(kinds):
+        await asyncio.sleep(settle_s)
+        before = rss_mb(pid)
+        uri = f"file:///soak/cancel{k}.py"
+        text = text.replace("{k}", str(k))
+        await c.request("document/open", {"uri": uri, "text": text, "version": 1, "language_id": "python"})
+        msgid, fut = c.send_request(method, params(uri, text))
+        await asyncio.sleep(after_s)
+        peak = rss_mb(pid)
+        res: dict = {"finished_before_cancel": fut.done()}
+        await c.request("cancel", {"id": msgid}, timeout=60) if not fut.done() else None
+        try:
+            r = await asyncio.wait_for(fut, 120)
+            res.update(cancelled=r["cancelled"], tokens=len(r.get("tokens") or []))
+        except DaemonError as e:
+            res.update(cancelled=e.code == -32800, error=f"{e.code}: {e.message}")
+        await c.request("document/close", {"uri": uri})
+        await asyncio.sleep(settle_s)
+        after = rss_mb(pid)
+        out[name] = {**res, "rss_before_mb": before, "rss_at_cancel_mb": peak, "rss_after_mb": after,
+                     "after_over_before": round(after / before, 3)}
+        print(f"  {name}: {out[name]}", flush=True)
+    await c.close()
+    out["worst_after_over_before"] = max(v["after_over_before"] for v in out.values())
+    return out
+
+
 async def main(a: argparse.Namespace) -> dict:
     from completiond.models.device import cpu_name
 
@@ -319,7 +364,8 @@ async def main(a: argparse.Namespace) -> dict:
         phases = [("storm", lambda: storm(sock, a.storm_s, a.rate, a.rounds, a.max_tokens)),
                   ("concurrent", lambda: concurrent(sock, a.clients, a.requests, a.max_tokens)),
                   ("big_document", lambda: big_document(sock, a.big_chars, a.edits, a.max_tokens)),
-                  ("big_rewrite", lambda: big_rewrite(sock, a.max_tokens, a.rewrite_lines))]
+                  ("big_rewrite", lambda: big_rewrite(sock, a.max_tokens, a.rewrite_lines)),
+                  ("cancelled", lambda: cancelled(sock, proc.pid, a.settle_s))]
         for name, run in [(n, r) for n, r in phases if n in a.phases.split(",")]:
             t = time.perf_counter()
             out[name] = await run()
@@ -365,7 +411,9 @@ def cli() -> int:
     ap.add_argument("--rewrite-lines", type=int, default=60, help="lines of the rewrite that fits the budget")
     ap.add_argument("--load-timeout", type=float, default=900.0)
     ap.add_argument("--serve-arg", action="append", default=[], help="extra `serve` argument (repeatable)")
-    ap.add_argument("--phases", default="storm,concurrent,big_document,big_rewrite", help="comma-separated")
+    ap.add_argument("--phases", default="storm,concurrent,big_document,big_rewrite,cancelled",
+                    help="comma-separated")
+    ap.add_argument("--settle-s", type=float, default=2.0, help="idle seconds before each RSS reading of `cancelled`")
     ap.add_argument("--checkout", default=None, help="run the daemon from this checkout (an older commit, say)")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/soak-<model>.json)")
     a = ap.parse_args()

@@ -126,3 +126,75 @@ async def insert(c, uri: str, version: int, line: int, char: int, text: str) -> 
     at = {"line": line, "character": char}
     await c.notify("document/change", {"uri": uri, "version": version,
                                        "changes": [{"range": {"start": at, "end": at}, "text": text}]})
+
+
+# ---- fuzzing (tests/test_daemon.py on the tiny model, benchmarks/fuzz.py on a real one) ------------
+FUZZ_METHODS = ["complete", "rewrite", "cancel", "document/open", "document/change", "document/close",
+                "initialize", "status", "debug/lookup", "x"]
+FUZZ_KEYS = ["uri", "text", "position", "range", "changes", "id", "version", "mode", "max_tokens", "instruction",
+             "protocol", "workspace_roots"]
+
+
+def fuzz_frames(n: int) -> list[bytes]:
+    """n random msgpack frames: requests of the methods above with mutated params, wrong shapes, any value."""
+    import msgpack
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=False),
+                     st.text(max_size=20), st.binary(max_size=20))
+    value = st.recursive(leaf, lambda ch: st.one_of(st.lists(ch, max_size=4),
+                                                     st.dictionaries(st.text(max_size=8), ch, max_size=4)),
+                         max_leaves=12)
+    frame = st.one_of(
+        st.tuples(st.just(0), st.integers(0, 2**31), st.sampled_from(FUZZ_METHODS),
+                  st.dictionaries(st.sampled_from(FUZZ_KEYS), value, max_size=5)).map(list),
+        st.lists(value, max_size=5), value,
+    )
+    out: list[bytes] = []
+
+    @settings(max_examples=n, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(frame)
+    def collect(f):
+        out.append(msgpack.packb(f, use_bin_type=True))
+
+    collect()
+    return out
+
+
+async def fuzz_send(sock: Path, frames: list[bytes], per_connection: int = 500, read_s: float = 1.0) -> dict:
+    """Write the frames, `per_connection` to a connection in one write, and read what is answered in
+    `read_s` (long completions are cut by the close). Internal errors (-32603) are the daemon's bugs."""
+    import asyncio
+
+    import msgpack
+
+    answered, internal, closed_early = 0, [], 0
+    for i in range(0, len(frames), per_connection):
+        r, w = await asyncio.open_unix_connection(str(sock))
+        got: list = []
+
+        async def answers() -> None:
+            unp = msgpack.Unpacker(raw=False)
+            try:
+                while data := await r.read(65536):
+                    unp.feed(data)
+                    got.extend(unp)
+            except ConnectionError:
+                pass
+
+        try:
+            w.write(b"".join(frames[i:i + per_connection]))
+            await w.drain()
+            await asyncio.wait_for(answers(), read_s)
+            closed_early += 1  # the daemon closed the connection (a frame it cannot resynchronize after)
+        except asyncio.TimeoutError:
+            pass
+        except ConnectionError:
+            closed_early += 1
+        answered += len(got)
+        internal += [f for f in got if isinstance(f, list) and len(f) == 4 and f[0] == 1 and isinstance(f[2], dict)
+                     and f[2].get("code") == -32603]
+        w.close()
+    return {"frames": len(frames), "connections": -(-len(frames) // per_connection), "answered": answered,
+            "closed_by_daemon": closed_early, "internal_errors": len(internal), "internal_error_frames": internal[:3]}

@@ -14,7 +14,7 @@ from completiond.service.client import Client, DaemonError
 from completiond.service.documents import INDEX_WINDOW_CHARS, Document, DocumentError
 from completiond.service.handlers import doc_change, doc_open
 from completiond.core.prompt import build_prompt, line_index, line_starts
-from completiond.core.rewrite import TooLarge, check_selection, rewrite_prompt
+from completiond.core.rewrite import PROBE_CHARS, TooLarge, check_selection, rewrite_prompt
 from completiond.service.session import MAX_INDEXED_BUFFERS, Session
 
 BUDGET = P.MAX_PROMPT_TOKENS
@@ -85,8 +85,13 @@ def test_a_2000_line_selection_is_refused_saying_the_limit_and_its_size():
     with pytest.raises(TooLarge) as e:
         check_selection(tok, BIG_SELECTION)
     msg = str(e.value)
-    n = len(tok.encode(BIG_SELECTION, add_special_tokens=False))
-    assert "2,000 lines" in msg and f"{n:,} tokens" in msg and f"{BUDGET:,} tokens" in msg
+    head = BIG_SELECTION[:PROBE_CHARS]  # already over the budget: the rest is not tokenized
+    n = len(tok.encode(head, add_special_tokens=False))
+    assert n > BUDGET and f"{len(BIG_SELECTION):,} characters, {n:,} tokens in its first {PROBE_CHARS:,}" in msg
+    assert "2,000 lines" in msg and f"{BUDGET:,} tokens" in msg
+    assert f"about {(head.count(chr(10)) + 1) * BUDGET // n:,} lines like these" in msg  # a cut last line counts
+    fits = BIG_SELECTION[:PROBE_CHARS + 1000]  # its probe fits a large budget: sized by the whole selection
+    assert check_selection(tok, fits, budget=10**6) == len(tok.encode(fits, add_special_tokens=False))
     assert check_selection(tok, BIG_SELECTION[:2000]) == len(tok.encode(BIG_SELECTION[:2000]))
     with pytest.raises(TooLarge, match="characters"):  # too long to tokenize whole: refused by characters
         check_selection(tok, " " * (4 * 1024 * 1024))

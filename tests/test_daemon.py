@@ -10,7 +10,7 @@ import msgpack
 import pytest
 
 from completiond.service.client import Client, DaemonError
-from daemon_util import start_daemon, stop_daemon
+from daemon_util import fuzz_frames, fuzz_send, start_daemon, stop_daemon
 
 SRC = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
 URI = "file:///w/m.py"
@@ -284,55 +284,12 @@ async def test_truncated_and_oversize_frames(daemon):
 
 def test_fuzz_malformed_frames(daemon):
     """A few thousand random frames over a few connections; then the daemon still completes."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
-
-    leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=False),
-                     st.text(max_size=20), st.binary(max_size=20))
-    value = st.recursive(leaf, lambda ch: st.one_of(st.lists(ch, max_size=4),
-                                                     st.dictionaries(st.text(max_size=8), ch, max_size=4)),
-                         max_leaves=12)
-    methods = st.sampled_from(["complete", "rewrite", "cancel", "document/open", "document/change",
-                               "document/close", "initialize", "status", "debug/lookup", "x"])
-    frame = st.one_of(
-        st.tuples(st.just(0), st.integers(0, 2**31), methods, st.dictionaries(
-            st.sampled_from(["uri", "text", "position", "range", "changes", "id", "version", "mode",
-                             "max_tokens", "instruction", "protocol", "workspace_roots"]), value, max_size=5)
-        ).map(list),
-        st.lists(value, max_size=5), value,
-    )
-    batches = []
-
-    @settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    @given(frame)
-    def collect(f):
-        batches.append(msgpack.packb(f, use_bin_type=True))
-
-    collect()
-
-    async def answers(r, out: list) -> None:
-        unp = msgpack.Unpacker(raw=False)
-        try:
-            while data := await r.read(65536):
-                unp.feed(data)
-                out.extend(unp)
-        except ConnectionError:
-            pass
+    frames = fuzz_frames(3000)
 
     async def send_all():
-        internal = []
-        for i in range(0, len(batches), 500):
-            r, w = await asyncio.open_unix_connection(str(daemon))
-            w.write(b"".join(batches[i:i + 500]))
-            await w.drain()
-            got = []
-            try:  # what is answered in a second (long completions are cut by the close)
-                await asyncio.wait_for(answers(r, got), 1.0)
-            except asyncio.TimeoutError:
-                pass
-            internal += [f for f in got if f[0] == 1 and f[2] and f[2]["code"] == -32603]
-            w.close()
-        assert not internal, internal[:3]
+        out = await fuzz_send(daemon, frames)
+        assert out["internal_errors"] == 0, out["internal_error_frames"]
+        assert out["answered"] > 0
         c = await connect(daemon)
         await open_doc(c)
         res = await c.request("complete", {"uri": URI, "position": {"line": 8, "character": 14}, "max_tokens": 4},
