@@ -54,6 +54,7 @@ async def type_lines(sock: Path, positions, pause_s: float, max_tokens: int, cur
     await client.request("initialize", {"client": "keystroke-bench", "protocol": 1})
     ttft, final, accepted, served, requests, first_answer, lanes, served_ms = [], [], [], 0, 0, [], [], []
     accept_served = accept_passes = 0
+    first_detail: list[dict] = []  # per file: which keystroke answered first, what the pause had warmed
     cpu0 = cpu_s(pid)
     for i, pos in enumerate(positions):
         r = await _type_line(client, f"file:///bench/{i}/{pos.file.name}", pos, read_text_file(pos.file) or "",
@@ -62,6 +63,7 @@ async def type_lines(sock: Path, positions, pause_s: float, max_tokens: int, cur
         final += r["final"]
         served += r.get("served", 0)
         first_answer += [r["first_answer_ms"]] if "first_answer_ms" in r else []
+        first_detail += [{"ms": round(r["first_answer_ms"], 1), **r["first_answer"]}] if "first_answer" in r else []
         lanes += r.get("lanes", [])
         served_ms += r.get("served_ms", [])
         requests += r["requests"]
@@ -82,7 +84,7 @@ async def type_lines(sock: Path, positions, pause_s: float, max_tokens: int, cur
            # from a line's first keystroke to the first ghost text in that file (typing starts --pause s
            # after opening it): the cold-file wait
            "p50_first_answer_ms": p(first_answer, 50), "p95_first_answer_ms": p(first_answer, 95),
-           "first_answer_ms": [round(x, 1) for x in first_answer],
+           "first_answer_ms": [round(x, 1) for x in first_answer], "first_answer_detail": first_detail,
            "answers_by_prompt_lane": {k: lanes.count(k) for k in sorted(set(lanes))},
            # typed through a suggestion: the daemon's ms from the request to the served text
            "p50_served_daemon_ms": p(served_ms, 50), "p95_served_daemon_ms": p(served_ms, 95)}
@@ -165,6 +167,7 @@ def main() -> int:
     ap.add_argument("--cold", action="store_true", help="also a run that types as soon as the file is open")
     ap.add_argument("--no-quick", action="store_true",
                     help="also run the current daemon (with the cursor) without the quick prompt (issue 15)")
+    ap.add_argument("--cursor-only", action="store_true", help="only the run with the cursor sent")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     a = ap.parse_args()
@@ -173,8 +176,9 @@ def main() -> int:
     runs = {}
     if a.baseline:
         runs["baseline"] = run_daemon(str(Path(a.baseline).resolve()), positions, a)
-    runs["current"] = run_daemon(str(ROOT), positions, a)
-    if a.cursor:
+    if not a.cursor_only:
+        runs["current"] = run_daemon(str(ROOT), positions, a)
+    if a.cursor or a.cursor_only:
         runs["current+cursor"] = run_daemon(str(ROOT), positions, a, cursor=True)
     if a.cold:
         runs["current, typing at once"] = run_daemon(str(ROOT), positions, a, cursor=a.cursor, pause=0.0)

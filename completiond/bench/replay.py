@@ -34,6 +34,9 @@ async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: 
     if cursor:
         await client.notify("document/cursor", {"uri": uri, "position": {"line": pos.line, "character": pos.col}})
     await asyncio.sleep(pause_s)
+    # what the warm-up got done in the pause: jobs still queued or running (a warm-up), the full prompt's cache
+    st = await client.request("status", {})
+    at_first_key = {"jobs_waiting": st["scheduler"]["waiting"], **(st.get("warm", {}).get(uri) or {})}
     line, col = pos.line, pos.col
     ttft, final, superseded, version = [], [], 0, 0
     pending: list[tuple[float, asyncio.Future, dict]] = []
@@ -63,6 +66,10 @@ async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: 
     answered = [firsts[m["id"]] for _, _, m in pending if m["id"] in firsts]
     if pending and answered:  # the file's first ghost text, from the first keystroke (the user's first wait)
         out["first_answer_ms"] = (min(answered) - pending[0][0]) * 1000
+        i = next(i for i, (_, _, m) in enumerate(pending) if firsts.get(m["id"]) == min(answered))
+        res = results[i] if isinstance(results[i], dict) else {}
+        out["first_answer"] = {"keystroke": i, **at_first_key, **{k: res.get(k) for k in (
+            "ms_first_token", "prompt_lane", "prompt_tokens", "reused_tokens", "target_passes")}}
     # typed through the suggestion: the daemon's own time to the served text (no pass before it)
     out["served_ms"] = [r["ms_first_token"] for r in results if isinstance(r, dict) and r.get("served_tokens", 0) > 0]
     out["lanes"] = [r.get("prompt_lane", "full") for r in results if isinstance(r, dict) and not r.get("cancelled")]
