@@ -4,7 +4,9 @@ target (the GGUF dequantized to bf16), teacher-forced over real code (the bench 
     python benchmarks/quant_agreement.py --json benchmarks/results/quant-agreement.json
 
 Variants: int8; int4 as shipped (MLP int4, attention and output layer int8); int4 in every layer;
-int4 with down_proj also int8. Needs the bench repositories in the cache (run `completiond bench
+int4 with down_proj also int8; then the daemon's own picks (the runner's output layer with its
+float32 refinement of the top rows) for int8 refined with full-precision rows vs its own int8 rows
+(shipped: the untied head keeps no full-precision copy). Needs the bench repositories in the cache (run `completiond bench
 --repo pypi:toolz==1.0.0` and `pypi:boltons==25.0.0` once).
 """
 
@@ -41,6 +43,21 @@ def logits(scheme: str, keep: tuple[str, ...] | None, texts: list[str], tokens: 
         return [t.model(torch.tensor([i])).logits[0].float() for i in ids if len(i) >= 64]
 
 
+def refined_argmax(scheme: str, full_head: bool, texts: list[str], tokens: int) -> list[torch.Tensor]:
+    """The daemon's next-token choice, teacher-forced: the runner's output layer with its float32
+    refinement of the top rows (full-precision rows, or with full_head=False the int8 head's own)."""
+    from completiond.core.runner import Runner
+
+    t = load("default", "target", "cpu", "bfloat16", "none")
+    if scheme != "none":
+        quant.quantize(t.model, scheme, full_head=full_head)
+    r = Runner(t, backend="transformers", refine=True)
+    with torch.inference_mode():
+        ids = [t.tokenizer.encode(x)[:tokens] for x in texts]
+        base = getattr(t.model, t.model.base_model_prefix)
+        return [r._logits(base(torch.tensor([i])).last_hidden_state[0]).argmax(-1) for i in ids if len(i) >= 64]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--files", type=int, default=12)
@@ -64,11 +81,21 @@ def main(argv: list[str] | None = None) -> int:
                  for r, g in zip(ref, got)) / n
         rows[name] = {"top1_agreement": round(agree, 4), "mean_kl": round(kl, 4)}
         print(f"{name:28} top-1 agreement {agree:.4f}  mean KL {kl:.4f}", flush=True)
+    # what the daemon picks (refined top rows), against the unquantized target refined the same way
+    ref_pick = refined_argmax("none", False, texts, a.tokens)
+    picks = {}
+    for name, (scheme, full) in {"int8, refined with full-precision rows": ("int8", True),
+                                 "int8, refined with its int8 rows (shipped)": ("int8", False)}.items():
+        got = refined_argmax(scheme, full, texts, a.tokens)
+        agree = sum((r == g).sum().item() for r, g in zip(ref_pick, got)) / n
+        picks[name] = {"top1_agreement": round(agree, 4)}
+        print(f"{name:44} top-1 agreement {agree:.4f} (refined picks)", flush=True)
     if a.json:
         a.json.write_text(json.dumps({
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(["python", *sys.argv]), "cpu": cpu_name(), "files": [f.name for f in files],
-            "tokens": n, "reference": "qwen2.5-coder-0.5b, GGUF dequantized to bf16", "variants": rows}, indent=1) + "\n")
+            "tokens": n, "reference": "qwen2.5-coder-0.5b, GGUF dequantized to bf16", "variants": rows,
+            "refined_picks": picks}, indent=1) + "\n")
     return 0
 
 

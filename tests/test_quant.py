@@ -241,7 +241,7 @@ def test_runner_cheap_head_is_the_full_heads_argmax(scheme, code_ids):
     """Runner(cheap_head=True) on a quantized model: every node's argmax and finite logits equal the
     same quantized decoder with the full-precision output layer (fp32), on a tree."""
     lm = load("qwen2-lean")
-    quantize(lm.model, scheme)
+    quantize(lm.model, scheme, full_head=True)
     full = copy.deepcopy(lm)
     head = full.model.get_output_embeddings()
     dense = nn.Linear(head.in_features, head.out_features, bias=False)
@@ -274,3 +274,32 @@ def test_int8_prefill_in_bulk_equals_the_kernel_path():
         with bulk():
             fast = lm.model(x).logits[0]
     torch.testing.assert_close(fast, plain, rtol=0, atol=1e-4)
+
+
+def test_untied_head_keeps_no_full_precision_copy_and_refines_with_its_int8_rows(code_ids):
+    """An untied output layer (the Qwen2.5-Coder GGUFs) keeps no full-precision copy (260 MB for the
+    0.5B); the bf16 refinement rescores the top rows with the int8 rows exactly dequantized, so a
+    refined logit is the float32 dot product with q * s. A tied one keeps the embedding (no copy)."""
+    from completiond.core.quant import full_weight, head_rows
+
+    lm = tiny.loaded(tiny.qwen2_config(hidden=128), dtype=torch.bfloat16, scale=4.0)
+    quantize(lm.model, "int8")
+    head = lm.model.get_output_embeddings()
+    assert head.full_weight is None and head.err_norm is None
+    deq = head.packed.float() * head.scales.float()[:, None]
+    top = torch.tensor([[3, 7], [5, 0]])
+    assert torch.equal(head_rows(head, top), deq[top])
+    torch.testing.assert_close(full_weight(head).float(), deq, rtol=2 ** -8, atol=0)  # for training heads
+    r = Runner(lm, backend="lean", refine=True)
+    r.extend(code_ids[:20])
+    h = r.last_hidden[-1:]
+    logits = r._logits(h)
+    best = logits[0].topk(r.refine).indices
+    torch.testing.assert_close(logits[0, best], h.float()[0] @ deq[best].T, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="full_head=True"):
+        Runner(lm, cheap_head=True)
+
+    tied = tiny.loaded(tiny.qwen2_config(hidden=128, tied=True), dtype=torch.bfloat16, scale=4.0)
+    quantize(tied.model, "int8")
+    kept = tied.model.get_output_embeddings().full_weight
+    assert kept.data_ptr() == tied.model.get_input_embeddings().weight.data_ptr()  # the same storage

@@ -17,10 +17,12 @@ a multiple of 64 rows. bf16 activations are fast; fp32 activations work but run 
 4x slower than a dense fp32 matmul at one row, ~10-100x at 16-64 rows on this CPU), so quantized
 models should run in bf16.
 
-The output layer keeps a reference to its full-precision weight (`full_weight`: the embedding for
-tied models, so free; for untied models it stays allocated) so that `exact_head_logits` can give
-the full head's argmax while reading the low-bit head, and the runner's float32 refinement can
-rescore its top rows.
+The output layer of a tied model keeps a reference to its full-precision weight (`full_weight`: the
+embedding, so free): the runner's float32 refinement rescores its top rows with it. An untied one
+(the Qwen2.5-Coder GGUFs) keeps none by default: its full-precision copy was 260 MB of the 0.5B
+daemon's ~1.5 GB, and the refinement rescores with its own int8 rows instead (`head_rows`; the
+target is then the int8 head, in every mode alike). `quantize(..., full_head=True)` keeps it for
+`exact_head_logits`, which gives the full head's argmax while reading the low-bit head.
 """
 
 from __future__ import annotations
@@ -211,13 +213,13 @@ def _int4(w: torch.Tensor, group: int, deq: bool = True) -> tuple[torch.Tensor, 
     return q.to(torch.int32).view(n, k), sz, dq
 
 
-def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP) -> None:
+def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP, full_head: bool = False) -> None:
     """Replace every nn.Linear of the decoder and the output layer by a QuantLinear, in place.
 
     Embeddings stay as they are. The output layer is int8 under both schemes (as llama.cpp keeps
     the output layer at 6-8 bits in its 4-bit files): the int4 head's error bound is too wide for
     `exact_head_logits` (over a quarter of the vocabulary could win on every pass, README). It keeps
-    `full_weight` (see the module docstring).
+    `full_weight` when that is the embedding (tied) or when `full_head` (see the module docstring).
     """
     if scheme not in SCHEMES:
         raise ValueError(f"unknown quantization scheme {scheme!r} (expected one of {', '.join(SCHEMES)})")
@@ -230,11 +232,13 @@ def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP) -> None:
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear):
         raise ValueError(f"cannot quantize an output layer of type {type(head).__name__}")
-    qhead = QuantLinear.from_linear(head, "int8", norms=True)
-    qhead.full_weight = head.weight.detach()
     embed = model.get_input_embeddings().weight
-    if embed is not head.weight and embed.shape == head.weight.shape and torch.equal(embed, head.weight):
+    tied = embed is head.weight or (embed.shape == head.weight.shape and torch.equal(embed, head.weight))
+    qhead = QuantLinear.from_linear(head, "int8", norms=tied or full_head)
+    if tied:
         qhead.full_weight = embed.detach()  # tied weights loaded as two copies: keep one (272 MB, the 0.5B)
+    elif full_head:
+        qhead.full_weight = head.weight.detach()
     model.set_output_embeddings(qhead)
 
 
@@ -245,11 +249,24 @@ def scheme_of(model: nn.Module) -> str:
 
 
 def full_weight(head: nn.Module) -> torch.Tensor:
-    """The output layer's full-precision weight [V, H], quantized or not."""
-    w = head.full_weight if isinstance(head, QuantLinear) else head.weight
-    if w is None:
-        raise ValueError("this quantized output layer kept no full-precision weight")
-    return w
+    """The output layer's weight [V, H] at the best precision it kept: the full-precision one, else
+    its int8 weight dequantized (a new [V, H] tensor in the scales' dtype: for training heads, not
+    for every pass)."""
+    if not isinstance(head, QuantLinear):
+        return head.weight
+    if head.full_weight is not None:
+        return head.full_weight
+    return head.dequantize().to(head.scales.dtype)
+
+
+def head_rows(head: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+    """float32 rows [..., H] of the output layer at these indices: full precision where it was kept,
+    else the int8 rows dequantized exactly (q * s in float32)."""
+    if isinstance(head, QuantLinear) and head.full_weight is None:
+        if head.scheme != "int8":
+            raise ValueError("rows of an int4 output layer are not kept")
+        return head.packed[rows].float() * head.scales[rows].float()[..., None]
+    return full_weight(head)[rows].float()
 
 
 # Rounding slack of the low-bit head as run, relative (see head_bound): bf16 outputs are rounded
@@ -297,7 +314,9 @@ def exact_head_logits(head: QuantLinear, hidden: torch.Tensor, max_share: float 
     "Exact" means float32 dot products with the full weight, as the runner's refinement computes them.
     """
     n = hidden.shape[0]
-    w = full_weight(head)
+    if head.full_weight is None:
+        raise ValueError("exact_head_logits needs the full-precision output layer: quantize(..., full_head=True)")
+    w = head.full_weight
     low = head(hidden).float()  # [n, V]
     cols = _can_win(low, head_bound(head, hidden, low))
     head.exact_calls += 1

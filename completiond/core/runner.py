@@ -17,7 +17,7 @@ import torch
 from .kvcache import TreeKVCache
 from .lean import lean_decoder, supports_lean
 from ..models import LoadedModel
-from .quant import bulk, QuantLinear, exact_head_logits, full_weight
+from .quant import bulk, QuantLinear, exact_head_logits, head_rows
 
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 REFINE = 8  # top logits recomputed in float32 when the model runs in bf16/fp16
@@ -72,6 +72,8 @@ class Runner:
             raise ValueError(f"no lean forward for this {lm.model.config.model_type} configuration")
         if cheap_head and not isinstance(lm.model.get_output_embeddings(), QuantLinear):
             raise ValueError("cheap_head needs a quantized output layer (completiond.core.quant.quantize)")
+        if cheap_head and lm.model.get_output_embeddings().full_weight is None:
+            raise ValueError("cheap_head needs the full-precision output layer: quantize(..., full_head=True)")
         self.lm = lm
         self.model = lm.model
         self.base = getattr(lm.model, lm.model.base_model_prefix)  # the decoder without its output layer
@@ -209,7 +211,7 @@ class Runner:
         often tie exactly, and a tie may break one way in a one-token pass and the other way in a
         tree pass. The top REFINE candidates are therefore recomputed in float32 (a few rows of the
         output layer): argmax and sampling then depend on the hidden state, not on rounding. A
-        quantized output layer ranks, and its full-precision weight rescores the top rows.
+        quantized output layer ranks, and its rows (full precision where kept) rescore the top ones.
         """
         head = self.model.get_output_embeddings()
         if self.cheap_head:
@@ -218,7 +220,7 @@ class Runner:
             logits = head(hidden).float()
         if not self.cheap_head and hidden.dtype != torch.float32 and len(hidden) and self.refine:
             top = logits.topk(self.refine, dim=-1).indices  # [n, k]
-            rows = full_weight(head)[top].float()  # [n, k, H]
+            rows = head_rows(head, top)  # [n, k, H]
             exact = (rows @ hidden.float()[:, :, None]).squeeze(-1)
             if getattr(head, "bias", None) is not None:
                 exact = exact + head.bias[top].float()
