@@ -5,8 +5,8 @@ target (the GGUF dequantized to bf16), teacher-forced over real code (the bench 
 
 Variants: int8; int4 as shipped (MLP int4, attention and output layer int8); int4 in every layer;
 int4 with down_proj also int8; then the daemon's own picks (the runner's output layer with its
-float32 refinement of the top rows) for int8 refined with full-precision rows vs its own int8 rows
-(shipped: the untied head keeps no full-precision copy). Needs the bench repositories in the cache (run `completiond bench
+float32 refinement of the top rows) for int8 refined with full-precision rows vs with its int8 +
+int8-residual rows (shipped: the untied head keeps no full-precision copy). Needs the bench repositories in the cache (run `completiond bench
 --repo pypi:toolz==1.0.0` and `pypi:boltons==25.0.0` once).
 """
 
@@ -45,7 +45,7 @@ def logits(scheme: str, keep: tuple[str, ...] | None, texts: list[str], tokens: 
 
 def refined_argmax(scheme: str, full_head: bool, texts: list[str], tokens: int) -> list[torch.Tensor]:
     """The daemon's next-token choice, teacher-forced: the runner's output layer with its float32
-    refinement of the top rows (full-precision rows, or with full_head=False the int8 head's own)."""
+    refinement of the top rows (full-precision rows, or with full_head=False int8 + residual rows)."""
     from completiond.core.runner import Runner
 
     t = load("default", "target", "cpu", "bfloat16", "none")
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ref_pick = refined_argmax("none", False, texts, a.tokens)
     picks = {}
     for name, (scheme, full) in {"int8, refined with full-precision rows": ("int8", True),
-                                 "int8, refined with its int8 rows (shipped)": ("int8", False)}.items():
+                                 "int8, refined with its int8 + residual rows (shipped)": ("int8", False)}.items():
         got = refined_argmax(scheme, full, texts, a.tokens)
         agree = sum((r == g).sum().item() for r, g in zip(ref_pick, got)) / n
         picks[name] = {"top1_agreement": round(agree, 4)}

@@ -19,10 +19,12 @@ models should run in bf16.
 
 The output layer of a tied model keeps a reference to its full-precision weight (`full_weight`: the
 embedding, so free): the runner's float32 refinement rescores its top rows with it. An untied one
-(the Qwen2.5-Coder GGUFs) keeps none by default: its full-precision copy was 260 MB of the 0.5B
-daemon's ~1.5 GB, and the refinement rescores with its own int8 rows instead (`head_rows`; the
-target is then the int8 head, in every mode alike). `quantize(..., full_head=True)` keeps it for
-`exact_head_logits`, which gives the full head's argmax while reading the low-bit head.
+(the Qwen2.5-Coder GGUFs) keeps, instead of a bf16 copy (260 MB of the 0.5B daemon's ~1.5 GB), its
+int8 quantization error quantized to int8 again (`residual`, 130 MB): q * s + r * s2 is within
+~2^-16 of a row's largest weight of the full one, finer than bf16's own rounding, so the refined
+rows (`head_rows`) are the full-precision ones in all but the last bits.
+`quantize(..., full_head=True)` keeps the copy for `exact_head_logits`, which gives the full head's
+argmax while reading the low-bit head.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("scales", scales, persistent=False)  # [N] / [K / group, N_pad, 2]
         self.bias = bias
         self.full_weight: torch.Tensor | None = None  # the output layer's full-precision weight
+        self.residual: tuple[torch.Tensor, torch.Tensor] | None = None  # untied output layer: int8 [N, K], scales [N]
         self.err_norm: torch.Tensor | None = None  # [N] float32: ||w_i - w^_i||_2 (output layer)
         self.deq_norm: torch.Tensor | None = None  # [N] float32: ||w^_i||_2 (output layer)
         self._scales_as: dict[torch.dtype, torch.Tensor] = {}
@@ -239,6 +242,13 @@ def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP, full_head: 
         qhead.full_weight = embed.detach()  # tied weights loaded as two copies: keep one (272 MB, the 0.5B)
     elif full_head:
         qhead.full_weight = head.weight.detach()
+    else:  # the int8 head's error, in int8 again: the refinement's rows to ~2^-16 (module docstring)
+        parts = []
+        for s in range(0, head.out_features, _ROWS):
+            w = head.weight.detach()[s:s + _ROWS].float()
+            parts.append(_int8(w - qhead.packed[s:s + _ROWS].float() * qhead.scales[s:s + _ROWS].float()[:, None],
+                               False)[:2])
+        qhead.residual = (torch.cat([q for q, _ in parts]), torch.cat([sc.float() for _, sc in parts]))
     model.set_output_embeddings(qhead)
 
 
@@ -249,23 +259,22 @@ def scheme_of(model: nn.Module) -> str:
 
 
 def full_weight(head: nn.Module) -> torch.Tensor:
-    """The output layer's weight [V, H] at the best precision it kept: the full-precision one, else
-    its int8 weight dequantized (a new [V, H] tensor in the scales' dtype: for training heads, not
-    for every pass)."""
+    """The output layer's full-precision weight [V, H]: for an untied quantized one, rebuilt from its
+    int8 weight and residual (a new tensor in the scales' dtype: for training heads, not every pass)."""
     if not isinstance(head, QuantLinear):
         return head.weight
     if head.full_weight is not None:
         return head.full_weight
-    return head.dequantize().to(head.scales.dtype)
+    return head_rows(head, torch.arange(head.out_features)).to(head.scales.dtype)
 
 
 def head_rows(head: nn.Module, rows: torch.Tensor) -> torch.Tensor:
-    """float32 rows [..., H] of the output layer at these indices: full precision where it was kept,
-    else the int8 rows dequantized exactly (q * s in float32)."""
+    """float32 rows [..., H] of the output layer's full-precision weight at these indices."""
     if isinstance(head, QuantLinear) and head.full_weight is None:
-        if head.scheme != "int8":
-            raise ValueError("rows of an int4 output layer are not kept")
-        return head.packed[rows].float() * head.scales[rows].float()[..., None]
+        if head.residual is None:
+            raise ValueError("this quantized output layer kept neither its full-precision weight nor a residual")
+        rq, rs = head.residual
+        return head.packed[rows].float() * head.scales[rows].float()[..., None] + rq[rows].float() * rs[rows][..., None]
     return full_weight(head)[rows].float()
 
 

@@ -211,7 +211,7 @@ class Runner:
         often tie exactly, and a tie may break one way in a one-token pass and the other way in a
         tree pass. The top REFINE candidates are therefore recomputed in float32 (a few rows of the
         output layer): argmax and sampling then depend on the hidden state, not on rounding. A
-        quantized output layer ranks, and its rows (full precision where kept) rescore the top ones.
+        quantized output layer ranks, and its full-precision rows rescore the top ones.
         """
         head = self.model.get_output_embeddings()
         if self.cheap_head:
