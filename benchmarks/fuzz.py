@@ -28,7 +28,7 @@ import msgpack
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from daemon_util import fuzz_frames, fuzz_send  # noqa: E402
+from daemon_util import fuzz_frames, fuzz_send, read_frames  # noqa: E402
 from soak import connect, rss_mb, wait_ready  # noqa: E402  (benchmarks/ is this script's directory)
 
 VALID = [[0, 1, "status", {}],
@@ -52,7 +52,7 @@ def truncated(n: int, rng: random.Random) -> list[bytes]:
 
 
 async def extreme(sock: Path, name: str, data: bytes, read_s: float = 10.0) -> dict:
-    """One frame on its own connection: what the daemon answers (or that it closes) within read_s."""
+    """One frame on its own connection: what the daemon answers, and whether it closed, within read_s."""
     r, w = await asyncio.open_unix_connection(str(sock))
     t0 = time.perf_counter()
     out: dict = {"case": name, "bytes": len(data)}
@@ -65,18 +65,14 @@ async def extreme(sock: Path, name: str, data: bytes, read_s: float = 10.0) -> d
             out["write_error"] = type(e).__name__
 
     writer = asyncio.create_task(write())
-    unp = msgpack.Unpacker(raw=False)
+    got: list = []
     try:
-        while chunk := await asyncio.wait_for(r.read(65536), read_s):
-            unp.feed(chunk)
-            for f in unp:
-                out.setdefault("answers", []).append(f[2] if isinstance(f, list) and len(f) == 4 else repr(f)[:200])
+        await asyncio.wait_for(read_frames(r, got), read_s)
         out["closed_by_daemon"] = True
     except asyncio.TimeoutError:
         out["closed_by_daemon"] = False
-    except ConnectionError as e:
-        out["closed_by_daemon"] = True
-        out["read_error"] = type(e).__name__
+    if got:
+        out["answers"] = [f[2] if isinstance(f, list) and len(f) == 4 else repr(f)[:200] for f in got]
     await writer
     out["ms"] = round((time.perf_counter() - t0) * 1000, 1)
     w.close()

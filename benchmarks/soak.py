@@ -315,7 +315,8 @@ async def cancelled(sock: Path, pid: int, settle_s: float) -> dict:
         await asyncio.sleep(after_s)
         peak = rss_mb(pid)
         res: dict = {"finished_before_cancel": fut.done()}
-        await c.request("cancel", {"id": msgid}, timeout=60) if not fut.done() else None
+        if not fut.done():
+            await c.request("cancel", {"id": msgid}, timeout=60)
         try:
             r = await asyncio.wait_for(fut, 120)
             res.update(cancelled=r["cancelled"], tokens=len(r.get("tokens") or []))

@@ -162,31 +162,35 @@ def fuzz_frames(n: int) -> list[bytes]:
     return out
 
 
+async def read_frames(reader, out: list | None = None) -> list:
+    """Every frame the daemon sends until it closes the connection (or resets it), appended to `out`
+    as it arrives: a caller that times out keeps what came."""
+    import msgpack
+
+    out = [] if out is None else out
+    unp = msgpack.Unpacker(raw=False)
+    try:
+        while data := await reader.read(65536):
+            unp.feed(data)
+            out.extend(unp)
+    except ConnectionError:
+        pass
+    return out
+
+
 async def fuzz_send(sock: Path, frames: list[bytes], per_connection: int = 500, read_s: float = 1.0) -> dict:
     """Write the frames, `per_connection` to a connection in one write, and read what is answered in
     `read_s` (long completions are cut by the close). Internal errors (-32603) are the daemon's bugs."""
     import asyncio
 
-    import msgpack
-
     answered, internal, closed_early = 0, [], 0
     for i in range(0, len(frames), per_connection):
         r, w = await asyncio.open_unix_connection(str(sock))
         got: list = []
-
-        async def answers() -> None:
-            unp = msgpack.Unpacker(raw=False)
-            try:
-                while data := await r.read(65536):
-                    unp.feed(data)
-                    got.extend(unp)
-            except ConnectionError:
-                pass
-
         try:
             w.write(b"".join(frames[i:i + per_connection]))
             await w.drain()
-            await asyncio.wait_for(answers(), read_s)
+            await asyncio.wait_for(read_frames(r, got), read_s)
             closed_early += 1  # the daemon closed the connection (a frame it cannot resynchronize after)
         except asyncio.TimeoutError:
             pass

@@ -6,11 +6,10 @@ import socket
 import subprocess
 import sys
 
-import msgpack
 import pytest
 
 from completiond.service.client import Client, DaemonError
-from daemon_util import start_daemon, stop_daemon
+from daemon_util import read_frames, start_daemon, stop_daemon
 
 AUTH_S = 3.0
 
@@ -70,21 +69,10 @@ async def test_unix_socket_peer_keeps_adding_its_roots(tcp_daemon, tmp_path):
     await c.close()
 
 
-async def read_all(reader) -> list:
-    unp, out = msgpack.Unpacker(raw=False), []
-    try:
-        while data := await reader.read(65536):
-            unp.feed(data)
-            out.extend(unp)
-    except ConnectionError:
-        pass
-    return out
-
-
 async def test_unauthenticated_peers_have_a_deadline_and_a_cap(tcp_daemon):
     port = tcp_daemon["port"]
     conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(20)]  # cap is 16
-    frames = await asyncio.wait_for(asyncio.gather(*(read_all(r) for r, _ in conns)), 60)
+    frames = await asyncio.wait_for(asyncio.gather(*(read_frames(r) for r, _ in conns)), 60)
     messages = [f[2]["message"] for fs in frames for f in fs]
     assert any("too many connections waiting" in m for m in messages)
     # the rest were closed for saying nothing: each with an error frame, none left open
@@ -107,7 +95,7 @@ async def test_big_frames_before_initialize_are_cut_off(tcp_daemon):
         await w.drain()
     except ConnectionError:
         pass
-    frames = await asyncio.wait_for(read_all(r), 30)
+    frames = await asyncio.wait_for(read_frames(r), 30)
     assert frames and "before initialize" in frames[0][2]["message"]
     w.close()
 

@@ -65,8 +65,9 @@ async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: 
     out = {"ttft": ttft, "final": final, "superseded": superseded, "requests": len(pending), "served": served}
     answered = [firsts[m["id"]] for _, _, m in pending if m["id"] in firsts]
     if pending and answered:  # the file's first ghost text, from the first keystroke (the user's first wait)
-        out["first_answer_ms"] = (min(answered) - pending[0][0]) * 1000
-        i = next(i for i, (_, _, m) in enumerate(pending) if firsts.get(m["id"]) == min(answered))
+        first = min(answered)
+        out["first_answer_ms"] = (first - pending[0][0]) * 1000
+        i = next(i for i, (_, _, m) in enumerate(pending) if firsts.get(m["id"]) == first)
         res = results[i] if isinstance(results[i], dict) else {}
         out["first_answer"] = {"keystroke": i, **at_first_key, **{k: res.get(k) for k in (
             "ms_first_token", "prompt_lane", "prompt_tokens", "reused_tokens", "target_passes")}}
