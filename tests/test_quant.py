@@ -52,9 +52,10 @@ def test_quant_linear_bf16_within_rounding(scheme):
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_fused_layers_equal_the_parts(scheme):
     """q/k/v-style fusion: one packed matmul (or the parts in turn, where the int4 layout forbids it)."""
-    assert quant.int4_row_block() == 64  # what QuantLinear.cat assumes of torch 2.13's packer
+    block = quant.int4_row_block()  # the packer's row block: 64 with AVX512, 32 with AVX2 (torch 2.13)
+    assert block in (32, 64)
     x = torch.randn(3, 64)
-    for sizes in ([128, 64, 64], [64, 32, 32]):  # 32-row int4 parts cannot be concatenated
+    for sizes in ([2 * block, block, block], [block, block // 2, block // 2]):  # half-block int4 parts cannot be concatenated
         parts = [QuantLinear.from_linear(linear(n, 64, bias=True, seed=i), scheme) for i, n in enumerate(sizes)]
         alone = [p(x) for p in parts]
         fused = QuantLinear.cat(parts)
@@ -274,6 +275,75 @@ def test_int8_prefill_in_bulk_equals_the_kernel_path():
         with bulk():
             fast = lm.model(x).logits[0]
     torch.testing.assert_close(fast, plain, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "none"])
+def test_bf16_prefill_multiplies_in_float32_where_bf16_matmuls_are_slow(monkeypatch, scheme):
+    """On CPUs without bf16 units (`LoadedModel.bulk_dtype` float32, device.pick_bulk_dtype), prefill
+    chunks widen weights and activations to float32 for their many-row matmuls (5x faster on an AVX2
+    EPYC): every such matmul runs in float32, the logits match the bf16 matmuls' within bf16
+    rounding, and decode-sized passes keep their usual path."""
+    import torch.nn.functional as F
+
+    lm = tiny.loaded(tiny.qwen2_config(hidden=128), seed=4, dtype=torch.bfloat16)
+    if scheme != "none":
+        quantize(lm.model, scheme)
+    ids = tiny.qwen_tokenizer().encode((tiny.STDLIB / "textwrap.py").read_text()[:3000], add_special_tokens=False)[:200]
+    seen: list[tuple[int, torch.dtype]] = []
+    linear = F.linear
+
+    def spy(x, w, b=None):
+        seen.append((x.numel() // x.shape[-1], x.dtype))
+        return linear(x, w, b)
+
+    monkeypatch.setattr(F, "linear", spy)
+    out = {}
+    for dt in (None, torch.float32):
+        lm.bulk_dtype, seen[:] = dt, []
+        r = Runner(lm, backend="lean", refine=False)
+        out[dt] = r.extend(ids, chunk=64)
+        many = {d for rows, d in seen if rows > quant.BULK_ROWS}
+        assert many == ({torch.float32} if dt else {torch.bfloat16})
+        seen[:] = []
+        r.forward([5, 6], [-1, 0], [0, 1])  # a 2-node pass: not prefill, no widening
+        assert all(d == torch.bfloat16 for _, d in seen)
+    torch.testing.assert_close(out[torch.float32], out[None], rtol=0.05, atol=0.05)
+    assert out[torch.float32].argmax() == out[None].argmax()
+
+
+@pytest.mark.parametrize("kind", ["untied", "untied int8", "tied int8", "tied"])
+def test_embedding_served_from_a_file_mapping(tmp_path, code_ids, kind):
+    """The input embedding is mapped from a file written once into the model's cache folder when no
+    pass reads it whole (an output layer of its own, or a quantized one that only gathers its rows):
+    the same bf16 values, so the same logits bit for bit; its rows are not copied into memory. A tied,
+    unquantized output layer reads it every pass: it stays in memory."""
+    from completiond.models import map_embedding
+
+    def model():
+        lm = tiny.loaded(tiny.qwen2_config(hidden=128, tied=kind.startswith("tied")), seed=3, dtype=torch.bfloat16)
+        if kind.endswith("int8"):
+            quantize(lm.model, "int8")
+        return lm
+
+    plain, mapped = model(), model()
+    assert map_embedding(mapped.model, tmp_path) == (kind != "tied")
+    w = mapped.model.get_input_embeddings().weight
+    files = list(tmp_path.glob("embed_tokens.*.bin"))
+    if kind == "tied":
+        assert not files
+        return
+    assert len(files) == 1 and files[0].stat().st_size == w.numel() * 2
+    assert torch.equal(w, plain.model.get_input_embeddings().weight)
+    assert not w.untyped_storage().resizable()  # a file mapping, not an allocation
+    head = mapped.model.get_output_embeddings()
+    if getattr(head, "full_weight", None) is not None:  # tied + quantized: the refinement reads the mapping
+        assert head.full_weight.data_ptr() == w.data_ptr()
+    outs = []
+    for lm in (plain, mapped):
+        r = Runner(lm, backend="lean")
+        outs.append(torch.stack([r.extend(code_ids[:40]), r.extend(code_ids[:41])]))
+    assert torch.equal(outs[0], outs[1])
+    assert map_embedding(model().model, tmp_path) and list(tmp_path.glob("embed_tokens.*.bin")) == files  # reused
 
 
 def test_untied_head_keeps_an_int8_residual_instead_of_a_full_precision_copy(code_ids):

@@ -117,9 +117,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
 def machine(target) -> str:
     import torch
 
-    from ..models.device import cpu_name
+    from ..models.device import cpu_features, cpu_name
 
-    dev = torch.cuda.get_device_name() if target.device.type == "cuda" else f"{os.cpu_count()} cores, {cpu_name()}"
+    dev = (torch.cuda.get_device_name() if target.device.type == "cuda"
+           else f"{os.cpu_count()} cores, {cpu_name()} ({' '.join(cpu_features()) or 'no AVX2'})")
     return f"{dev}, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..models.device import cpu_name
+from ..models.device import cpu_key
 from ..paths import cache_root
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ def measure_costs(runner: Runner, sizes: tuple[int, ...], context: int = 64, rou
 
 def calibration_path(target: LoadedModel) -> Path:
     """One calibration file per (CPU or GPU, model, dtype, threads): costs differ on each."""
-    cpu = cpu_name()
+    cpu = cpu_key()
     if target.device.type == "cuda":
         cpu = torch.cuda.get_device_name(target.device)
     key = f"{cpu}|{target.name}|{target.dtype}|{target.device}|{torch.get_num_threads()}|{target.meta.get('quant', '')}"

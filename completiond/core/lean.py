@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .quant import QuantLinear
+from .quant import QuantLinear, bulk_dtype, dequantized_mm
 
 LEAN_MODEL_TYPES = {"gemma3_text", "qwen2"}
 
@@ -58,7 +58,12 @@ class Dense:
         self.weight, self.bias = weight, bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        dense = bulk_dtype(x)
+        if dense is None or dense == x.dtype:
+            return F.linear(x, self.weight, self.bias)
+        # prefill on a CPU with slow bf16 matmuls: multiplied in float32 (quant.bulk)
+        y = dequantized_mm(x.reshape(-1, x.shape[-1]), self.weight, None, dense).reshape(*x.shape[:-1], -1)
+        return y if self.bias is None else y + self.bias
 
 
 def fused(*layers: nn.Module) -> Linear:

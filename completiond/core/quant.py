@@ -49,18 +49,28 @@ _bulk = threading.local()
 
 
 @contextlib.contextmanager
-def bulk():
-    """Prefill: int8 layers with many rows dequantize their weight once and run a dense matmul.
+def bulk(dtype: torch.dtype | None = None):
+    """Prefill: layers with many rows (> BULK_ROWS) run a dense matmul in `dtype` (default: the
+    activations' dtype) on weights converted a block at a time.
 
     The int8 kernel's cost grows with the rows (it wins for a few decode rows and loses from ~16);
-    a 512-token prefill chunk is far cheaper dense. Only prefill uses it: every mode prefills the
-    same way, while verify and one-token passes keep the kernel, so modes stay identical.
+    a 512-token prefill chunk is far cheaper dense. `dtype` float32 with bf16 activations is for
+    CPUs whose bf16 matmuls are slow over many rows (device.pick_bulk_dtype); the result is cast
+    back. Only prefill uses it: every mode prefills the same way, while verify and one-token passes
+    keep the kernel, so modes stay identical.
     """
-    _bulk.on = True
+    _bulk.on, _bulk.dtype = True, dtype
     try:
         yield
     finally:
-        _bulk.on = False
+        _bulk.on, _bulk.dtype = False, None
+
+
+def bulk_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """Inside `bulk()` with more than BULK_ROWS rows: the dtype to multiply in; else None."""
+    if not getattr(_bulk, "on", False) or x.numel() <= BULK_ROWS * x.shape[-1]:
+        return None
+    return _bulk.dtype or x.dtype
 
 
 class QuantLinear(nn.Module):
@@ -126,8 +136,9 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).contiguous()  # the kernels take 2-D inputs only
-        if self.scheme == "int8" and len(x2) > BULK_ROWS and getattr(_bulk, "on", False):
-            y = _dequantized_mm(x2, self.packed, self._scales(x.dtype))
+        dense = bulk_dtype(x2) if self.scheme == "int8" else None
+        if dense is not None:
+            y = dequantized_mm(x2, self.packed, self._scales(dense), dense)
         elif self.scheme == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x2, self.packed, self._scales(x.dtype))
         else:
@@ -174,14 +185,17 @@ class QuantLinear(nn.Module):
         return out
 
 
-def _dequantized_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ (q [N, K] int8 * scales [N])^T for many rows M: q is converted DEQ_BLOCK rows at a
-    time, so each converted block is still in cache when the matmul reads it (the int8 weights are
-    read from memory once; converting the whole matrix first wrote and read it again at 2x the size:
-    ~300 ms of a 0.5B prefill chunk on 2 cores); the scales apply to the output columns."""
-    x = x.contiguous()
-    parts = [F.linear(x, q[i:i + DEQ_BLOCK].to(x.dtype)) for i in range(0, q.shape[0], DEQ_BLOCK)]
-    return (parts[0] if len(parts) == 1 else torch.cat(parts, 1)) * scales
+def dequantized_mm(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """x [M, K] @ (w [N, K] * scales [N])^T for many rows M, multiplied in `dtype`, returned in x's.
+
+    w (int8, or a dense layer's weight in another dtype) is converted DEQ_BLOCK rows at a time, so
+    each converted block is still in cache when the matmul reads it (w is read from memory once;
+    converting the whole matrix first wrote and read it again at 2x the size: ~300 ms of a 0.5B
+    prefill chunk on 2 cores); the scales apply to the output columns."""
+    xd = x.to(dtype).contiguous()
+    parts = [F.linear(xd, w[i:i + DEQ_BLOCK].to(dtype)) for i in range(0, w.shape[0], DEQ_BLOCK)]
+    y = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+    return (y if scales is None else y * scales).to(x.dtype)
 
 
 class _Parts(nn.Module):
@@ -345,7 +359,7 @@ def exact_head_logits(head: QuantLinear, hidden: torch.Tensor, max_share: float 
 
 @functools.cache
 def int4_row_block() -> int:
-    """Rows the int4 packer interleaves as one block (64 in torch 2.13; tests check it)."""
+    """Rows the int4 packer interleaves as one block (torch 2.13: 64 on AVX512 CPUs, 32 on AVX2 ones)."""
     f = torch.ops.aten._convert_weight_to_int4pack_for_cpu
     g = torch.Generator().manual_seed(0)
     for b in (16, 32, 64, 128, 256):

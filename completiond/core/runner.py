@@ -294,7 +294,7 @@ class Runner:
                 self.check = None if whole else layer_check
                 self._in_chunk = True
                 try:
-                    with bulk():  # many rows: dequantized int8 weights beat the per-row kernel
+                    with bulk(self.lm.bulk_dtype):  # many rows: dense matmuls beat the per-row kernel
                         logits_part = self.forward(part, list(range(-1, len(part) - 1)), at)
                     if at:
                         out = (logits_part[-1], self.last_hidden[-1])

@@ -1,7 +1,8 @@
 """Where and how a model runs: device, dtype and weight quantization, chosen by measuring.
 
-`--dtype auto` on CPU measures bf16 against fp32 once per CPU model (cached): CPUs with
-AVX512-BF16/AMX run bf16 weights about 2x faster than fp32, others widen bf16 in software.
+`--dtype auto` on CPU measures bf16 against fp32 once per CPU model (cached, `cpu_bf16`): CPUs with
+AVX512-BF16/AMX run bf16 weights about 2x faster than fp32; others widen bf16 in software, which
+can still win a memory-bound decode pass but loses prefill's many-row matmuls (`pick_bulk_dtype`).
 """
 
 from __future__ import annotations
@@ -34,30 +35,71 @@ def pick_device(device: str = "auto") -> torch.device:
 
 
 def cpu_has_fast_bf16() -> bool:
-    """Whether bf16 matmuls beat fp32 on this CPU, measured once and cached per CPU model.
+    """Whether bf16 decode-shaped matmuls beat fp32 on this CPU (see `cpu_bf16`)."""
+    return cpu_bf16()["bf16_faster"]
 
-    CPUs with AVX512-BF16/AMX run bf16 weights about 2x faster than fp32 (half the bytes); without
-    them torch widens bf16 in software and fp32 wins. Measuring settles it on any CPU.
+
+def cpu_has_fast_bf16_gemm() -> bool:
+    """Whether bf16 prefill-shaped matmuls (hundreds of rows) beat fp32 on this CPU (see `cpu_bf16`)."""
+    return cpu_bf16()["bf16_gemm_faster"]
+
+
+def cpu_bf16() -> dict:
+    """bf16 against fp32 on this CPU, measured once and cached per CPU model.
+
+    bf16_faster: a decode-shaped matmul ([4, n] x [n, n], memory bound). CPUs with AVX512-BF16/AMX
+    run it about 2x faster than fp32 (half the bytes); CPUs without them often still win, since the
+    widening costs less than the bytes saved (an AVX2 EPYC: 6.6 vs 10.4 ms).
+    bf16_gemm_faster: a prefill-shaped one ([256, n] x [n, n], compute bound). Without bf16 units
+    torch widens every product in software: 5x slower than fp32 on that AVX2 EPYC, where a
+    512-token prefill chunk of the 0.5B took 18 s in bf16. Prefill then widens the weights to fp32
+    (`LoadedModel.bulk_dtype`).
     """
-    cpu = cpu_name()
+    cpu = cpu_key()
     path = cache_root() / "calibration" / f"bf16-{hashlib.sha1(cpu.encode()).hexdigest()[:12]}.json"
     try:
-        return bool(json.loads(path.read_text())["bf16_faster"])
+        got = json.loads(path.read_text())
+        return {"bf16_faster": bool(got["bf16_faster"]), "bf16_gemm_faster": bool(got["bf16_gemm_faster"])}
     except (OSError, ValueError, KeyError):
         pass
-    ms = {dt: _matvec_ms(dt) for dt in (torch.float32, torch.bfloat16)}
-    faster = ms[torch.bfloat16] < 0.8 * ms[torch.float32]
+    ms = {str(dt).replace("torch.", ""): _matmul_ms(dt, rows=4) for dt in (torch.float32, torch.bfloat16)}
+    gemm = {str(dt).replace("torch.", ""): _matmul_ms(dt, rows=256, n=1024, reps=4)
+            for dt in (torch.float32, torch.bfloat16)}
+    out = {"bf16_faster": ms["bfloat16"] < 0.8 * ms["float32"],
+           "bf16_gemm_faster": gemm["bfloat16"] < gemm["float32"]}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"cpu": cpu, "bf16_faster": faster,
-                                   "ms": {str(k).replace("torch.", ""): v for k, v in ms.items()}}))
+        tmp.write_text(json.dumps({"cpu": cpu, **out, "ms": ms, "gemm_ms": gemm}))
         os.replace(tmp, path)
     except OSError:
         pass
-    if not faster:
+    if not out["bf16_faster"]:
         log.info("bf16 is not faster than fp32 on this CPU (%s): --dtype auto uses float32", cpu)
-    return faster
+    elif not out["bf16_gemm_faster"]:
+        log.info("bf16 matmuls over many rows are slower than fp32 on this CPU (%s): prefill runs in float32", cpu)
+    return out
+
+
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "avx_vnni")
+
+
+def cpu_features() -> list[str]:
+    """The vector extensions (of VECTOR_FLAGS) this CPU reports: what decides bf16/int8 speed."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in VECTOR_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
+def cpu_key() -> str:
+    """The CPU for calibration caches: its name and vector extensions (a name like "AMD EPYC" is
+    shared by cloud machines with and without AVX512-BF16)."""
+    return "|".join([cpu_name(), *cpu_features()])
 
 
 def cpu_name() -> str:
@@ -70,12 +112,13 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _matvec_ms(dtype: torch.dtype, n: int = 4096, reps: int = 12) -> float:
-    """Best-of time of a decode-shaped matmul ([4, n] x [n, n]: memory bound, like a pass)."""
+def _matmul_ms(dtype: torch.dtype, rows: int, n: int = 4096, reps: int = 12) -> float:
+    """Best-of time of x [rows, n] @ w [n, n]^T (4 rows: memory bound like a decode pass; hundreds:
+    compute bound like prefill)."""
     import time
 
     w = torch.randn(n, n).to(dtype)
-    x = torch.randn(4, n).to(dtype)
+    x = torch.randn(rows, n).to(dtype)
     best = float("inf")
     with torch.inference_mode():
         for _ in range(reps):
@@ -83,6 +126,15 @@ def _matvec_ms(dtype: torch.dtype, n: int = 4096, reps: int = 12) -> float:
             torch.nn.functional.linear(x, w)
             best = min(best, time.perf_counter() - t0)
     return best * 1000
+
+
+def pick_bulk_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype prefill chunks multiply in: the model's, except bf16 on a CPU whose bf16 matmuls
+    over many rows are slower than fp32 (weights and activations widened block by block, results
+    cast back: the same products, summed in float32 either way)."""
+    if device.type == "cpu" and dtype == torch.bfloat16 and not cpu_has_fast_bf16_gemm():
+        return torch.float32
+    return dtype
 
 
 def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
