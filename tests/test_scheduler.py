@@ -2,6 +2,7 @@
 and the engine thread's turns (core/scheduler.py). Interleaving must not change a single token."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -228,5 +229,32 @@ def test_a_cancelled_job_between_turns_does_not_hold_back_its_documents_request(
             sched.running = warm  # cancelled but computing now: A stays busy
             assert ask not in [sched._pick(time.monotonic(), reap=False)]
             sched.jobs, sched.running = [], None
+    finally:
+        sched.stop(30)
+
+
+def test_freed_heap_goes_back_once_idle_not_between_requests(target, code_ids, monkeypatch):
+    """After work, once the engine thread has been idle IDLE_TRIM_S, it trims the heap once (a
+    prefill's freed temporaries leave the RSS); requests that follow each other closer than that
+    (typing) are not interrupted by trims, and an idle daemon does not trim again."""
+    monkeypatch.setattr(scheduler_mod, "IDLE_TRIM_S", 0.3)
+    e = Engine(target)
+    sched = Scheduler(e)
+    trims: list[float] = []
+    sched.trim = lambda: trims.append(time.monotonic())
+    try:
+        time.sleep(0.6)
+        assert trims == []  # nothing ran yet: nothing to give back
+        ends = []
+        for i in range(4):  # back to back, 0.1 s apart
+            req = Request(prompt=code_ids[i * 40:i * 40 + 30], mode="ar", max_tokens=3, slot=f"s{i}")
+            sched.submit(lambda req=req: e.run(req), req.slot).result(30)
+            ends.append(time.monotonic())
+            time.sleep(0.1)
+        assert trims == []
+        time.sleep(1.0)
+        assert len(trims) == 1 and trims[0] - ends[-1] >= 0.3
+        time.sleep(0.7)
+        assert len(trims) == 1 and sched.stats["trims"] == 1
     finally:
         sched.stop(30)
