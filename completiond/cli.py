@@ -89,6 +89,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
     from .models import ModelError, draft_label, load, load_draft
     from .core.prompt import build_prompt
     from .core.verify import Sampling
+    from .service.protocol import prefill_dtype
     from .service.workspace import index_workspace
 
     try:
@@ -118,6 +119,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
             "target": target.name, "draft": draft_label(a.draft, draft, target),
             "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
             "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
+            "prefill_dtype": prefill_dtype(target),
             "stopped_by": res.stopped_by, "prompt_tokens": res.prompt_tokens,
             "accepted_by_depth": res.accepted_by_depth,
         }

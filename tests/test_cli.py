@@ -142,6 +142,45 @@ def test_quant_auto_by_device_and_dtype():
         pick_quant("int4", torch.device("cuda"), torch.bfloat16)
 
 
+def test_prefill_dtype_by_measured_bf16_speed(tmp_path, monkeypatch):
+    """Prefill chunks multiply in float32 on a CPU whose bf16 matmuls over many rows measured slower
+    (AVX2 only), in the model's dtype elsewhere; the measurement is cached per CPU name *and* vector
+    extensions (two machines both called "AMD EPYC" differ in AVX512-BF16), and reported with the rest."""
+    import torch
+
+    from completiond.models import device
+    from completiond.service.protocol import model_info
+
+    monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path))
+    cpu = torch.device("cpu")
+    calls = []
+
+    def fake_ms(dtype, rows, n=4096, reps=12):
+        calls.append(rows)
+        return {(4, torch.float32): 10.0, (4, torch.bfloat16): 6.0,  # decode: bf16 wins
+                (256, torch.float32): 5.0, (256, torch.bfloat16): 29.0}[(rows, dtype)]  # prefill: fp32 wins
+
+    monkeypatch.setattr(device, "_matmul_ms", fake_ms)
+    monkeypatch.setattr(device, "cpu_features", lambda: ["avx2"])
+    assert device.cpu_bf16() == {"bf16_faster": True, "bf16_gemm_faster": False}
+    assert device.pick_bulk_dtype(torch.bfloat16, cpu) == torch.float32
+    assert device.pick_bulk_dtype(torch.float32, cpu) == torch.float32
+    assert device.pick_bulk_dtype(torch.bfloat16, torch.device("cuda")) == torch.bfloat16
+    n = len(calls)
+    device.cpu_bf16()
+    assert len(calls) == n  # cached
+    monkeypatch.setattr(device, "cpu_features", lambda: ["avx2", "avx512f", "avx512_bf16"])
+    monkeypatch.setattr(device, "_matmul_ms", lambda dtype, rows, n=4096, reps=12: 1.0 if dtype == torch.bfloat16 else 3.0)
+    assert device.cpu_bf16() == {"bf16_faster": True, "bf16_gemm_faster": True}  # another CPU: measured again
+    assert device.pick_bulk_dtype(torch.bfloat16, cpu) == torch.bfloat16
+
+    class Target:
+        name, device, dtype, bulk_dtype, meta = "t", cpu, torch.bfloat16, torch.float32, {"quant": "int8"}
+
+    info = model_info(Target(), None)
+    assert info["dtype"] == "bfloat16" and info["prefill_dtype"] == "float32"
+
+
 @pytest.mark.parametrize("argv", [["bench", "--repo", ".", "--plot", "x.png"],
                                   ["train-draft", "eval", "--plot", "x.png"]])
 def test_plot_without_matplotlib_is_one_line_before_any_work(argv, monkeypatch, capsys):

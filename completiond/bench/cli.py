@@ -48,6 +48,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from ..flags import UsageError, check_plot
     from ..core.engine import MODES, Engine
     from ..models import ModelError, draft_label, load, load_draft
+    from ..service.protocol import prefill_dtype
     from .modes import run_modes
     from .peers import llama_cpp_available, run_llama_cpp, run_transformers
     from .report import details, plot, summarize_modes, summarize_peers
@@ -89,6 +90,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         "positions": len(prepared), "target": target.name, "draft": draft_label(a.draft, draft, target),
         "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
         "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
+        "prefill_dtype": prefill_dtype(target),
         "max_tokens": a.max_tokens, "pass_cost_ms": {str(k): round(v, 2) for k, v in costs.items()},
         # what one proposal of the draft costs (a draft model's pass, or the heads' steps), ms, recent average
         "draft_step_ms": round(p.step_ms.value, 3) if (p := engine.draft or engine.heads) is not None else None,

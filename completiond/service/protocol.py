@@ -349,7 +349,13 @@ class Lookup(Params):
 def model_info(target: Any, draft: Any) -> dict:
     """target, draft, device, dtype of loaded models (initialize, status, `complete --json`); no torch import."""
     return {"target": target.name, "draft": draft.name if draft is not None else None, "device": str(target.device),
-            "dtype": str(target.dtype).replace("torch.", ""), "quant": target.meta.get("quant", "none")}
+            "dtype": str(target.dtype).replace("torch.", ""), "quant": target.meta.get("quant", "none"),
+            "prefill_dtype": prefill_dtype(target)}
+
+
+def prefill_dtype(target: Any) -> str:
+    """What prefill chunks multiply in: the dtype, or float32 on CPUs with slow bf16 matmuls."""
+    return str(getattr(target, "bulk_dtype", None) or target.dtype).replace("torch.", "")
 
 
 @dataclass(frozen=True)
