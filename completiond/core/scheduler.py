@@ -40,9 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 MAX_WAIT_S = 5.0  # a job that waited this long for a turn gets the next one, and is not preempted in it
 PREEMPT_MS = 1000.0  # a prefill chunk stops for a new request only when its job has more work left than this
-# Idle this long after work, the engine thread hands freed heap back to the system (malloc_trim): a
-# prefill's temporaries, ~150 MB for the 0.5B, otherwise stay in the daemon's RSS. Not between
-# keystrokes: the next prefill would fault those pages in again.
+# Idle this long after work, the engine thread hands freed heap back to the system (malloc_trim):
+# a prefill's temporaries otherwise stay in the daemon's RSS (~130 MB after a cancelled rewrite in
+# the soak). Not between keystrokes: the next prefill would fault those pages in again.
 IDLE_TRIM_S = 1.0
 
 
@@ -121,17 +121,7 @@ class Scheduler:
 
         with torch.inference_mode():
             while True:
-                with self.cond:
-                    idle = False
-                    while not self.jobs and not self._stopping:
-                        if not self._worked:
-                            self.cond.wait()
-                        elif not self.cond.wait(IDLE_TRIM_S) and not self.jobs:
-                            self._worked, idle = False, True
-                            break
-                    if idle:
-                        self.stats["trims"] += 1
-                if idle:
+                if self._idle_after_work():
                     self.trim()  # outside the lock: a request arriving meanwhile is queued at once
                     continue
                 with self.cond:
@@ -146,6 +136,19 @@ class Scheduler:
                     self.running = job
                     pinned = {j.sequence for j in self.jobs if j.steps is not None and j is not job}
                 self._turn(job, pinned)
+
+    def _idle_after_work(self) -> bool:
+        """Wait for a job or a stop; True instead once the thread has sat IDLE_TRIM_S without one
+        after doing work (time to trim the heap)."""
+        with self.cond:
+            while not self.jobs and not self._stopping:
+                if not self._worked:
+                    self.cond.wait()
+                elif not self.cond.wait(IDLE_TRIM_S) and not self.jobs:
+                    self._worked = False
+                    self.stats["trims"] += 1
+                    return True
+            return False
 
     def _turn(self, job: Job, pinned: set) -> None:
         from .runner import Cancelled  # here: the daemon imports this module before torch is loaded

@@ -49,10 +49,10 @@ def cpu_bf16() -> dict:
 
     bf16_faster: a decode-shaped matmul ([4, n] x [n, n], memory bound). CPUs with AVX512-BF16/AMX
     run it about 2x faster than fp32 (half the bytes); CPUs without them often still win, since the
-    widening costs less than the bytes saved (an AVX2 EPYC: 6.6 vs 10.4 ms).
+    widening costs less than the bytes saved (an AVX2 EPYC: 6.8 vs 14.8 ms).
     bf16_gemm_faster: a prefill-shaped one ([256, n] x [n, n], compute bound). Without bf16 units
-    torch widens every product in software: 5x slower than fp32 on that AVX2 EPYC, where a
-    512-token prefill chunk of the 0.5B took 18 s in bf16. Prefill then widens the weights to fp32
+    torch widens every product in software: 5x slower than fp32 on that AVX2 EPYC, where the
+    0.5B prefilled 25 tokens/s in bf16 (benchmarks/results/prefill-cost-avx2.json). Prefill then widens the weights to fp32
     (`LoadedModel.bulk_dtype`).
     """
     cpu = cpu_key()
