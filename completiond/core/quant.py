@@ -2,7 +2,8 @@
 
 Schemes (weights only; activations keep the model's dtype, embeddings stay as they are):
 - int8: per-output-channel symmetric, w ~ q * s with q in [-127, 127], s = max|w_row| / 127;
-  run by `aten._weight_int8pack_mm(x [M, K], q [N, K] int8, s [N])` (s in x's dtype).
+  run by completiond's own kernel (`cpu_kernel.int8_mm`: float32 products, batch-invariant, AVX2)
+  where it builds, else by `aten._weight_int8pack_mm(x [M, K], q [N, K] int8, s [N])` (s in x's dtype).
 - int4: the MLP layers only (attention and the output layer stay int8, see INT4_KEEP_INT8 and
   `quantize`), group-wise asymmetric, groups of INT4_GROUP = 32 along K, w ~ (q - 8) * scale + zero with
   q in [0, 15] (the tinygemm convention the kernel uses); packed by
@@ -36,6 +37,8 @@ import threading
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import cpu_kernel
 
 SCHEMES = ("int8", "int4")
 INT4_GROUP = 32
@@ -139,6 +142,8 @@ class QuantLinear(nn.Module):
         dense = bulk_dtype(x2) if self.scheme == "int8" else None
         if dense is not None:
             y = dequantized_mm(x2, self.packed, self._scales(dense), dense)
+        elif self.scheme == "int8" and x2.device.type == "cpu" and cpu_kernel.library() is not None:
+            y = cpu_kernel.int8_mm(x2, self.packed, self._scales(torch.float32))
         elif self.scheme == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x2, self.packed, self._scales(x.dtype))
         else:

@@ -247,6 +247,10 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
 
         quantize(model, scheme)  # every linear layer and the output layer; embeddings stay bf16
     loaded.meta["quant"] = scheme
+    if scheme != "none" and dev.type == "cpu":
+        from ..core import cpu_kernel
+
+        loaded.meta["int8_kernel"] = cpu_kernel.name()
     if isinstance(where, Path) and where.resolve().is_relative_to(cache_root().resolve()):
         loaded.meta["embedding"] = "mapped" if map_embedding(model, where) else "in memory"
     if name == "default" and role == "draft":

@@ -84,16 +84,21 @@ def cpu_bf16() -> dict:
 VECTOR_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "avx_vnni")
 
 
-def cpu_features() -> list[str]:
-    """The vector extensions (of VECTOR_FLAGS) this CPU reports: what decides bf16/int8 speed."""
+def cpu_flags() -> set[str]:
+    """Every feature flag /proc/cpuinfo lists for the first CPU (empty where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                return [f for f in VECTOR_FLAGS if f in have]
+                return set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return []
+    return set()
+
+
+def cpu_features() -> list[str]:
+    """The vector extensions (of VECTOR_FLAGS) this CPU reports: what decides bf16/int8 speed."""
+    have = cpu_flags()
+    return [f for f in VECTOR_FLAGS if f in have]
 
 
 def cpu_key() -> str:

@@ -1,0 +1,115 @@
+"""completiond's own int8 kernel (core/int8_mm.c): batch invariance, accuracy, build and fallback."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from completiond.core import cpu_kernel, quant
+from completiond.core.quant import QuantLinear
+
+needs_kernel = pytest.mark.skipif(not cpu_kernel.wanted(), reason="no x86 CPU with AVX2 + FMA here")
+
+
+def operands(m: int, k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(m, k, generator=g), torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g),
+            torch.rand(n, generator=g) / 64)
+
+
+@needs_kernel
+@pytest.mark.parametrize("k,n", [(896, 200), (37, 19), (64, 16), (1003, 131)])  # K tails, N off the 16-blocks
+def test_rows_are_bit_identical_alone_and_in_any_batch(k, n):
+    """The property greedy identity rests on: a row's output does not depend on which rows share
+    the call (trees of 1..70 nodes, every tile shape of the kernel), bit for bit."""
+    assert cpu_kernel.library() is not None, "AVX2 + FMA and a compiler are here, but the kernel did not build"
+    x, q, s = operands(70, k, n)
+    whole = cpu_kernel.int8_mm(x, q, s)
+    for a, b in [(0, 1), (5, 6), (3, 10), (0, 64), (13, 70), (7, 9), (1, 4), (2, 5)]:
+        assert torch.equal(cpu_kernel.int8_mm(x[a:b], q, s), whole[a:b]), (a, b)
+
+
+@needs_kernel
+def test_thread_count_does_not_change_results():
+    x, q, s = operands(9, 896, 300)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu_kernel.int8_mm(x, q, s)
+        torch.set_num_threads(max(2, before))
+        assert torch.equal(cpu_kernel.int8_mm(x, q, s), one)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_the_dequantized_matmul(dtype):
+    """float32 products: within 1e-5 relative of a float64 reference (then the activations' rounding)."""
+    x, q, s = operands(11, 896, 520)
+    ref = (x.to(dtype).double() @ q.double().T) * s.double()
+    got = cpu_kernel.int8_mm(x.to(dtype), q, s)
+    assert got.dtype == dtype and got.shape == (11, 520)
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -8
+    assert ((got.double() - ref).abs() <= tol * ref.abs().max()).all()
+
+
+@needs_kernel
+def test_quant_linear_runs_it_and_strided_views_are_handled():
+    """QuantLinear's int8 decode path is this kernel (bias added); a fused layer's parts are views."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(96, 48, bias=True)
+    layer = QuantLinear.from_linear(lin, "int8")
+    x = torch.randn(3, 96)
+    want = cpu_kernel.int8_mm(x, layer.packed, layer.scales.float()) + layer.bias
+    assert torch.equal(layer(x), want)
+    parts = [QuantLinear.from_linear(torch.nn.Linear(96, n), "int8") for n in (32, 16)]
+    fused = QuantLinear.cat(parts)
+    assert torch.equal(fused(x)[:, 32:], parts[1](x))
+    xt = torch.randn(96, 3).T  # non-contiguous input
+    assert torch.equal(layer(xt), layer(xt.contiguous()))
+
+
+def test_build_is_cached_and_safe_from_two_processes(tmp_path):
+    """Two processes building into an empty folder at once both get the same library; a third reuses it."""
+    if not cpu_kernel.wanted():
+        pytest.skip("no x86 CPU with AVX2 + FMA here")
+    code = ("import sys; from pathlib import Path; from completiond.core import cpu_kernel; "
+            "print(cpu_kernel.build(Path(sys.argv[1])))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs) and outs[0] == outs[1]
+    built = [f for f in os.listdir(tmp_path)]
+    assert built == [os.path.basename(outs[0])]  # no temporary left behind
+    mtime = os.stat(outs[0]).st_mtime_ns
+    assert str(cpu_kernel.build(tmp_path)) == outs[0] and os.stat(outs[0]).st_mtime_ns == mtime
+
+
+def test_torch_kernel_when_asked(monkeypatch):
+    """COMPLETIOND_INT8_KERNEL=torch (or no AVX2/FMA, or no compiler) falls back to torch's kernel,
+    and a load reports which kernel runs."""
+    monkeypatch.setenv("COMPLETIOND_INT8_KERNEL", "torch")
+    assert not cpu_kernel.wanted()
+    code = ("import torch; from completiond.core import cpu_kernel, quant; "
+            "l = quant.QuantLinear.from_linear(torch.nn.Linear(64, 32), 'int8'); x = torch.randn(2, 64); "
+            "ref = torch.ops.aten._weight_int8pack_mm(x, l.packed, l.scales.float()) + l.bias; "
+            "assert torch.equal(l(x), ref); print(cpu_kernel.name())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COMPLETIOND_INT8_KERNEL": "torch"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "torch"
+
+
+def test_no_compiler_falls_back(tmp_path):
+    """A machine without a C compiler: the build says so, and the model runs torch's kernel."""
+    code = ("import sys; from pathlib import Path; from completiond.core import cpu_kernel\n"
+            "try:\n    cpu_kernel.build(Path(sys.argv[1]))\nexcept RuntimeError as e:\n    print(e)\n"
+            "print(cpu_kernel.name())")
+    env = {k: v for k, v in os.environ.items() if k != "CC"}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                         timeout=120, env={**env, "PATH": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["no C compiler (gcc or cc) on PATH", "torch"]
