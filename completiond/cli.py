@@ -119,7 +119,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
             "target": target.name, "draft": draft_label(a.draft, draft, target),
             "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
             "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
-            "prefill_dtype": prefill_dtype(target),
+            "prefill_dtype": prefill_dtype(target), "int8_kernel": target.meta.get("int8_kernel"),
             "stopped_by": res.stopped_by, "prompt_tokens": res.prompt_tokens,
             "accepted_by_depth": res.accepted_by_depth,
         }

@@ -127,6 +127,8 @@ def test_quantized_target_reported_in_json(capsys, src, tiny_dir):
     assert code == 0, err
     res = json.loads(out)
     assert res["quant"] == "int8" and res["backend"] == "lean" and res["dtype"] == "bfloat16"
+    from completiond.core import cpu_kernel
+    assert res["int8_kernel"] == cpu_kernel.name() and res["int8_kernel"] in ("completiond-avx2", "torch")
 
 
 def test_quant_auto_by_device_and_dtype():
@@ -136,7 +138,11 @@ def test_quant_auto_by_device_and_dtype():
 
     cpu = torch.device("cpu")
     assert pick_quant("auto", cpu, torch.bfloat16) == "int8"
-    assert pick_quant("auto", cpu, torch.float32) == "none"  # the low-bit kernels want bf16 activations
+    from completiond.core import cpu_kernel
+    # torch's int8 kernel wants bf16 activations; completiond's own runs float32 ones as fast
+    want = "int8" if cpu_kernel.library() is not None else "none"
+    assert pick_quant("auto", cpu, torch.float32) == want
+    assert pick_quant("auto", cpu, torch.float16) == "none"
     assert pick_quant("auto", torch.device("cuda"), torch.bfloat16) == "none"
     with pytest.raises(ModelError, match="CPU kernels only"):
         pick_quant("int4", torch.device("cuda"), torch.bfloat16)

@@ -90,7 +90,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         "positions": len(prepared), "target": target.name, "draft": draft_label(a.draft, draft, target),
         "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
         "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
-        "prefill_dtype": prefill_dtype(target),
+        "prefill_dtype": prefill_dtype(target), "int8_kernel": target.meta.get("int8_kernel"),
         "max_tokens": a.max_tokens, "pass_cost_ms": {str(k): round(v, 2) for k, v in costs.items()},
         # what one proposal of the draft costs (a draft model's pass, or the heads' steps), ms, recent average
         "draft_step_ms": round(p.step_ms.value, 3) if (p := engine.draft or engine.heads) is not None else None,

@@ -158,15 +158,22 @@ QUANTS = ("auto", "none", "int8", "int4")
 
 
 def pick_quant(quant: str, device: torch.device, dtype: torch.dtype) -> str:
-    """Weight-only quantization: auto = int8 on CPUs with fast bf16 (a decode pass reads half the bf16
-    bytes; the kernels want bf16 activations), none on CUDA and with float32 activations. int4
+    """Weight-only quantization: auto = int8 on CPU with bf16 activations (a decode pass reads half
+    the bf16 bytes), and with float32 ones where completiond's own int8 kernel runs (torch's wants
+    bf16 activations: its float32 path is slower than a dense float32 matmul); none on CUDA. int4
     (MLP layers group-32 int4 requantized from the GGUF's dequantized weights, attention and output
     layer int8) is faster still but measurably worse on the Q4_K_M models: selectable, not the
     default (README "Fast target pass")."""
     if quant not in QUANTS:
         raise ModelError(f"unknown quantization {quant!r}: use {', '.join(QUANTS)}")
     if quant == "auto":
-        return "int8" if device.type == "cpu" and dtype == torch.bfloat16 else "none"
+        if device.type != "cpu":
+            return "none"
+        if dtype == torch.bfloat16:
+            return "int8"
+        from ..core import cpu_kernel
+
+        return "int8" if dtype == torch.float32 and cpu_kernel.library() is not None else "none"
     if quant != "none" and device.type != "cpu":
         raise ModelError(f"--quant {quant} runs on CPU kernels only; use --quant none on {device.type}")
     return quant

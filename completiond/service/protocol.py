@@ -350,7 +350,9 @@ def model_info(target: Any, draft: Any) -> dict:
     """target, draft, device, dtype of loaded models (initialize, status, `complete --json`); no torch import."""
     return {"target": target.name, "draft": draft.name if draft is not None else None, "device": str(target.device),
             "dtype": str(target.dtype).replace("torch.", ""), "quant": target.meta.get("quant", "none"),
-            "prefill_dtype": prefill_dtype(target)}
+            "prefill_dtype": prefill_dtype(target),
+            # who runs int8 decode passes on CPU: "completiond-avx2" (core/int8_mm.c) or "torch"; None unquantized
+            "int8_kernel": target.meta.get("int8_kernel")}
 
 
 def prefill_dtype(target: Any) -> str:
