@@ -140,8 +140,9 @@ def test_quant_auto_by_device_and_dtype():
     assert pick_quant("auto", cpu, torch.bfloat16) == "int8"
     from completiond.core import cpu_kernel
     # torch's int8 kernel wants bf16 activations; completiond's own runs float32 ones as fast
-    want = "int8" if cpu_kernel.library() is not None else "none"
-    assert pick_quant("auto", cpu, torch.float32) == want
+    want = "int8" if cpu_kernel.enabled() else "none"
+    assert pick_quant("auto", cpu, torch.float32) == want  # float32 chosen by --dtype auto
+    assert pick_quant("auto", cpu, torch.float32, dtype_asked=True) == "none"  # --dtype float32: full precision
     assert pick_quant("auto", cpu, torch.float16) == "none"
     assert pick_quant("auto", torch.device("cuda"), torch.bfloat16) == "none"
     with pytest.raises(ModelError, match="CPU kernels only"):

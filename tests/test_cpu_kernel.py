@@ -57,8 +57,10 @@ def test_matches_the_dequantized_matmul(dtype):
 
 
 @needs_kernel
-def test_quant_linear_runs_it_and_strided_views_are_handled():
-    """QuantLinear's int8 decode path is this kernel (bias added); a fused layer's parts are views."""
+def test_quant_linear_runs_it_and_strided_views_are_handled(monkeypatch):
+    """QuantLinear's int8 decode path is this kernel where enabled (bias added); a fused layer's
+    parts are views."""
+    monkeypatch.setattr(cpu_kernel, "enabled", lambda: True)  # whatever this CPU's calibration chose
     torch.manual_seed(0)
     lin = torch.nn.Linear(96, 48, bias=True)
     layer = QuantLinear.from_linear(lin, "int8")
@@ -113,3 +115,28 @@ def test_no_compiler_falls_back(tmp_path):
                          timeout=120, env={**env, "PATH": str(tmp_path)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["no C compiler (gcc or cc) on PATH", "torch"]
+
+
+@needs_kernel
+def test_choice_between_kernels_is_measured_once_per_cpu(tmp_path, monkeypatch):
+    """enabled() rests on one timing per CPU (both kernels, a decode pass's shape), cached: a
+    second call reads the file instead of timing again."""
+    import json
+    monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path))
+    first = cpu_kernel.calibrate()
+    [path] = (tmp_path / "calibration").glob("int8-kernel-*.json")
+    saved = json.loads(path.read_text())
+    assert saved["ours_faster"] == first["ours_faster"] and set(saved["ms"]) == {"completiond", "torch"}
+    path.write_text(json.dumps({**saved, "ours_faster": not first["ours_faster"]}))
+    assert cpu_kernel.calibrate() == {"ours_faster": not first["ours_faster"]}
+
+
+def test_override_forces_completiond_kernel(tmp_path):
+    """COMPLETIOND_INT8_KERNEL=completiond skips the measurement (where the kernel builds)."""
+    if not cpu_kernel.wanted():
+        pytest.skip("no x86 CPU with AVX2 + FMA here")
+    code = "from completiond.core import cpu_kernel; print(cpu_kernel.name())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COMPLETIOND_INT8_KERNEL": "completiond", "COMPLETIOND_CACHE": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "completiond-avx2" and not (tmp_path / "calibration").exists()

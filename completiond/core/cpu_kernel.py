@@ -8,8 +8,12 @@ of torch's `_weight_int8pack_mm`, and tree rows reuse the widened weights (bench
 
 It is compiled once per CPU and compiler with the system's C compiler into the cache
 (`kernels/int8_mm-<hash>.so`, written atomically) and loaded with ctypes. Its OpenMP calls resolve
-to the libgomp torch has already loaded, so it shares torch's threads. Where there is no compiler,
-no AVX2/FMA, or COMPLETIOND_INT8_KERNEL=torch, `library()` is None and torch's kernel runs.
+to the libgomp torch has already loaded, so it shares torch's threads. Where there is no compiler
+or no AVX2/FMA, `library()` is None and torch's kernel runs. Where both run, `enabled()` takes
+ours only if it streams a decode pass's weights at least as fast as torch's on this CPU (measured
+once per CPU, cached beside the bf16 calibration: torch's kernel has AVX512 paths ours lacks).
+COMPLETIOND_INT8_KERNEL=torch|completiond overrides the measurement. The choice is made once per
+process: every pass of a model runs the same kernel, which greedy identity needs.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import json
 import logging
 import os
 import platform
@@ -26,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from ..models.device import cpu_flags
+from ..models.device import cpu_flags, cpu_key
 from ..paths import cache_root
 
 log = logging.getLogger(__name__)
@@ -37,7 +42,8 @@ NAME = "completiond-avx2"  # what status / --json report as the int8 kernel
 
 
 def wanted() -> bool:
-    """Whether this machine should run completiond's kernel (before trying to build it)."""
+    """Whether completiond's kernel can run here (before trying to build it): x86 with AVX2 + FMA,
+    and not COMPLETIOND_INT8_KERNEL=torch."""
     return (os.environ.get("COMPLETIOND_INT8_KERNEL", "auto") != "torch"
             and platform.machine().lower() in ("x86_64", "amd64") and {"avx2", "fma"} <= cpu_flags())
 
@@ -85,9 +91,59 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
+@functools.cache
+def enabled() -> bool:
+    """Whether int8 layers run completiond's kernel in this process (see the module docstring)."""
+    if library() is None:
+        return False
+    if os.environ.get("COMPLETIOND_INT8_KERNEL", "auto") == "completiond":
+        return True
+    return calibrate()["ours_faster"]
+
+
+def calibrate() -> dict:
+    """Both kernels on a decode pass's shape ([1 and 4 rows, 896] x [4864, 896] int8, 12 matrices
+    read in turn so that they come from memory, as a pass's do), measured once per CPU and cached."""
+    from ..paths import cache_root
+
+    cpu = cpu_key()
+    path = cache_root() / "calibration" / f"int8-kernel-{hashlib.sha1(cpu.encode()).hexdigest()[:12]}.json"
+    try:
+        return {"ours_faster": bool(json.loads(path.read_text())["ours_faster"])}
+    except (OSError, ValueError, KeyError):
+        pass
+    import time
+
+    g = torch.Generator().manual_seed(0)
+    mats = [(torch.randint(-127, 128, (4864, 896), dtype=torch.int8, generator=g), torch.rand(4864, generator=g))
+            for _ in range(12)]
+    runs = {"completiond": lambda x, q, sc: int8_mm(x, q, sc),
+            "torch": lambda x, q, sc: torch.ops.aten._weight_int8pack_mm(x, q, sc.to(x.dtype))}
+    best = {k: float("inf") for k in runs}
+    with torch.inference_mode():
+        for _ in range(4):
+            for k, run in runs.items():
+                t0 = time.perf_counter()
+                for rows in (1, 4):
+                    x = torch.randn(rows, 896, generator=g).bfloat16()
+                    for q, sc in mats:
+                        run(x, q, sc)
+                best[k] = min(best[k], (time.perf_counter() - t0) * 1000)
+    out = {"ours_faster": best["completiond"] <= best["torch"]}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"cpu": cpu, **out, "ms": best}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    log.info("int8 kernel on this CPU (%s): %s (%s)", cpu, "completiond's" if out["ours_faster"] else "torch's", best)
+    return out
+
+
 def name() -> str:
     """The int8 kernel decode passes run: NAME or "torch"."""
-    return NAME if library() is not None else "torch"
+    return NAME if enabled() else "torch"
 
 
 def int8_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -142,7 +142,7 @@ class QuantLinear(nn.Module):
         dense = bulk_dtype(x2) if self.scheme == "int8" else None
         if dense is not None:
             y = dequantized_mm(x2, self.packed, self._scales(dense), dense)
-        elif self.scheme == "int8" and x2.device.type == "cpu" and cpu_kernel.library() is not None:
+        elif self.scheme == "int8" and x2.device.type == "cpu" and cpu_kernel.enabled():
             y = cpu_kernel.int8_mm(x2, self.packed, self._scales(torch.float32))
         elif self.scheme == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x2, self.packed, self._scales(x.dtype))

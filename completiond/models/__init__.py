@@ -219,7 +219,7 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
 
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
-    scheme = pick_quant(quant, dev, dt)
+    scheme = pick_quant(quant, dev, dt, dtype_asked=dtype != "auto")
     where, name, gguf = resolve(spec, role, dev.type)
     hf_logging.disable_progress_bar()  # "Loading weights" on every start is noise; conversion keeps its bars
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
