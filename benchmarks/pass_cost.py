@@ -6,7 +6,8 @@ tree of n nodes with logits at every node, as verification does, and rolls it ba
 variants are interleaved rep by rep so that this shared machine's noise hits them alike; each cell
 is the median of at least --min-reps passes (no warm-up pass: the median drops the first call).
 Variants: backend (transformers / lean) x weights (bf16, fp32, int8, int4: weight-only, bf16
-activations, completiond.core.quant), plus the lean int8/int4 target with the exact cheap head.
+activations, completiond.core.quant), plus the lean int8/int4 target with the exact cheap head,
+and where completiond's int8 kernel runs, the lean int8 target on torch's kernel (before/after).
 
     python benchmarks/pass_cost.py --random-0.5b --threads 1 --clock cpu \
         --json benchmarks/results/pass-cost-random-0.5b.json --plot benchmarks/results/pass-cost-random-0.5b.png
@@ -16,6 +17,7 @@ activations, completiond.core.quant), plus the lean int8/int4 target with the ex
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import datetime
 import json
@@ -29,11 +31,27 @@ from pathlib import Path
 
 import torch
 
-from completiond.core import quant
+from completiond.core import cpu_kernel, quant
 from completiond.models import LoadedModel
 from completiond.core.runner import Runner
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
+TORCH_KERNEL = "lean/int8 (torch kernel)"  # int8 on aten._weight_int8pack_mm where completiond's kernel runs
+
+
+@contextlib.contextmanager
+def torch_kernel(on: bool):
+    """Run int8 layers on torch's kernel inside (only for this side-by-side: a real process picks
+    one kernel for good, which greedy identity needs)."""
+    if not on:
+        yield
+        return
+    saved = cpu_kernel.enabled
+    cpu_kernel.enabled = lambda: False
+    try:
+        yield
+    finally:
+        cpu_kernel.enabled = saved
 
 
 def random_05b() -> torch.nn.Module:
@@ -137,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             runners[f"{backend}/{weights}"] = Runner(lm, capacity=args.context + 256, backend=backend)
         if weights in quant.SCHEMES:
             runners[f"lean/{weights}+cheap-head"] = Runner(lm, capacity=args.context + 256, backend="lean", cheap_head=True)
+        if weights == "int8" and cpu_kernel.enabled():  # the same weights on torch's kernel, for before/after
+            runners[TORCH_KERNEL] = Runner(lm, capacity=args.context + 256, backend="lean")
     for r in runners.values():
         fill_cache(r, args.context)
 
@@ -149,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         for n in sizes:
             ids = torch.randint(0, bf16.config.vocab_size, (n,), generator=g).tolist()
             for v, r in runners.items():
-                t0 = clock()
-                logits = r.forward(ids, tree(n), range(n))
-                times[v][n].append((clock() - t0) * 1000)
+                with torch_kernel(v == TORCH_KERNEL):
+                    t0 = clock()
+                    logits = r.forward(ids, tree(n), range(n))
+                    times[v][n].append((clock() - t0) * 1000)
                 r.rollback(args.context)
                 kept[v][n].append(int(logits.isfinite().sum(-1).max()))
         print(f"rep {rep} done at {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
@@ -184,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python", *sys.argv]), "model": name, "cpu": cpu_info(),
         "context": args.context, "sizes": sizes, "tree": "node i under node (i-1)//2, logits at every node",
         "cache": "random K/V for the context (pass cost does not depend on the values)",
-        "quantization": {"int8": "per-output-channel symmetric, aten._weight_int8pack_mm",
+        "int8_kernel": cpu_kernel.name(), "torch_kernel_variant": TORCH_KERNEL,
+        "quantization": {"int8": f"per-output-channel symmetric, {cpu_kernel.name()} kernel",
                          "int4": f"group {quant.INT4_GROUP} asymmetric, aten._weight_int4pack_mm_for_cpu",
                          "activations": "bf16 (the model dtype); embeddings stay bf16"},
         "refine": "top-8 float32 refinement on (the target's setting)",
