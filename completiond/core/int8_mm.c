@@ -28,7 +28,7 @@ static inline __m256 widen8(const int8_t *p) {
 static inline __attribute__((always_inline)) void tile(int R, int C, const float *x, const int8_t *w,
                                                         const float *scale, int64_t K, float *y,
                                                         int64_t ldy) {
-    __m256 acc[4][8];
+    __m256 acc[6][8];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     int64_t k = 0;
@@ -69,6 +69,8 @@ void completiond_int8_mm(const float *x, const int8_t *w, const float *scale, fl
         int64_t n0 = b * NB, n1 = n0 + NB < N ? n0 + NB : N;
         int64_t m = 0;
         // the block's weights (NB x K bytes) stay in cache while every row block reads them
+        // tiles of 6 x 2, 4 x 2, 2 x 4, 1 x 8: 8-12 accumulators, within AVX2's 16 registers
+        for (; m + 6 <= M; m += 6) rows(6, 2, x, w, scale, K, N, y, m, n0, n1);
         for (; m + 4 <= M; m += 4) rows(4, 2, x, w, scale, K, N, y, m, n0, n1);
         for (; m + 2 <= M; m += 2) rows(2, 4, x, w, scale, K, N, y, m, n0, n1);
         for (; m < M; m++) rows(1, 8, x, w, scale, K, N, y, m, n0, n1);
