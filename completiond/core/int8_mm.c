@@ -35,7 +35,7 @@ static inline __attribute__((always_inline)) void tile(int R, int C, const float
     for (; k + 8 <= K; k += 8) {
         __m256 wv[8];
         // the tile's C rows are contiguous (C x K bytes): fetch the tile after next at the same pace,
-        // since rows of under 1 KB are too short for the hardware prefetcher to start (~1.8x here)
+        // since rows of under 1 KB are too short for the hardware prefetcher to start
         if ((k & 63) == 0)
             for (int c = 0; c < C; c++) _mm_prefetch((const char *)(w + 2 * C * K + k * C + c * 64), _MM_HINT_T0);
         for (int c = 0; c < C; c++) wv[c] = widen8(w + c * K + k);

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -55,30 +56,42 @@ def cpu_bf16() -> dict:
     0.5B prefilled 25 tokens/s in bf16 (benchmarks/results/prefill-cost-avx2.json). Prefill then widens the weights to fp32
     (`LoadedModel.bulk_dtype`).
     """
+    def measure() -> dict:
+        ms = {str(dt).replace("torch.", ""): _matmul_ms(dt, rows=4) for dt in (torch.float32, torch.bfloat16)}
+        gemm = {str(dt).replace("torch.", ""): _matmul_ms(dt, rows=256, n=1024, reps=4)
+                for dt in (torch.float32, torch.bfloat16)}
+        out = {"bf16_faster": ms["bfloat16"] < 0.8 * ms["float32"], "bf16_gemm_faster": gemm["bfloat16"] < gemm["float32"]}
+        if not out["bf16_faster"]:
+            log.info("bf16 is not faster than fp32 on this CPU (%s): --dtype auto uses float32", cpu_key())
+        elif not out["bf16_gemm_faster"]:
+            log.info("bf16 matmuls over many rows are slower than fp32 on this CPU (%s): prefill runs in float32",
+                     cpu_key())
+        return {**out, "ms": ms, "gemm_ms": gemm}
+
+    return calibrated("bf16", measure, ("bf16_faster", "bf16_gemm_faster"))
+
+
+def calibrated(kind: str, measure: Callable[[], dict], decisions: tuple[str, ...]) -> dict:
+    """A measurement of this CPU taken once and cached per CPU (`cpu_key`) in
+    calibration/<kind>-<hash>.json: returns the boolean `decisions` of what `measure()` returned
+    (the rest, its timings, stays in the file for the record). Written atomically; an unwritable
+    cache only means measuring again next time."""
     cpu = cpu_key()
-    path = cache_root() / "calibration" / f"bf16-{hashlib.sha1(cpu.encode()).hexdigest()[:12]}.json"
+    path = cache_root() / "calibration" / f"{kind}-{hashlib.sha1(cpu.encode()).hexdigest()[:12]}.json"
     try:
         got = json.loads(path.read_text())
-        return {"bf16_faster": bool(got["bf16_faster"]), "bf16_gemm_faster": bool(got["bf16_gemm_faster"])}
+        return {k: bool(got[k]) for k in decisions}
     except (OSError, ValueError, KeyError):
         pass
-    ms = {str(dt).replace("torch.", ""): _matmul_ms(dt, rows=4) for dt in (torch.float32, torch.bfloat16)}
-    gemm = {str(dt).replace("torch.", ""): _matmul_ms(dt, rows=256, n=1024, reps=4)
-            for dt in (torch.float32, torch.bfloat16)}
-    out = {"bf16_faster": ms["bfloat16"] < 0.8 * ms["float32"],
-           "bf16_gemm_faster": gemm["bfloat16"] < gemm["float32"]}
+    got = measure()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"cpu": cpu, **out, "ms": ms, "gemm_ms": gemm}))
+        tmp.write_text(json.dumps({"cpu": cpu, **got}))
         os.replace(tmp, path)
     except OSError:
         pass
-    if not out["bf16_faster"]:
-        log.info("bf16 is not faster than fp32 on this CPU (%s): --dtype auto uses float32", cpu)
-    elif not out["bf16_gemm_faster"]:
-        log.info("bf16 matmuls over many rows are slower than fp32 on this CPU (%s): prefill runs in float32", cpu)
-    return out
+    return {k: bool(got[k]) for k in decisions}
 
 
 VECTOR_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "avx_vnni")
