@@ -36,8 +36,15 @@ from ..paths import cache_root
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("int8_mm.c")
+SOURCES = [Path(__file__).with_name("int8_mm.c"), Path(__file__).with_name("qwen2_layer.c")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+# completiond_qwen2_layer(h, n, H, in_norm, post_norm, eps, wqkv, sqkv, bqkv, wo, so, wgu, sgu, inter,
+#   wd, sd, cos, sin, kc, vc, kv_bf16, cap, begin, keys, mask, heads, kv_heads, d, scale, work, threads)
+QWEN2_LAYER_ARGS = [_P, _I, _I, _P, _P, _F, _P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P,
+                    ctypes.c_int, _I, _I, _I, _P, _I, _I, _I, _F, _P, ctypes.c_int]
+# completiond_qwen2_work(n, H, inter, heads, kv_heads, d, keys, threads) -> floats of scratch
+QWEN2_WORK_ARGS = [_I] * 7 + [ctypes.c_int]
 NAME = "completiond-avx2"  # what status / --json report as the int8 kernel
 
 
@@ -53,12 +60,13 @@ def _compiler() -> str | None:
 
 
 def build(out_dir: Path | None = None) -> Path:
-    """Compile int8_mm.c (once per source, flags and compiler) and return the shared library's path."""
+    """Compile int8_mm.c and qwen2_layer.c into one library (once per sources, flags and compiler)
+    and return its path."""
     cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler (gcc or cc) on PATH")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha1("\0".join([SOURCE.read_text(), *FLAGS, version]).encode()).hexdigest()[:16]
+    key = hashlib.sha1("\0".join([*(src.read_text() for src in SOURCES), *FLAGS, version]).encode()).hexdigest()[:16]
     folder = out_dir or cache_root() / "kernels"
     so = folder / f"int8_mm-{key}.so"
     if so.exists():
@@ -66,9 +74,10 @@ def build(out_dir: Path | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{so.name}.{os.getpid()}.tmp"
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([cc, *FLAGS, "-o", str(tmp), *map(str, SOURCES)], capture_output=True, text=True,
+                              timeout=300)
         if done.returncode != 0:
-            raise RuntimeError(f"{cc} failed on {SOURCE.name}: {done.stderr.strip()[-500:]}")
+            raise RuntimeError(f"{cc} failed on {', '.join(s.name for s in SOURCES)}: {done.stderr.strip()[-500:]}")
         os.replace(tmp, so)  # atomic: a second process building at once replaces it with the same bytes
     finally:
         tmp.unlink(missing_ok=True)
@@ -88,6 +97,11 @@ def library() -> ctypes.CDLL | None:
     fn = lib.completiond_int8_mm
     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     fn.restype = None
+    layer = lib.completiond_qwen2_layer
+    layer.argtypes = QWEN2_LAYER_ARGS
+    layer.restype = None
+    work = lib.completiond_qwen2_work
+    work.argtypes, work.restype = QWEN2_WORK_ARGS, ctypes.c_int64
     return lib
 
 

@@ -52,9 +52,7 @@ class TreeKVCache(Cache):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         # key_states: [1, kv_heads, n, head_dim] for the n nodes of this pass.
         if layer_idx == len(self.k):
-            shape = (1, key_states.shape[1], self.capacity, key_states.shape[3])
-            self.k.append(key_states.new_zeros(shape))
-            self.v.append(value_states.new_zeros((*shape[:3], value_states.shape[3])))
+            self.buffers(layer_idx, key_states.shape[1], key_states.shape[3], key_states.dtype, key_states.device)
         n = key_states.shape[2]
         begin = self.length + self.pending
         end = begin + n
@@ -62,6 +60,16 @@ class TreeKVCache(Cache):
         self.v[layer_idx][:, :, begin:end] = value_states
         start = self.key_start[layer_idx] if layer_idx < len(self.key_start) else 0
         return self.k[layer_idx][:, :, start:end], self.v[layer_idx][:, :, start:end]
+
+    def buffers(self, layer_idx: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer layer_idx's K and V buffers [1, kv_heads, capacity, head_dim], made on first use
+        (layers in order). The native Qwen2 layer (lean.py) writes and reads them directly."""
+        if layer_idx == len(self.k):
+            shape = (1, kv_heads, self.capacity, head_dim)
+            self.k.append(torch.zeros(shape, dtype=dtype, device=device))
+            self.v.append(torch.zeros(shape, dtype=dtype, device=device))
+        return self.k[layer_idx], self.v[layer_idx]
 
     def keep(self, nodes: list[int]) -> None:
         """Commit the nodes of the last pass at these indices (ascending: a root-to-leaf path or chain)."""

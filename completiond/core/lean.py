@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .quant import QuantLinear, bulk_dtype, dequantized_mm
+from . import cpu_kernel
+from .quant import QuantLinear, bulk_dtype, dequantized_mm, is_bulk
 
 LEAN_MODEL_TYPES = {"gemma3_text", "qwen2"}
 
@@ -238,6 +239,9 @@ class LeanQwen2(_Lean):
             gate_up=fused(layer.mlp.gate_proj, layer.mlp.up_proj), down=fused(layer.mlp.down_proj))
             for layer in base.layers]
         self.norm = base.norm.weight
+        self.native = _native_layers(self)  # None: the torch ops below run every pass
+        self._rope32: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._work = torch.empty(0)  # the native layer's scratch (float32)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Qwen2's RMSNorm: normalised in float32, cast back, then scaled by the plain weight."""
@@ -247,6 +251,8 @@ class LeanQwen2(_Lean):
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, cache,
                  check: Callable[[], None] | None = None, **_) -> LeanOutput:
         n = input_ids.shape[1]
+        if self.native is not None and not is_bulk(n):  # prefill chunks stay dense (quant.bulk)
+            return self._native_pass(input_ids, position_ids, attention_mask, cache, check)
         h = F.embedding(input_ids, self.embed)  # [1, n, H]
         cos, sin = self.rope("full_attention", position_ids[0])
         attention_mask = self._fold(attention_mask)
@@ -258,6 +264,70 @@ class LeanQwen2(_Lean):
             gu = L.gate_up(self._norm(h, L.post_attn_norm))  # [1, n, 2 I]
             h = h + L.down(F.silu(gu[..., :self.inter]) * gu[..., self.inter:])
         return LeanOutput(self._norm(h, self.norm))
+
+
+    def _native_pass(self, input_ids, position_ids, attention_mask, cache, check) -> LeanOutput:
+        """Every layer in one C call (cpu_kernel's completiond_qwen2_layer): the residual stream in
+        float32 throughout, K/V stored in the cache's dtype as the torch path stores them."""
+        n, H, d = input_ids.shape[1], self.embed.shape[1], self.head_dim
+        h = F.embedding(input_ids[0], self.embed).float().contiguous()  # [n, H]
+        cos, sin = self.rope32(position_ids[0])  # [n, d] float32
+        mask = attention_mask[0, 0].contiguous().view(torch.uint8)  # [n, keys]: slot t visible to row r
+        begin = cache.length + cache.pending
+        if mask.shape != (n, begin + n):
+            raise ValueError(f"native layer: mask {tuple(mask.shape)} for {n} rows after {begin} slots")
+        lib, threads = cpu_kernel.library(), torch.get_num_threads()
+        need = lib.completiond_qwen2_work(n, H, self.inter, self.heads, self.kv_heads, d, begin + n, threads)
+        if self._work.numel() < need:  # one scratch buffer, grown as contexts grow
+            self._work = torch.empty(max(need, 2 * self._work.numel()))
+        for i, weights in enumerate(self.native):
+            if check is not None:
+                check()
+            k, v = cache.buffers(i, self.kv_heads, d, self.norm.dtype)
+            lib.completiond_qwen2_layer(
+                h.data_ptr(), n, H, *weights.args, cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(),
+                k.dtype == torch.bfloat16, k.shape[2], begin, begin + n, mask.data_ptr(), self.heads,
+                self.kv_heads, d, self.scaling, self._work.data_ptr(), threads)
+        normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return LeanOutput((self.norm * normed.to(self.norm.dtype))[None])
+
+    def rope32(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 cos, sin [n, head_dim] at these positions (the native layer's rotary tables)."""
+        top = int(pos.max()) + 1
+        if self._rope32 is None or top > self._rope32[0].shape[0]:
+            size = max(4096, 2 * top)
+            cos, sin = self.base.rotary_emb(torch.zeros(1), torch.arange(size, device=pos.device)[None])
+            self._rope32 = (cos[0].float().contiguous(), sin[0].float().contiguous())
+        return self._rope32[0][pos].contiguous(), self._rope32[1][pos].contiguous()
+
+
+class NativeWeights(NamedTuple):
+    """One Qwen2 layer as completiond_qwen2_layer takes it: `args` are the pointers and sizes after
+    (h, n, H); `keep` holds the tensors they point into (float32 norms, scales and bias)."""
+    args: tuple
+    keep: tuple
+
+
+def _native_layers(lean: LeanQwen2) -> list[NativeWeights] | None:
+    """The native layer's weights, where it can run: CPU, int8 weights on completiond's kernel for
+    every matmul of every layer, head size a multiple of 8 up to 256 (its attention's registers)."""
+    first = lean.layers[0].qkv if lean.layers else None
+    if (not isinstance(first, QuantLinear) or first.packed.device.type != "cpu" or lean.head_dim % 8
+            or lean.head_dim > 256 or not cpu_kernel.enabled()):
+        return None
+    out = []
+    for L in lean.layers:
+        mats = (L.qkv, L.o, L.gate_up, L.down)
+        if not all(isinstance(m, QuantLinear) and m.scheme == "int8" for m in mats) or any(
+                m.bias is not None for m in mats[1:]):
+            return None
+        bias = L.qkv.bias if L.qkv.bias is not None else torch.zeros(L.qkv.out_features)
+        keep = tuple(t.float().contiguous() for t in (L.in_norm, L.post_attn_norm, bias)) + tuple(
+            t for m in mats for t in (m.packed.contiguous(), m._scales(torch.float32).contiguous()))
+        in_norm, post_norm, b, wqkv, sqkv, wo, so, wgu, sgu, wd, sd = (t.data_ptr() for t in keep)
+        out.append(NativeWeights((in_norm, post_norm, lean.eps, wqkv, sqkv, b, wo, so, wgu, sgu, lean.inter, wd, sd),
+                                 keep))
+    return out
 
 
 def _gemma_gain(norm: nn.Module) -> torch.Tensor:

@@ -69,9 +69,14 @@ def bulk(dtype: torch.dtype | None = None):
         _bulk.on, _bulk.dtype = False, None
 
 
+def is_bulk(rows: int) -> bool:
+    """Whether a pass of this many rows runs dense (inside `bulk()`, more than BULK_ROWS rows)."""
+    return getattr(_bulk, "on", False) and rows > BULK_ROWS
+
+
 def bulk_dtype(x: torch.Tensor) -> torch.dtype | None:
     """Inside `bulk()` with more than BULK_ROWS rows: the dtype to multiply in; else None."""
-    if not getattr(_bulk, "on", False) or x.numel() <= BULK_ROWS * x.shape[-1]:
+    if not is_bulk(x.numel() // x.shape[-1]):
         return None
     return _bulk.dtype or x.dtype
 

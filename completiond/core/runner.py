@@ -221,7 +221,7 @@ class Runner:
         if not self.cheap_head and hidden.dtype != torch.float32 and len(hidden) and self.refine:
             top = logits.topk(self.refine, dim=-1).indices  # [n, k]
             rows = head_rows(head, top)  # [n, k, H]
-            exact = (rows @ hidden.float()[:, :, None]).squeeze(-1)
+            exact = (rows * hidden.float()[:, None, :]).sum(-1)  # not bmm: its sums depend on n
             if getattr(head, "bias", None) is not None:
                 exact = exact + head.bias[top].float()
             logits.scatter_(1, top, exact)

@@ -1,0 +1,287 @@
+// One Qwen2 decoder layer for decode and verify passes (a few rows), int8 weights, float32
+// activations, AVX2 + FMA: RMSNorm, q/k/v (+ bias), rotary, K/V into the cache, attention over the
+// cache, o, RMSNorm, gate/up, SiLU, down, both residual adds -- in one call instead of ~40 torch ops.
+//
+// Like int8_mm.c, every row's arithmetic is the same whatever the other rows of the call: norms and
+// dot products use one 8-lane accumulator and a fixed horizontal sum, elementwise loops run per
+// row, and a query attends over its visible keys only, in slot order (softmax sum and value sum in
+// that order). A tree node therefore sees exactly the keys, in the same order, that the same token
+// sees in a one-token pass once its ancestors are committed, and gets bit-identical outputs.
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+void completiond_int8_mm(const float *x, const int8_t *w, const float *scale, float *y, int64_t M,
+                         int64_t K, int64_t N, int threads);
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// e^x, 8 lanes (Cephes' expf: 2^n times a degree-7 polynomial; ~1 ulp), x clamped to [-87, 88].
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+// exp of v[0, len) in place; the tail goes through the same 8-lane code (padded), so each element's
+// result depends on its value only.
+static void exp_inplace(float *v, int64_t len) {
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) _mm256_storeu_ps(v + i, exp8(_mm256_loadu_ps(v + i)));
+    if (i < len) {
+        float pad[8] = {0};
+        memcpy(pad, v + i, (len - i) * sizeof(float));
+        _mm256_storeu_ps(pad, exp8(_mm256_loadu_ps(pad)));
+        memcpy(v + i, pad, (len - i) * sizeof(float));
+    }
+}
+
+// Cache rows [0, keys) of d values (bf16 or float32) as float32 at out (bf16 -> float32 is exact).
+static void widen_rows(const void *src, int bf16, int64_t keys, int64_t d, float *out) {
+    if (!bf16) {
+        memcpy(out, src, sizeof(float) * keys * d);
+        return;
+    }
+    const uint16_t *p = src;
+    for (int64_t i = 0; i + 8 <= keys * d; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(p + i));
+        _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+    }
+}
+
+static inline void store_cache(void *base, int64_t at, const float *src, int64_t len, int bf16) {
+    if (!bf16) {
+        memcpy((float *)base + at, src, len * sizeof(float));
+        return;
+    }
+    uint16_t *dst = (uint16_t *)base + at;
+    for (int64_t i = 0; i < len; i++) {  // round to nearest even, as torch's float -> bfloat16
+        uint32_t b;
+        memcpy(&b, src + i, 4);
+        dst[i] = (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    }
+}
+
+// out[r] = x[r] / rms(x[r]) * w for each of n rows of H.
+static void rms_norm(const float *x, const float *w, float *out, int64_t n, int64_t H, float eps) {
+    for (int64_t r = 0; r < n; r++) {
+        const float *xr = x + r * H;
+        __m256 acc = _mm256_setzero_ps();
+        int64_t k = 0;
+        for (; k + 8 <= H; k += 8) {
+            __m256 v = _mm256_loadu_ps(xr + k);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float ss = hsum8(acc);
+        for (; k < H; k++) ss += xr[k] * xr[k];
+        float inv = 1.0f / sqrtf(ss / (float)H + eps);
+        for (k = 0; k < H; k++) out[r * H + k] = (xr[k] * inv) * w[k];
+    }
+}
+
+// HF's rotate-half rotary on one head vector v [d] at one position's cos/sin [d].
+static inline void rotate(float *v, const float *c, const float *s, int64_t d) {
+    int64_t half = d / 2;
+    for (int64_t j = 0; j < half; j++) {
+        float a = v[j], b = v[j + half];
+        v[j] = a * c[j] - b * s[j];
+        v[j + half] = b * c[j + half] + a * s[j + half];
+    }
+}
+
+// Scores of Q queries (rows of q, stride d) against K keys (rows of k, stride d) into s [Q, K]:
+// each (query, key) is one 8-lane accumulation over d then hsum8, whatever tile computes it.
+static inline __attribute__((always_inline)) void score_tile(int QB, int KB, const float *q, const float *k,
+                                                              int64_t d, float scale, float *s, int64_t lds) {
+    __m256 acc[2][4];
+    for (int i = 0; i < QB; i++)
+        for (int t = 0; t < KB; t++) acc[i][t] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < d; j += 8) {
+        __m256 kv[4];
+        for (int t = 0; t < KB; t++) kv[t] = _mm256_loadu_ps(k + t * d + j);
+        for (int i = 0; i < QB; i++) {
+            __m256 qv = _mm256_loadu_ps(q + i * d + j);
+            for (int t = 0; t < KB; t++) acc[i][t] = _mm256_fmadd_ps(qv, kv[t], acc[i][t]);
+        }
+    }
+    for (int i = 0; i < QB; i++)
+        for (int t = 0; t < KB; t++) s[i * lds + t] = hsum8(acc[i][t]) * scale;
+}
+
+#define KEY_BLOCK 64  // keys per block: 16 KB of float32 keys (d = 64) stay in L1 for every query
+
+static void scores_of(const float *q, int64_t nq, const float *k, int64_t keys, int64_t d, float scale,
+                      float *s) {
+    for (int64_t t0 = 0; t0 < keys; t0 += KEY_BLOCK) {
+        int64_t t1 = t0 + KEY_BLOCK < keys ? t0 + KEY_BLOCK : keys;
+        int64_t i = 0;
+        for (; i + 2 <= nq; i += 2) {
+            int64_t t = t0;
+            for (; t + 4 <= t1; t += 4) score_tile(2, 4, q + i * d, k + t * d, d, scale, s + i * keys + t, keys);
+            for (; t < t1; t++) score_tile(2, 1, q + i * d, k + t * d, d, scale, s + i * keys + t, keys);
+        }
+        for (; i < nq; i++) {
+            int64_t t = t0;
+            for (; t + 4 <= t1; t += 4) score_tile(1, 4, q + i * d, k + t * d, d, scale, s + i * keys + t, keys);
+            for (; t < t1; t++) score_tile(1, 1, q + i * d, k + t * d, d, scale, s + i * keys + t, keys);
+        }
+    }
+}
+
+// Scores s [keys] (overwritten) -> softmax numerators e^(s - max) over the visible keys; returns
+// their sum, in slot order.
+static float softmax_weights(float *s, const uint8_t *vis, int64_t keys) {
+    float mx = -INFINITY;
+    for (int64_t t = 0; t < keys; t++)
+        if (vis[t] && s[t] > mx) mx = s[t];
+    for (int64_t t = 0; t < keys; t++) s[t] -= mx;  // masked keys may exceed 0: clamped in exp8, unused
+    exp_inplace(s, keys);
+    float sum = 0.0f;
+    for (int64_t t = 0; t < keys; t++)
+        if (vis[t]) sum += s[t];
+    return sum;
+}
+
+// acc[0, 8 CB) += p[t] v[t][0, 8 CB) for the visible keys t in [t0, t1), in slot order (v rows of
+// stride d). The running sums pass through memory between key blocks unchanged (float32 both ways).
+static inline __attribute__((always_inline)) void value_chunk(int CB, const float *p, const uint8_t *vis,
+                                                               const float *v, int64_t t0, int64_t t1,
+                                                               int64_t d, float *acc_mem) {
+    __m256 acc[8];
+    for (int j = 0; j < CB; j++) acc[j] = _mm256_loadu_ps(acc_mem + j * 8);
+    for (int64_t t = t0; t < t1; t++) {
+        if (!vis[t]) continue;
+        __m256 pt = _mm256_set1_ps(p[t]);
+        for (int j = 0; j < CB; j++) acc[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + t * d + j * 8), acc[j]);
+    }
+    for (int j = 0; j < CB; j++) _mm256_storeu_ps(acc_mem + j * 8, acc[j]);
+}
+
+// out [d] += sum over visible t in [t0, t1) of p[t] v[t]; d: a multiple of 8.
+static void add_values(const float *p, const uint8_t *vis, const float *v, int64_t t0, int64_t t1, int64_t d,
+                       float *out) {
+    int64_t c = 0;
+    for (; c + 64 <= d; c += 64) value_chunk(8, p, vis, v + c, t0, t1, d, out + c);
+    switch ((d - c) / 8) {
+        case 1: value_chunk(1, p, vis, v + c, t0, t1, d, out + c); break;
+        case 2: value_chunk(2, p, vis, v + c, t0, t1, d, out + c); break;
+        case 3: value_chunk(3, p, vis, v + c, t0, t1, d, out + c); break;
+        case 4: value_chunk(4, p, vis, v + c, t0, t1, d, out + c); break;
+        case 5: value_chunk(5, p, vis, v + c, t0, t1, d, out + c); break;
+        case 6: value_chunk(6, p, vis, v + c, t0, t1, d, out + c); break;
+        case 7: value_chunk(7, p, vis, v + c, t0, t1, d, out + c); break;
+    }
+}
+
+// h [n, H] (the residual stream, float32) goes through one layer in place.
+// Weights: int8 [N, K] row-major with float32 scales [N]; wqkv's rows are q (heads d), k, v
+// (kv_heads d each), bqkv their biases; wgu's rows are gate (inter) then up (inter).
+// Cache: kc / vc [kv_heads, cap, d] (bf16 when kv_bf16, else float32); this pass's rows go to slots
+// [begin, begin + n) and row r attends to slots t < keys where mask[r * keys + t].
+// cos / sin: [n, d] at the rows' positions.
+static int64_t attention_blocks(int64_t n, int64_t kv_heads, int threads) {
+    int64_t blocks = threads > kv_heads ? (threads + kv_heads - 1) / kv_heads : 1;
+    return blocks > n ? n : blocks;
+}
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// floats of scratch completiond_qwen2_layer needs (the caller keeps one buffer: fresh large
+// allocations per layer would fault their pages in on every call).
+int64_t completiond_qwen2_work(int64_t n, int64_t H, int64_t inter, int64_t heads, int64_t kv_heads,
+                               int64_t d, int64_t keys, int threads) {
+    int64_t nq = heads * d, nqkv = nq + 2 * kv_heads * d, blocks = attention_blocks(n, kv_heads, threads);
+    int64_t rows = (n + blocks - 1) / blocks, nqj = rows * (heads / kv_heads);
+    int64_t job = 2 * keys * d + nqj * (d + keys + 1);
+    return n * max64(H, inter) + n * max64(nqkv, 2 * inter) + n * nq + n * H + kv_heads * blocks * job;
+}
+
+void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_norm,
+                             const float *post_norm, float eps, const int8_t *wqkv,
+                             const float *sqkv, const float *bqkv, const int8_t *wo,
+                             const float *so, const int8_t *wgu, const float *sgu, int64_t inter,
+                             const int8_t *wd, const float *sd, const float *cos,
+                             const float *sin, void *kc, void *vc, int kv_bf16, int64_t cap,
+                             int64_t begin, int64_t keys, const uint8_t *mask, int64_t heads,
+                             int64_t kv_heads, int64_t d, float scale, float *work, int threads) {
+    int64_t nq = heads * d, nkv = kv_heads * d, nqkv = nq + 2 * nkv, g = heads / kv_heads;
+    float *x = work, *y = x + n * max64(H, inter), *a = y + n * max64(nqkv, 2 * inter), *y2 = a + n * nq;
+    float *jobs = y2 + n * H;
+
+    rms_norm(h, in_norm, x, n, H, eps);
+    completiond_int8_mm(x, wqkv, sqkv, y, n, H, nqkv, threads);
+    for (int64_t r = 0; r < n; r++) {
+        float *row = y + r * nqkv;
+        for (int64_t i = 0; i < nqkv; i++) row[i] += bqkv[i];
+        for (int64_t hd = 0; hd < heads + kv_heads; hd++) rotate(row + hd * d, cos + r * d, sin + r * d, d);
+        for (int64_t kv = 0; kv < kv_heads; kv++) {
+            store_cache(kc, (kv * cap + begin + r) * d, row + nq + kv * d, d, kv_bf16);
+            store_cache(vc, (kv * cap + begin + r) * d, row + nq + nkv + kv * d, d, kv_bf16);
+        }
+    }
+    // Attention: a job is one kv head and a block of rows (its g query heads each); it widens the
+    // head's keys and values once and scores its queries against all of them.
+    int elem = kv_bf16 ? 2 : 4;
+    int64_t blocks = attention_blocks(n, kv_heads, threads), rows = (n + blocks - 1) / blocks;
+    int64_t job_floats = 2 * keys * d + rows * g * (d + keys + 1);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t job = 0; job < kv_heads * blocks; job++) {
+        int64_t kv = job / blocks, r0 = n * (job % blocks) / blocks, r1 = n * (job % blocks + 1) / blocks;
+        int64_t nqj = (r1 - r0) * g;
+        // tiny softmax weights times values would be subnormal, ~100x slower per multiply-add on
+        // x86: flush them to zero in this thread for the job (deterministic: same inputs, same bits)
+        unsigned int csr = _mm_getcsr();
+        _mm_setcsr(csr | 0x8040);  // FTZ | DAZ
+        float *kf = jobs + job * job_floats;
+        float *vf = kf + keys * d, *qj = vf + keys * d, *s = qj + nqj * d, *sums = s + nqj * keys;
+        widen_rows((const char *)kc + kv * cap * d * elem, kv_bf16, keys, d, kf);
+        widen_rows((const char *)vc + kv * cap * d * elem, kv_bf16, keys, d, vf);
+        for (int64_t r = r0; r < r1; r++)  // query heads kv * g ... of each row, gathered
+            memcpy(qj + (r - r0) * g * d, y + r * nqkv + kv * g * d, sizeof(float) * g * d);
+        scores_of(qj, nqj, kf, keys, d, scale, s);
+        for (int64_t i = 0; i < nqj; i++) {  // qj becomes the running value sums
+            sums[i] = softmax_weights(s + i * keys, mask + (r0 + i / g) * keys, keys);
+            memset(qj + i * d, 0, sizeof(float) * d);
+        }
+        for (int64_t t0 = 0; t0 < keys; t0 += KEY_BLOCK) {  // a block of values stays in L1 for all queries
+            int64_t t1 = t0 + KEY_BLOCK < keys ? t0 + KEY_BLOCK : keys;
+            for (int64_t i = 0; i < nqj; i++)
+                add_values(s + i * keys, mask + (r0 + i / g) * keys, vf, t0, t1, d, qj + i * d);
+        }
+        for (int64_t i = 0; i < nqj; i++) {
+            float *out = a + (r0 + i / g) * nq + (kv * g + i % g) * d;
+            for (int64_t j = 0; j < d; j++) out[j] = qj[i * d + j] / sums[i];
+        }
+        _mm_setcsr(csr);
+    }
+    completiond_int8_mm(a, wo, so, y2, n, nq, H, threads);
+    for (int64_t i = 0; i < n * H; i++) h[i] += y2[i];
+
+    rms_norm(h, post_norm, x, n, H, eps);
+    completiond_int8_mm(x, wgu, sgu, y, n, H, 2 * inter, threads);
+    for (int64_t r = 0; r < n; r++) {  // silu(gate) * up = gate * up / (1 + e^-gate)
+        float *gate = y + r * 2 * inter, *up = gate + inter, *m = x + r * inter;
+        for (int64_t i = 0; i < inter; i++) m[i] = -gate[i];
+        exp_inplace(m, inter);
+        for (int64_t i = 0; i < inter; i++) m[i] = gate[i] / (1.0f + m[i]) * up[i];
+    }
+    completiond_int8_mm(x, wd, sd, y2, n, inter, H, threads);
+    for (int64_t i = 0; i < n * H; i++) h[i] += y2[i];
+}

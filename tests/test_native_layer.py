@@ -1,0 +1,128 @@
+"""The native Qwen2 layer (core/qwen2_layer.c): the same model as the torch ops it replaces, and a
+tree node bit-identical to the same token in a one-token pass (what greedy identity rests on)."""
+
+import pytest
+import torch
+
+import tiny
+from completiond.core import cpu_kernel
+from completiond.core.quant import quantize
+from completiond.core.runner import Runner
+
+needs_kernel = pytest.mark.skipif(not cpu_kernel.wanted(), reason="no x86 CPU with AVX2 + FMA here")
+PROMPT = list(range(5, 70))
+
+
+def runner(dtype: torch.dtype, hidden: int = 128, seed: int = 2) -> Runner:
+    lm = tiny.loaded(tiny.qwen2_config(layers=2, hidden=hidden), seed=seed, scale=4.0)
+    if dtype != torch.float32:
+        lm.model.to(dtype)
+        lm.dtype = dtype
+    quantize(lm.model, "int8")
+    r = Runner(lm, backend="lean")
+    assert r.base.native is not None, "int8 Qwen2 on completiond's kernel should run the native layer"
+    r.extend(PROMPT)
+    return r
+
+
+def one_token_passes(r: Runner, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and final hidden states of ids decoded one pass per token (committed as they go)."""
+    logits, hidden = [], []
+    for t in ids:
+        logits.append(r.forward([t], [-1], [0]))
+        hidden.append(r.last_hidden.clone())
+        r.keep([0])
+    r.rollback(len(PROMPT))
+    return torch.cat(logits), torch.cat(hidden)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tree_nodes_equal_one_token_passes_bit_for_bit(dtype):
+    r = runner(dtype)
+    # a tree: root 7, children 8 and 20, 9 below 8, 21 below 20, 10 below 9
+    ids, parents = [7, 8, 20, 9, 21, 10], [-1, 0, 0, 1, 2, 3]
+    tree = r.forward(ids, parents, range(len(ids)))
+    tree_hidden = r.last_hidden.clone()
+    r.rollback(len(PROMPT))
+    for path in ([0, 1, 3, 5], [0, 2, 4]):
+        logits, hidden = one_token_passes(r, [ids[i] for i in path])
+        assert torch.equal(tree[path], logits), path
+        assert torch.equal(tree_hidden[path], hidden), path
+
+
+@needs_kernel
+def test_appended_pass_and_committed_nodes_match():
+    """A draft growing its tree pass by pass (append=True), then keep: the next pass after the
+    kept nodes equals plain decoding."""
+    r = runner(torch.bfloat16)
+    first = r.forward([7, 8], [-1, 0], [0, 1])
+    second = r.forward([9, 30], [1, 0], [0, 1], append=True)  # 9 below 8, 30 below 7
+    r.keep([0, 1, 2])  # 7, 8, 9
+    after = r.forward([10], [-1], [0])
+    r.rollback(len(PROMPT))
+    plain, _ = one_token_passes(r, [7, 8, 9, 10])
+    assert torch.equal(first, plain[:2]) and torch.equal(second[:1], plain[2:3]) and torch.equal(after, plain[3:])
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 0.05)])
+def test_same_model_as_the_torch_ops(dtype, tol):
+    """Float32 throughout vs the torch path (bf16 rounds activations between ops there)."""
+    r = runner(dtype)
+    ids, parents = [7, 8, 9, 10, 11, 3, 4], [-1, 0, 1, 2, 3, 0, 5]
+    native = r.forward(ids, parents, range(len(ids)))
+    r.rollback(len(PROMPT))
+    saved, r.base.native = r.base.native, None
+    torch_ops = r.forward(ids, parents, range(len(ids)))
+    r.base.native = saved
+    scale = torch_ops.abs().max()
+    assert (native - torch_ops).abs().max() <= tol * scale
+    assert torch.equal(native.argmax(-1), torch_ops.argmax(-1))
+
+
+@needs_kernel
+def test_thread_count_does_not_change_results():
+    r = runner(torch.bfloat16)
+    ids, parents = list(range(20, 29)), [-1, 0, 1, 2, 3, 4, 0, 6, 7]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = r.forward(ids, parents, range(len(ids)))
+        r.rollback(len(PROMPT))
+        torch.set_num_threads(max(3, before))
+        assert torch.equal(r.forward(ids, parents, range(len(ids))), one)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_long_context_and_head_size_without_a_64_multiple():
+    """Head size 16 (the value sums' short tail), keys past several blocks of 64, a grown cache."""
+    lm_hidden = 64  # 4 heads of 16
+    r = runner(torch.bfloat16, hidden=lm_hidden, seed=5)
+    long = list(range(3, 300))
+    r.extend(PROMPT + long)
+    r.rollback(len(PROMPT) + len(long))
+    tree = r.forward([7, 8, 9], [-1, 0, 0], [0, 1, 2])
+    r.rollback(len(PROMPT) + len(long))
+    a = r.forward([7], [-1], [0])
+    r.keep([0])
+    b = r.forward([8], [-1], [0])
+    r.rollback(len(PROMPT) + len(long))
+    c = r.forward([7, 9], [-1, 0], [0, 1])
+    assert torch.equal(tree[0], a[0]) and torch.equal(tree[1], b[0]) and torch.equal(tree[2], c[1])
+
+
+def test_not_used_without_the_kernel(monkeypatch):
+    monkeypatch.setattr(cpu_kernel, "enabled", lambda: False)
+    lm = tiny.loaded(tiny.qwen2_config(layers=1), seed=1)
+    quantize(lm.model, "int8")
+    assert Runner(lm, backend="lean").base.native is None
+
+
+def test_not_used_for_int4_or_unquantized_models():
+    lm = tiny.loaded(tiny.qwen2_config(layers=1), seed=1)
+    assert Runner(lm, backend="lean").base.native is None
+    quantize(lm.model, "int4")
+    assert Runner(lm, backend="lean").base.native is None
