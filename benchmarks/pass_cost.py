@@ -7,7 +7,9 @@ variants are interleaved rep by rep so that this shared machine's noise hits the
 is the median of at least --min-reps passes (no warm-up pass: the median drops the first call).
 Variants: backend (transformers / lean) x weights (bf16, fp32, int8, int4: weight-only, bf16
 activations, completiond.core.quant), plus the lean int8/int4 target with the exact cheap head,
-and where completiond's int8 kernel runs, the lean int8 target on torch's kernel (before/after).
+and where completiond's int8 kernel runs, the lean int8 target on torch's kernel (before/after);
+where the native Qwen2 layer runs (lean/int8 then uses it), the same target as torch ops around
+completiond's kernel (before/after).
 
     python benchmarks/pass_cost.py --random-0.5b --threads 1 --clock cpu \
         --json benchmarks/results/pass-cost-random-0.5b.json --plot benchmarks/results/pass-cost-random-0.5b.png
@@ -37,6 +39,7 @@ from completiond.core.runner import Runner
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 TORCH_KERNEL = "lean/int8 (torch kernel)"  # int8 on aten._weight_int8pack_mm where completiond's kernel runs
+TORCH_OPS = "lean/int8 (torch ops)"  # completiond's kernel inside torch ops, where the native Qwen2 layer runs
 
 
 @contextlib.contextmanager
@@ -157,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             runners[f"lean/{weights}+cheap-head"] = Runner(lm, capacity=args.context + 256, backend="lean", cheap_head=True)
         if weights == "int8" and cpu_kernel.enabled():  # the same weights on torch's kernel, for before/after
             runners[TORCH_KERNEL] = Runner(lm, capacity=args.context + 256, backend="lean")
+        if weights == "int8" and getattr(runners["lean/int8"].base, "native", None) is not None:
+            runners[TORCH_OPS] = Runner(lm, capacity=args.context + 256, backend="lean")
+            runners[TORCH_OPS].base.native = None  # each layer as torch ops around the same kernel
     for r in runners.values():
         fill_cache(r, args.context)
 
@@ -205,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python", *sys.argv]), "model": name, "cpu": cpu_info(),
         "context": args.context, "sizes": sizes, "tree": "node i under node (i-1)//2, logits at every node",
         "cache": "random K/V for the context (pass cost does not depend on the values)",
-        "int8_kernel": cpu_kernel.name(), "torch_kernel_variant": TORCH_KERNEL,
+        "int8_kernel": cpu_kernel.name(), "torch_kernel_variant": TORCH_KERNEL, "torch_ops_variant": TORCH_OPS,
+        "native_layer": "lean/int8 runs each Qwen2 layer in one C call (core/qwen2_layer.c) where "
+                        f"{TORCH_OPS} is listed",
         "quantization": {"int8": f"per-output-channel symmetric, {cpu_kernel.name()} kernel",
                          "int4": f"group {quant.INT4_GROUP} asymmetric, aten._weight_int4pack_mm_for_cpu",
                          "activations": "bf16 (the model dtype); embeddings stay bf16"},

@@ -251,7 +251,7 @@ class LeanQwen2(_Lean):
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, cache,
                  check: Callable[[], None] | None = None, **_) -> LeanOutput:
         n = input_ids.shape[1]
-        if self.native is not None and not is_bulk(n):  # prefill chunks stay dense (quant.bulk)
+        if self.native is not None and n and not is_bulk(n):  # prefill chunks stay dense (quant.bulk)
             return self._native_pass(input_ids, position_ids, attention_mask, cache, check)
         h = F.embedding(input_ids, self.embed)  # [1, n, H]
         cos, sin = self.rope("full_attention", position_ids[0])

@@ -198,7 +198,7 @@ static void add_values(const float *p, const uint8_t *vis, const float *v, int64
 // cos / sin: [n, d] at the rows' positions.
 static int64_t attention_blocks(int64_t n, int64_t kv_heads, int threads) {
     int64_t blocks = threads > kv_heads ? (threads + kv_heads - 1) / kv_heads : 1;
-    return blocks > n ? n : blocks;
+    return blocks > n ? (n > 0 ? n : 1) : blocks;
 }
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
