@@ -6,6 +6,9 @@ each node exactly what a one-token pass gives that token (greedy speculation sta
 plain decoding). On the 2-core AVX2 EPYC a pass's int8 matmuls take 0.50-0.58x the time of torch's
 `_weight_int8pack_mm` at 1-64 rows (benchmarks/int8_kernel.py); tree rows reuse the widened weights.
 
+`qwen2_layer.c`, in the same library, runs a whole int8 Qwen2 decoder layer of a decode or verify pass
+on it (lean.LeanQwen2's native path), with the same property.
+
 It is compiled once per CPU and compiler with the system's C compiler into the cache
 (`kernels/int8_mm-<hash>.so`, written atomically) and loaded with ctypes. Its OpenMP calls resolve
 to the libgomp torch has already loaded, so it shares torch's threads. Where there is no compiler

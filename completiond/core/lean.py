@@ -7,6 +7,10 @@ the matmuls, which this forward fuses: q/k/v (with their biases, Qwen2) and gate
 each. Every matmul goes through a `Linear`: a dense one, or a `quant.QuantLinear` when the model was
 quantized (completiond.core.quant), fused the same way. tests/test_runner.py holds its logits to
 transformers' within 1e-5 in fp32 on trees, appended passes and past the sliding window.
+
+An int8 Qwen2 on completiond's kernel runs each layer of a decode/verify pass as one C call instead
+(`qwen2_layer.c` via cpu_kernel: float32 activations, bit-identical between tree and one-token passes;
+tests/test_native_layer.py); prefill chunks keep the torch ops and their dense matmuls.
 """
 
 from __future__ import annotations
