@@ -269,7 +269,6 @@ class LeanQwen2(_Lean):
             h = h + L.down(F.silu(gu[..., :self.inter]) * gu[..., self.inter:])
         return LeanOutput(self._norm(h, self.norm))
 
-
     def _native_pass(self, input_ids, position_ids, attention_mask, cache, check) -> LeanOutput:
         """Every layer in one C call (cpu_kernel's completiond_qwen2_layer): the residual stream in
         float32 throughout, K/V stored in the cache's dtype as the torch path stores them."""
