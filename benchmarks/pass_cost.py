@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             runners[f"lean/{weights}+cheap-head"] = Runner(lm, capacity=args.context + 256, backend="lean", cheap_head=True)
         if weights == "int8" and cpu_kernel.enabled():  # the same weights on torch's kernel, for before/after
             runners[TORCH_KERNEL] = Runner(lm, capacity=args.context + 256, backend="lean")
+            runners[TORCH_KERNEL].base.native = None  # the native layer would call completiond's kernel
         if weights == "int8" and getattr(runners["lean/int8"].base, "native", None) is not None:
             runners[TORCH_OPS] = Runner(lm, capacity=args.context + 256, backend="lean")
             runners[TORCH_OPS].base.native = None  # each layer as torch ops around the same kernel
