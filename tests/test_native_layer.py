@@ -99,8 +99,7 @@ def test_thread_count_does_not_change_results():
 @needs_kernel
 def test_long_context_and_head_size_without_a_64_multiple():
     """Head size 16 (the value sums' short tail), keys past several blocks of 64, a grown cache."""
-    lm_hidden = 64  # 4 heads of 16
-    r = runner(torch.bfloat16, hidden=lm_hidden, seed=5)
+    r = runner(torch.bfloat16, hidden=64, seed=5)  # 4 heads of 16
     long = list(range(3, 300))
     r.extend(PROMPT + long)
     r.rollback(len(PROMPT) + len(long))

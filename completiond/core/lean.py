@@ -133,20 +133,25 @@ class _Lean:
         self.inter = cfg.intermediate_size
         self.embed = base.embed_tokens.weight
         self.types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers)
-        self._rope: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rope: dict[tuple[str, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _rotary_table(self, layer_type: str, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.base.rotary_emb(self.embed.new_zeros(1), positions[None])
+    def _rotary_table(self, layer_type: str, positions: torch.Tensor, like: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.base.rotary_emb(like, positions[None])
 
-    def rope(self, layer_type: str, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [1, 1, n, head_dim] at these positions, from a table that grows as positions do."""
-        cos, sin = self._rope.get(layer_type, (None, None))
+    def rope(self, layer_type: str, pos: torch.Tensor, dtype: torch.dtype | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [1, 1, n, head_dim] at these positions in `dtype` (default the model's), from a
+        table that grows as positions do."""
+        dtype = dtype or self.embed.dtype
+        cos, sin = self._rope.get((layer_type, dtype), (None, None))
         top = int(pos.max()) + 1
         if cos is None or top > cos.shape[0]:
             size = max(4096, 2 * top)
-            cos, sin = self._rotary_table(layer_type, torch.arange(size, device=pos.device))
-            cos, sin = cos[0], sin[0]  # [size, head_dim] in the model's dtype
-            self._rope[layer_type] = (cos, sin)
+            like = self.embed.new_zeros(1, dtype=dtype)
+            cos, sin = self._rotary_table(layer_type, torch.arange(size, device=pos.device), like)
+            cos, sin = cos[0], sin[0]  # [size, head_dim]
+            self._rope[(layer_type, dtype)] = (cos, sin)
         return cos[pos][None, None], sin[pos][None, None]
 
     def _split(self, qkv: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -205,8 +210,8 @@ class LeanGemma3(_Lean):
             post_ff_norm=_gemma_gain(layer.post_feedforward_layernorm)) for layer in base.layers]
         self.norm = _gemma_gain(base.norm)
 
-    def _rotary_table(self, layer_type, positions):
-        return self.base.rotary_emb(self.embed.new_zeros(1), positions[None], layer_type)
+    def _rotary_table(self, layer_type, positions, like):
+        return self.base.rotary_emb(like, positions[None], layer_type)
 
     def _norm(self, x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
         """Gemma's RMSNorm: scaled by the float32 gain before the cast back."""
@@ -244,7 +249,6 @@ class LeanQwen2(_Lean):
             for layer in base.layers]
         self.norm = base.norm.weight
         self.native = _native_layers(self)  # None: the torch ops below run every pass
-        self._rope32: tuple[torch.Tensor, torch.Tensor] | None = None
         self._work = torch.empty(0)  # the native layer's scratch (float32)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -274,7 +278,7 @@ class LeanQwen2(_Lean):
         float32 throughout, K/V stored in the cache's dtype as the torch path stores them."""
         n, H, d = input_ids.shape[1], self.embed.shape[1], self.head_dim
         h = F.embedding(input_ids[0], self.embed).float().contiguous()  # [n, H]
-        cos, sin = self.rope32(position_ids[0])  # [n, d] float32
+        cos, sin = (t[0, 0] for t in self.rope("full_attention", position_ids[0], torch.float32))  # [n, d]
         mask = attention_mask[0, 0].contiguous().view(torch.uint8)  # [n, keys]: slot t visible to row r
         begin = cache.length + cache.pending
         if mask.shape != (n, begin + n):
@@ -293,15 +297,6 @@ class LeanQwen2(_Lean):
                 self.kv_heads, d, self.scaling, self._work.data_ptr(), threads)
         normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return LeanOutput((self.norm * normed.to(self.norm.dtype))[None])
-
-    def rope32(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 cos, sin [n, head_dim] at these positions (the native layer's rotary tables)."""
-        top = int(pos.max()) + 1
-        if self._rope32 is None or top > self._rope32[0].shape[0]:
-            size = max(4096, 2 * top)
-            cos, sin = self.base.rotary_emb(torch.zeros(1), torch.arange(size, device=pos.device)[None])
-            self._rope32 = (cos[0].float().contiguous(), sin[0].float().contiguous())
-        return self._rope32[0][pos].contiguous(), self._rope32[1][pos].contiguous()
 
 
 class NativeWeights(NamedTuple):

@@ -190,12 +190,6 @@ static void add_values(const float *p, const uint8_t *vis, const float *v, int64
     }
 }
 
-// h [n, H] (the residual stream, float32) goes through one layer in place.
-// Weights: int8 [N, K] row-major with float32 scales [N]; wqkv's rows are q (heads d), k, v
-// (kv_heads d each), bqkv their biases; wgu's rows are gate (inter) then up (inter).
-// Cache: kc / vc [kv_heads, cap, d] (bf16 when kv_bf16, else float32); this pass's rows go to slots
-// [begin, begin + n) and row r attends to slots t < keys where mask[r * keys + t].
-// cos / sin: [n, d] at the rows' positions.
 static int64_t attention_blocks(int64_t n, int64_t kv_heads, int threads) {
     int64_t blocks = threads > kv_heads ? (threads + kv_heads - 1) / kv_heads : 1;
     return blocks > n ? (n > 0 ? n : 1) : blocks;
@@ -203,16 +197,27 @@ static int64_t attention_blocks(int64_t n, int64_t kv_heads, int threads) {
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+// floats one attention job uses: its kv head's keys and values widened, its queries (later their
+// value sums), their scores and softmax sums (rows: the most rows a job takes, g: queries per kv head)
+static int64_t job_floats(int64_t keys, int64_t d, int64_t rows, int64_t g) {
+    return 2 * keys * d + rows * g * (d + keys + 1);
+}
+
 // floats of scratch completiond_qwen2_layer needs (the caller keeps one buffer: fresh large
 // allocations per layer would fault their pages in on every call).
 int64_t completiond_qwen2_work(int64_t n, int64_t H, int64_t inter, int64_t heads, int64_t kv_heads,
                                int64_t d, int64_t keys, int threads) {
     int64_t nq = heads * d, nqkv = nq + 2 * kv_heads * d, blocks = attention_blocks(n, kv_heads, threads);
-    int64_t rows = (n + blocks - 1) / blocks, nqj = rows * (heads / kv_heads);
-    int64_t job = 2 * keys * d + nqj * (d + keys + 1);
+    int64_t job = job_floats(keys, d, (n + blocks - 1) / blocks, heads / kv_heads);
     return n * max64(H, inter) + n * max64(nqkv, 2 * inter) + n * nq + n * H + kv_heads * blocks * job;
 }
 
+// h [n, H] (the residual stream, float32) goes through one layer in place.
+// Weights: int8 [N, K] row-major with float32 scales [N]; wqkv's rows are q (heads d), k, v
+// (kv_heads d each), bqkv their biases; wgu's rows are gate (inter) then up (inter).
+// Cache: kc / vc [kv_heads, cap, d] (bf16 when kv_bf16, else float32); this pass's rows go to slots
+// [begin, begin + n) and row r attends to slots t < keys where mask[r * keys + t].
+// cos / sin: [n, d] at the rows' positions.
 void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_norm,
                              const float *post_norm, float eps, const int8_t *wqkv,
                              const float *sqkv, const float *bqkv, const int8_t *wo,
@@ -239,17 +244,17 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
     // Attention: a job is one kv head and a block of rows (its g query heads each); it widens the
     // head's keys and values once and scores its queries against all of them.
     int elem = kv_bf16 ? 2 : 4;
-    int64_t blocks = attention_blocks(n, kv_heads, threads), rows = (n + blocks - 1) / blocks;
-    int64_t job_floats = 2 * keys * d + rows * g * (d + keys + 1);
+    int64_t blocks = attention_blocks(n, kv_heads, threads);
+    int64_t job_size = job_floats(keys, d, (n + blocks - 1) / blocks, g);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t job = 0; job < kv_heads * blocks; job++) {
         int64_t kv = job / blocks, r0 = n * (job % blocks) / blocks, r1 = n * (job % blocks + 1) / blocks;
         int64_t nqj = (r1 - r0) * g;
-        // tiny softmax weights times values would be subnormal, ~100x slower per multiply-add on
-        // x86: flush them to zero in this thread for the job (deterministic: same inputs, same bits)
+        // tiny softmax weights times values would be subnormal, which x86 multiplies slowly: flush
+        // them to zero in this thread for the job (deterministic: same inputs, same bits)
         unsigned int csr = _mm_getcsr();
         _mm_setcsr(csr | 0x8040);  // FTZ | DAZ
-        float *kf = jobs + job * job_floats;
+        float *kf = jobs + job * job_size;
         float *vf = kf + keys * d, *qj = vf + keys * d, *s = qj + nqj * d, *sums = s + nqj * keys;
         widen_rows((const char *)kc + kv * cap * d * elem, kv_bf16, keys, d, kf);
         widen_rows((const char *)vc + kv * cap * d * elem, kv_bf16, keys, d, vf);
