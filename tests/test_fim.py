@@ -1,10 +1,11 @@
 """Fill-in-the-middle as Qwen2.5-Coder was trained: prompt layout, repository context, stops, end tokens."""
 
 import pytest
+import torch
 
 import tiny
 from completiond.core.engine import Engine, Request
-from completiond.core.prompt import ContextFile, build_prompt, fim_tokens
+from completiond.core.prompt import ContextFile, build_prompt, extend_middle, fim_tokens
 from completiond.core.stops import StopRules
 
 TEXT = "import util\n\ndef area(r):\n    return 3.14 * r * r\n\n\ndef main():\n    print(area(2))\n"
@@ -156,11 +157,47 @@ def test_healed_completion_hides_the_text_the_editor_shows():
     assert res.text == full[len(p.heal.text):][:cut]
 
 
-def test_no_healing_in_indentation():
+def test_after_indentation_the_first_token_is_code():
+    """A cursor after a line's indentation keeps its prompt (the prefix ends with the indentation,
+    as FIM training cuts it) and forbids first tokens that start with a blank: the completion may
+    not add a second indentation."""
     tok = tiny.qwen_tokenizer()
-    text = "def f():\n    x = 1\n    \n"
-    assert build_prompt(tok, text, text.index("    \n") + 4).heal is None  # cursor after indentation only
-    assert build_prompt(tok, text, text.index("= 1") + 2).heal is not None  # after "= ": healed
+    text = "def f():\n    x = 1\n    \n\tpass\n"
+    at = text.index("    \n") + 4
+    p = build_prompt(tok, text, at)
+    assert p.heal.text == ""
+    assert tok.decode(p.ids).startswith("<|fim_prefix|>" + text[:at] + "<|fim_suffix|>")
+    assert not any(tok.decode([i])[:1] in (" ", "\t") for i in p.heal.allowed)
+    assert tok.encode("x", add_special_tokens=False)[0] in p.heal.allowed
+    assert tok.convert_tokens_to_ids("<|endoftext|>") in p.heal.allowed  # it may still end at once
+    assert build_prompt(tok, text, text.index("\tpass") + 1).heal.text == ""  # a tab too
+    assert build_prompt(tok, text, text.index("= 1") + 2).heal.text == " "  # after "= ": the " " token healed
+    assert build_prompt(tok, text, text.index("\n    x") + 1).heal is None  # line start: no constraint
+    # typed Enter and the editor's indentation after the prompt was built: the same constraint
+    ids, heal = extend_middle(tok, [1, 2], "x = 1\n    ", heal_last=False)
+    assert ids == [1, 2] + tok.encode("x = 1\n    ", add_special_tokens=False) and heal is p.heal
+    assert extend_middle(tok, [1, 2], "x = 1\n", heal_last=False)[1] is None
+
+
+def test_after_indentation_the_engine_takes_the_best_code_token():
+    """The first token is the target's argmax over the allowed tokens, in every mode, where the
+    unconstrained argmax is a blank (the output row of a blank token is made twice the winner's)."""
+    target = tiny.loaded(tiny.qwen2_config(), seed=3, scale=4.0)
+    tok, engine = target.tokenizer, Engine(target)
+    text = "def f(x):\n    y = x\n    \n"
+    p = build_prompt(tok, text, text.rindex("    \n") + 4, multiline=True)
+    logits = engine.runner.extend(p.ids)
+    top = int(logits.argmax())
+    blank = tok.encode("    ", add_special_tokens=False)[0]
+    assert tok.decode([top])[:1] not in (" ", "\t") and float(logits[top]) > 0
+    with torch.no_grad():
+        head = target.model.get_output_embeddings().weight
+        head[blank] = 2 * head[top]
+    engine = Engine(target)
+    assert engine.complete(Request(prompt=p.ids, mode="ar", max_tokens=1)).token_ids == [blank]
+    for mode in ("ar", "pld", "combined"):
+        res = engine.complete(Request(prompt=p.ids, mode=mode, max_tokens=4, heal=p.heal))
+        assert res.token_ids[:1] == [top], mode
 
 
 def test_fim_completions_may_close_brackets_the_suffix_lacks():

@@ -79,6 +79,11 @@ def test_cli_complete_default_models(capsys, tmp_path):
     assert res["target"] == "qwen2.5-coder-0.5b" and res["mode"] == "combined"
     assert res["draft"].startswith("none (") and res["device"] == "cpu"
     assert res["text"].strip() == "main()", res["text"]
+    # an editor that indents after Enter: the cursor follows "    ", the completion adds no indentation
+    f.write_text("import sys\n\n\ndef main():\n    print(sys.argv)\n\n\nif __name__ == \"__main__\":\n    \n")
+    assert cli.main(["complete", str(f), "--line", "9", "--col", "5", "--json", "--max-tokens", "16",
+                     "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] == "main()"
 
 
 @pytest.fixture(scope="module")

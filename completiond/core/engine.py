@@ -244,7 +244,7 @@ class Engine:
         st.reused = min(self.runner.common_prefix(req.prompt), len(req.prompt) - 1)
         # typed-through: the prompt extends an earlier greedy prompt by a prefix of what the target
         # verified after it, so the rest of those tokens is the greedy continuation: no pass for them
-        hit = (self.typed.lookup(req.prompt, req.heal.allowed if req.heal else None)
+        hit = (self.typed.lookup(req.prompt, req.heal)
                if req.sampling.greedy and req.typed_through and req.reuse_prefix else None)
         served = hit[0].tokens[hit[1]:] if hit else []
         try:
@@ -296,7 +296,7 @@ class Engine:
             yield self._left_ms(st, len(req.prompt) - self.runner.length)
         if req.heal is not None:  # only tokens that start with the healed text may come first
             allowed = torch.full_like(logits, float("-inf"))
-            allowed[req.heal.allowed] = 0.0
+            allowed[req.heal.allowed_ids()] = 0.0
             logits = logits + allowed
         st.emit([sample(logits, req.sampling, st.gen)], first=True)
 

@@ -99,11 +99,11 @@ class TypedThrough:
     def record(self, prompt: Sequence[int], tokens: Sequence[int], heal: Heal | None) -> None:
         if not tokens:
             return
-        entry = Verified(list(prompt), list(tokens), frozenset(heal.allowed) if heal else None,
+        entry = Verified(list(prompt), list(tokens), heal.allowed_set() if heal else None,
                          heal.text if heal else "")
         self.entries = [entry] + [e for e in self.entries if e.prompt != entry.prompt][:self.size - 1]
 
-    def lookup(self, prompt: Sequence[int], heal: Sequence[int] | None) -> tuple[Verified, int] | None:
+    def lookup(self, prompt: Sequence[int], heal: Heal | None) -> tuple[Verified, int] | None:
         """The entry that knows the greedy continuation of `prompt`, and how many of its tokens the
         prompt already holds (the continuation is `entry.tokens[k:]`).
 
@@ -116,7 +116,7 @@ class TypedThrough:
             k = len(prompt) - p
             if not 0 <= k < len(e.tokens) or prompt[:p] != e.prompt or prompt[p:] != e.tokens[:k]:
                 continue
-            allowed = set(heal) if heal is not None else None
+            allowed = heal.allowed_set() if heal is not None else None
             if k == 0 and e.heal is not None and (allowed is None or not allowed <= e.heal):
                 continue
             if allowed is not None and e.tokens[k] not in allowed:
