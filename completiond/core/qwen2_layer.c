@@ -53,17 +53,16 @@ static void exp_inplace(float *v, int64_t len) {
     }
 }
 
-// Cache rows [0, keys) of d values (bf16 or float32) as float32 at out (bf16 -> float32 is exact).
-static void widen_rows(const void *src, int bf16, int64_t keys, int64_t d, float *out) {
-    if (!bf16) {
-        memcpy(out, src, sizeof(float) * keys * d);
-        return;
-    }
-    const uint16_t *p = src;
-    for (int64_t i = 0; i + 8 <= keys * d; i += 8) {
+// Cache rows [t0, t0 + n) of d values (bf16 or float32, rows of d from base) as float32: a float32
+// cache is read in place, bf16 is widened into buf (bf16 -> float32 is exact).
+static const float *cache_rows(const void *base, int bf16, int64_t t0, int64_t n, int64_t d, float *buf) {
+    if (!bf16) return (const float *)base + t0 * d;
+    const uint16_t *p = (const uint16_t *)base + t0 * d;
+    for (int64_t i = 0; i + 8 <= n * d; i += 8) {
         __m128i h = _mm_loadu_si128((const __m128i *)(p + i));
-        _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+        _mm256_storeu_ps(buf + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
     }
+    return buf;
 }
 
 static inline void store_cache(void *base, int64_t at, const float *src, int64_t len, int bf16) {
@@ -127,20 +126,24 @@ static inline __attribute__((always_inline)) void score_tile(int QB, int KB, con
 
 #define KEY_BLOCK 64  // keys per block: 16 KB of float32 keys (d = 64) stay in L1 for every query
 
-static void scores_of(const float *q, int64_t nq, const float *k, int64_t keys, int64_t d, float scale,
-                      float *s) {
+// Scores s [nq, keys] of nq queries (rows of q, stride d) against cache rows [0, keys) at kc, one
+// block of keys at a time (widened into kbuf [KEY_BLOCK, d] when bf16: the cache is read once and
+// no float32 copy of it goes through memory).
+static void scores_of(const float *q, int64_t nq, const void *kc, int bf16, int64_t keys, int64_t d,
+                      float scale, float *s, float *kbuf) {
     for (int64_t t0 = 0; t0 < keys; t0 += KEY_BLOCK) {
         int64_t t1 = t0 + KEY_BLOCK < keys ? t0 + KEY_BLOCK : keys;
+        const float *k = cache_rows(kc, bf16, t0, t1 - t0, d, kbuf);  // k + (t - t0) * d: key t
         int64_t i = 0;
         for (; i + 2 <= nq; i += 2) {
             int64_t t = t0;
-            for (; t + 4 <= t1; t += 4) score_tile(2, 4, q + i * d, k + t * d, d, scale, s + i * keys + t, keys);
-            for (; t < t1; t++) score_tile(2, 1, q + i * d, k + t * d, d, scale, s + i * keys + t, keys);
+            for (; t + 4 <= t1; t += 4) score_tile(2, 4, q + i * d, k + (t - t0) * d, d, scale, s + i * keys + t, keys);
+            for (; t < t1; t++) score_tile(2, 1, q + i * d, k + (t - t0) * d, d, scale, s + i * keys + t, keys);
         }
         for (; i < nq; i++) {
             int64_t t = t0;
-            for (; t + 4 <= t1; t += 4) score_tile(1, 4, q + i * d, k + t * d, d, scale, s + i * keys + t, keys);
-            for (; t < t1; t++) score_tile(1, 1, q + i * d, k + t * d, d, scale, s + i * keys + t, keys);
+            for (; t + 4 <= t1; t += 4) score_tile(1, 4, q + i * d, k + (t - t0) * d, d, scale, s + i * keys + t, keys);
+            for (; t < t1; t++) score_tile(1, 1, q + i * d, k + (t - t0) * d, d, scale, s + i * keys + t, keys);
         }
     }
 }
@@ -197,10 +200,11 @@ static int64_t attention_blocks(int64_t n, int64_t kv_heads, int threads) {
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-// floats one attention job uses: its kv head's keys and values widened, its queries (later their
-// value sums), their scores and softmax sums (rows: the most rows a job takes, g: queries per kv head)
+// floats one attention job uses: one block of its kv head's keys or values widened, its queries
+// (later their value sums), their scores and softmax sums (rows: the most rows a job takes, g:
+// queries per kv head)
 static int64_t job_floats(int64_t keys, int64_t d, int64_t rows, int64_t g) {
-    return 2 * keys * d + rows * g * (d + keys + 1);
+    return KEY_BLOCK * d + rows * g * (d + keys + 1);
 }
 
 // floats of scratch completiond_qwen2_layer needs (the caller keeps one buffer: fresh large
@@ -241,8 +245,8 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
             store_cache(vc, (kv * cap + begin + r) * d, row + nq + nkv + kv * d, d, kv_bf16);
         }
     }
-    // Attention: a job is one kv head and a block of rows (its g query heads each); it widens the
-    // head's keys and values once and scores its queries against all of them.
+    // Attention: a job is one kv head and a block of rows (its g query heads each); it scores its
+    // queries against the head's keys, then sums values, a block of keys at a time.
     int elem = kv_bf16 ? 2 : 4;
     int64_t blocks = attention_blocks(n, kv_heads, threads);
     int64_t job_size = job_floats(keys, d, (n + blocks - 1) / blocks, g);
@@ -254,21 +258,21 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
         // them to zero in this thread for the job (deterministic: same inputs, same bits)
         unsigned int csr = _mm_getcsr();
         _mm_setcsr(csr | 0x8040);  // FTZ | DAZ
-        float *kf = jobs + job * job_size;
-        float *vf = kf + keys * d, *qj = vf + keys * d, *s = qj + nqj * d, *sums = s + nqj * keys;
-        widen_rows((const char *)kc + kv * cap * d * elem, kv_bf16, keys, d, kf);
-        widen_rows((const char *)vc + kv * cap * d * elem, kv_bf16, keys, d, vf);
+        float *buf = jobs + job * job_size;
+        float *qj = buf + KEY_BLOCK * d, *s = qj + nqj * d, *sums = s + nqj * keys;
+        const char *kh = (const char *)kc + kv * cap * d * elem, *vh = (const char *)vc + kv * cap * d * elem;
         for (int64_t r = r0; r < r1; r++)  // query heads kv * g ... of each row, gathered
             memcpy(qj + (r - r0) * g * d, y + r * nqkv + kv * g * d, sizeof(float) * g * d);
-        scores_of(qj, nqj, kf, keys, d, scale, s);
+        scores_of(qj, nqj, kh, kv_bf16, keys, d, scale, s, buf);
         for (int64_t i = 0; i < nqj; i++) {  // qj becomes the running value sums
             sums[i] = softmax_weights(s + i * keys, mask + (r0 + i / g) * keys, keys);
             memset(qj + i * d, 0, sizeof(float) * d);
         }
         for (int64_t t0 = 0; t0 < keys; t0 += KEY_BLOCK) {  // a block of values stays in L1 for all queries
             int64_t t1 = t0 + KEY_BLOCK < keys ? t0 + KEY_BLOCK : keys;
+            const float *v = cache_rows(vh, kv_bf16, t0, t1 - t0, d, buf);  // v + (t - t0) * d: value t
             for (int64_t i = 0; i < nqj; i++)
-                add_values(s + i * keys, mask + (r0 + i / g) * keys, vf, t0, t1, d, qj + i * d);
+                add_values(s + i * keys + t0, mask + (r0 + i / g) * keys + t0, v, 0, t1 - t0, d, qj + i * d);
         }
         for (int64_t i = 0; i < nqj; i++) {
             float *out = a + (r0 + i / g) * nq + (kv * g + i % g) * d;

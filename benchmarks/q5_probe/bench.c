@@ -1,0 +1,59 @@
+// Times completiond's int8 kernel and the q5_mm.c probe on 12 [4864, 896] matrices (a decode pass's
+// MLP shape, read from memory in turn) at 1/2/4/8 rows, 2 threads; prints JSON lines. Run through
+// benchmarks/q5_probe.py.
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <omp.h>
+void q5_mm(const float *x, const uint8_t *w, float *y, int64_t M, int64_t K, int64_t N, int threads);
+void completiond_int8_mm(const float *x, const int8_t *w, const float *scale, float *y, int64_t M, int64_t K, int64_t N, int threads);
+#define MATS 12
+int main() {
+    int64_t N = 4864, K = 896, nb = K / 32;
+    srand(1);
+    int8_t *w8[MATS]; float *s8[MATS]; uint8_t *w5[MATS];
+    float *ref = malloc(sizeof(float) * N * K);
+    for (int m = 0; m < MATS; m++) {
+        w8[m] = malloc(N * K); s8[m] = malloc(4 * N); w5[m] = malloc(N * nb * 24);
+        for (int64_t n = 0; n < N; n++) {
+            s8[m][n] = 0.01f;
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *blk = w5[m] + (n * nb + b) * 24; uint32_t hb = 0; float d = 0.003f;
+                memset(blk, 0, 16);
+                for (int j = 0; j < 32; j++) {
+                    int q = rand() % 32; float v = d * (q - 16);
+                    ref[n * K + b * 32 + j] = v; w8[m][n * K + b * 32 + j] = (int8_t)(q - 16);
+                    if (j < 16) blk[j] |= q & 15; else blk[j - 16] |= (q & 15) << 4;
+                    if (q & 16) hb |= 1u << j;
+                }
+                memcpy(blk + 16, &hb, 4); memcpy(blk + 20, &d, 4);
+            }
+        }
+    }
+    float *x = malloc(sizeof(float) * 8 * K), *y = malloc(sizeof(float) * 8 * N), *y2 = malloc(sizeof(float) * 8 * N);
+    for (int i = 0; i < 8 * K; i++) x[i] = (rand() % 1000) / 500.0f - 1;
+    // correctness of the last matrix against the float reference
+    q5_mm(x, w5[MATS - 1], y, 3, K, N, 2);
+    double err = 0;
+    for (int r = 0; r < 3; r++) for (int64_t n = 0; n < N; n++) {
+        double s = 0; for (int64_t k = 0; k < K; k++) s += (double)ref[n * K + k] * x[r * K + k];
+        err = fmax(err, fabs(s - y[r * N + n]));
+    }
+    q5_mm(x, w5[MATS - 1], y2, 1, K, N, 2);
+    printf("{\"max_abs_err\": %.3e, \"batch_invariant\": %d}\n", err, memcmp(y, y2, 4 * N) == 0);
+    int rows[] = {1, 2, 4, 8};
+    for (int ri = 0; ri < 4; ri++) {
+        double best8 = 1e9, best5 = 1e9;
+        for (int rep = 0; rep < 15; rep++) {
+            double t = omp_get_wtime();
+            for (int m = 0; m < MATS; m++) completiond_int8_mm(x, w8[m], s8[m], y, rows[ri], K, N, 2);
+            t = omp_get_wtime() - t; if (t < best8) best8 = t;
+            t = omp_get_wtime();
+            for (int m = 0; m < MATS; m++) q5_mm(x, w5[m], y, rows[ri], K, N, 2);
+            t = omp_get_wtime() - t; if (t < best5) best5 = t;
+        }
+        printf("{\"rows\": %d, \"int8_ms\": %.3f, \"q5_ms\": %.3f}\n", rows[ri], best8 * 1e3, best5 * 1e3);
+    }
+}
