@@ -45,11 +45,13 @@ def main() -> None:
         subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-o", str(exe),
                         *map(str, SOURCES), "-lm"], check=True)
         lines = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
-    check, rows = json.loads(lines[0]), [json.loads(x) for x in lines[1:]]
+    check, stream, rows = json.loads(lines[0]), json.loads(lines[1]), [json.loads(x) for x in lines[2:]]
+    stream.pop("checksum")
     for r in rows:
         r["q5_over_int8"] = round(r["q5_ms"] / r["int8_ms"], 3)
     out = {"machine": f"{cpu()}, 2 threads", "command": "python benchmarks/q5_probe.py", "matrices": "12 x [4864, 896]",
-           **check, "rows": rows}
+           **check, **stream, "int8_gb_per_s_1_row": round(12 * 4864 * 896 / rows[0]["int8_ms"] / 1e6, 2),
+           "rows": rows}
     print(json.dumps(out, indent=2))
     if a.json:
         a.json.write_text(json.dumps(out, indent=2) + "\n")

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <math.h>
 #include <omp.h>
+#include <immintrin.h>
 void q5_mm(const float *x, const uint8_t *w, float *y, int64_t M, int64_t K, int64_t N, int threads);
 void completiond_int8_mm(const float *x, const int8_t *w, const float *scale, float *y, int64_t M, int64_t K, int64_t N, int threads);
 #define MATS 12
@@ -43,6 +44,28 @@ int main() {
     }
     q5_mm(x, w5[MATS - 1], y2, 1, K, N, 2);
     printf("{\"max_abs_err\": %.3e, \"batch_invariant\": %d}\n", err, memcmp(y, y2, 4 * N) == 0);
+    {  // what 2 threads can stream here: the floor of a memory-bound pass (sum 512 MB of bytes)
+        size_t n = (size_t)512 << 20;
+        uint8_t *a = malloc(n);
+        memset(a, 1, n);
+        double best = 1e9;
+        long total = 0;
+        for (int rep = 0; rep < 5; rep++) {
+            double t = omp_get_wtime();
+            long sum = 0;
+#pragma omp parallel for reduction(+ : sum) num_threads(2)
+            for (size_t i = 0; i < n; i += 64) {
+                __m256i v = _mm256_add_epi8(_mm256_loadu_si256((const __m256i *)(a + i)),
+                                            _mm256_loadu_si256((const __m256i *)(a + i + 32)));
+                sum += _mm256_extract_epi8(v, 0);
+            }
+            t = omp_get_wtime() - t;
+            total += sum;
+            if (t < best) best = t;
+        }
+        free(a);
+        printf("{\"read_gb_per_s\": %.2f, \"checksum\": %ld}\n", n / best / 1e9, total);
+    }
     int rows[] = {1, 2, 4, 8};
     for (int ri = 0; ri < 4; ri++) {
         double best8 = 1e9, best5 = 1e9;

@@ -100,7 +100,7 @@ class Heal:
     model never saw split); the first generated token must start with its text, which the editor
     already shows, so that text is hidden from the completion."""
     text: str
-    allowed: list[int]  # token ids whose text starts with `text`
+    allowed: list[int]  # the ids the first token may be (healing: those whose text starts with `text`)
     _set: frozenset | None = field(default=None, repr=False, compare=False)
     _ids: "torch.Tensor | None" = field(default=None, repr=False, compare=False)
 
@@ -234,8 +234,8 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     # After a line's indentation: code starts at the cursor (see after_indent).
     heal = after_indent(tokenizer, prefix[prefix.rfind("\n") + 1:]) if fim else None
     # Heal the token before <fim_suffix> when the cursor follows code on its line (mid-word, after
-    # an operator). Not in a line's indentation: "    " would force whitespace-only first tokens,
-    # where the model's own tokenization is "   " + " word".
+    # an operator). Not a line's indentation: healing "    " would force whitespace-only first
+    # tokens, where the model's own tokenization is "   " + " word".
     if fim and prefix[prefix.rfind("\n") + 1:].strip():
         cut = len(ids) - len(suffix_ids) - 3  # ids end: last prefix token, <fim_suffix>, suffix, <fim_middle>
         if cut > 0 and ids[cut] != fim.prefix:
