@@ -7,7 +7,6 @@ target actually tested, whether it was accepted, and each proposer calibrates it
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -57,20 +56,16 @@ class Proposer(Protocol):
         ...
 
 
-MIN_MATCH = int(os.environ.get("COMPLETIOND_PLD_MIN_MATCH", "2"))  # experiment knob
-
-
 class PromptLookup:
     """Continuations of the context's suffix found in the prompt, open buffers and workspace files."""
 
     name = "pld"
 
-    def __init__(self, index: TokenIndex | None = None, max_candidates: int = 6, min_match: int = MIN_MATCH):
+    def __init__(self, index: TokenIndex | None = None, max_candidates: int = 6):
         self.index = index or TokenIndex()
         self.max_candidates = max_candidates
-        self.min_match = min_match
         # Acceptance of the first token by backward-match length bucket, and of later tokens.
-        self.first = {b: Ewma(p, 0.05) for b, p in ((1, 0.2), (2, 0.3), (4, 0.5), (8, 0.7), (16, 0.8))}
+        self.first = {b: Ewma(p, 0.05) for b, p in ((2, 0.3), (4, 0.5), (8, 0.7), (16, 0.8))}
         self.next = Ewma(0.8, 0.05)
         self._last_match: dict[int, int] = {}
 
@@ -85,11 +80,11 @@ class PromptLookup:
 
     @staticmethod
     def _bucket(match: int) -> int:
-        return 1 if match < 2 else 2 if match < 4 else 4 if match < 8 else 8 if match < 16 else 16
+        return 2 if match < 4 else 4 if match < 8 else 8 if match < 16 else 16
 
     def propose(self, context: list[int], limits: Limits) -> list[Candidate]:
         found = continuations(np.asarray(context, dtype=np.int64), self.index.segments(),
-                              limits.max_len, self.max_candidates, self.min_match)
+                              limits.max_len, self.max_candidates)
         out = []
         for tokens, match in found:
             p0 = self.first[self._bucket(match)].value
