@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import tempfile
 from pathlib import Path
@@ -24,15 +23,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from completiond.models.device import cpu_features, cpu_name  # noqa: E402
+
 HERE = Path(__file__).parent
 SOURCES = [HERE / "q5_probe" / "bench.c", HERE / "q5_probe" / "q5_mm.c", HERE.parent / "completiond" / "core" / "int8_mm.c"]
-
-
-def cpu() -> str:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), platform.processor())
-    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
-    return f"{model} ({'avx512_bf16' if 'avx512_bf16' in flags else 'avx2' if 'avx2' in flags else 'no avx2'})"
 
 
 def main() -> None:
@@ -49,7 +43,7 @@ def main() -> None:
     stream.pop("checksum")
     for r in rows:
         r["q5_over_int8"] = round(r["q5_ms"] / r["int8_ms"], 3)
-    out = {"machine": f"{cpu()}, 2 threads", "command": "python benchmarks/q5_probe.py", "matrices": "12 x [4864, 896]",
+    out = {"machine": f"{cpu_name()} ({'/'.join(cpu_features()) or 'no AVX2'}), 2 threads", "command": "python benchmarks/q5_probe.py", "matrices": "12 x [4864, 896]",
            **check, **stream, "int8_gb_per_s_1_row": round(12 * 4864 * 896 / rows[0]["int8_ms"] / 1e6, 2),
            "rows": rows}
     print(json.dumps(out, indent=2))

@@ -96,9 +96,10 @@ def offset_in(text: str, starts: np.ndarray, line: int, character: int, encoding
 
 @dataclass
 class Heal:
-    """Token healing: the prompt's last token was taken off (a cursor mid-word splits a token the
-    model never saw split); the first generated token must start with its text, which the editor
-    already shows, so that text is hidden from the completion."""
+    """A constraint on the first generated token. Token healing: the prompt's last token was taken
+    off (a cursor mid-word splits a token the model never saw split); the first token must start
+    with its text, which the editor already shows, so that text is hidden from the completion.
+    after_indent: no text, only the allowed ids."""
     text: str
     allowed: list[int]  # the ids the first token may be (healing: those whose text starts with `text`)
     _set: frozenset | None = field(default=None, repr=False, compare=False)
@@ -231,12 +232,13 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
         ids = assemble(prefix)
     if len(ids) > max_tokens + len(bos) + 4:  # a single enormous line: keep its tail
         ids = ids[:len(bos)] + ids[-max_tokens:]
+    line_head = prefix[prefix.rfind("\n") + 1:]
     # After a line's indentation: code starts at the cursor (see after_indent).
-    heal = after_indent(tokenizer, prefix[prefix.rfind("\n") + 1:]) if fim else None
+    heal = after_indent(tokenizer, line_head) if fim else None
     # Heal the token before <fim_suffix> when the cursor follows code on its line (mid-word, after
     # an operator). Not a line's indentation: healing "    " would force whitespace-only first
     # tokens, where the model's own tokenization is "   " + " word".
-    if fim and prefix[prefix.rfind("\n") + 1:].strip():
+    if fim and line_head.strip():
         cut = len(ids) - len(suffix_ids) - 3  # ids end: last prefix token, <fim_suffix>, suffix, <fim_middle>
         if cut > 0 and ids[cut] != fim.prefix:
             heal = _heal(tokenizer, ids[cut])
@@ -252,10 +254,10 @@ def extend_middle(tokenizer, ids: list[int], middle: str, heal_last: bool) -> tu
     <fim_suffix> and re-prefill the entire suffix on every keystroke). The last typed token is healed
     as build_prompt heals the token before the cursor."""
     typed = tokenizer.encode(middle, add_special_tokens=False) if middle else []
-    heal = _heal(tokenizer, typed[-1]) if typed and heal_last else None
-    if not heal_last:  # typed Enter and the editor indented: as after_indent
-        heal = after_indent(tokenizer, middle[middle.rfind("\n") + 1:])
-    return ids + (typed[:-1] if heal is not None and heal.text else typed), heal
+    if not heal_last:  # e.g. typed Enter and the editor indented: as after_indent
+        return ids + typed, after_indent(tokenizer, middle[middle.rfind("\n") + 1:])
+    heal = _heal(tokenizer, typed[-1]) if typed else None
+    return ids + (typed[:-1] if heal is not None else typed), heal
 
 
 _CODE_FIRST: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

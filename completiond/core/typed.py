@@ -111,12 +111,12 @@ class TypedThrough:
         holds the argmax over a larger set is that same token, so a remembered token may be served
         when it is allowed and, where the old first token was itself constrained (k = 0), when the
         new constraint narrows the old one."""
+        allowed = heal.allowed_set() if heal is not None else None
         for n, e in enumerate(list(self.entries)):
             p = len(e.prompt)
             k = len(prompt) - p
             if not 0 <= k < len(e.tokens) or prompt[:p] != e.prompt or prompt[p:] != e.tokens[:k]:
                 continue
-            allowed = heal.allowed_set() if heal is not None else None
             if k == 0 and e.heal is not None and (allowed is None or not allowed <= e.heal):
                 continue
             if allowed is not None and e.tokens[k] not in allowed:
