@@ -28,6 +28,7 @@ from ..models import LoadedModel
 from .prompt import Heal
 from .proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
 from .runner import Cancelled, Runner, drain
+from .scheduler import Work
 from .slots import Slots
 from .tree import TokenTree, build_tree, truncate
 from .request import Request, Result  # part of this module's API (defined apart to keep it short)
@@ -230,10 +231,10 @@ class Engine:
         with self.turn(req.slot, functools.partial(_raise_if, req.cancel)):
             return drain(self.run(req, on_step))
 
-    def run(self, req: Request, on_step: Callable[[Step], None] | None = None) -> Generator[float, None, Result]:
+    def run(self, req: Request, on_step: Callable[[Step], None] | None = None) -> Generator[Work, None, Result]:
         """`complete` as steps: it yields after every prefill chunk and every target pass, where a
         scheduler may give the model to another job (each step inside `turn(req.slot, ...)`). Each
-        yield is an estimate of the work left, in ms (the scheduler runs the shortest first)."""
+        yield is the work left (the scheduler runs the shortest first, see `work_ms`)."""
         proposers = self.proposers(req.mode)
         if not req.reuse_prefix:
             self.runner.reset()
@@ -250,10 +251,10 @@ class Engine:
         try:
             # a first step before any pass: the scheduler learns this request's size before its prefill
             # runs, so a long one can already give way inside its first chunk
-            yield self._left_ms(st, len(req.prompt) - st.reused)
+            yield self._left(st, len(req.prompt) - st.reused)
             yield from self._prefill(st, served)
             while not st.out.done:
-                yield self._left_ms(st, 0)
+                yield self._left(st, 0)
                 _raise_if(req.cancel)
                 if req.deadline_ms is not None and st.elapsed_ms() > req.deadline_ms:
                     st.out.stopped_by = "deadline"
@@ -269,11 +270,15 @@ class Engine:
             self.typed.record(req.prompt, st.verified, req.heal)
         return st.result(len(served))
 
-    def _left_ms(self, st: Decoding, prompt_left: int) -> float:
+    def _left(self, st: Decoding, prompt_left: int) -> Work:
         """Work left, roughly: the prompt tokens still to prefill, and a pass per token still allowed."""
-        decode = st.req.max_tokens - len(st.out.ids)
-        per_token = self.runner.prefill_ms_per_token or self.budget.cost(1) / 16  # a prior until a chunk ran
-        return prompt_left * per_token + decode * self.budget.cost(1)
+        return Work(prompt_left, st.req.max_tokens - len(st.out.ids))
+
+    def work_ms(self, work: Work) -> float:
+        """`work` in ms at today's rates. Jobs are compared at one moment's rates, not at those of the
+        moment each one last ran: a per-chunk measurement's noise would otherwise make two long
+        prefills look alternately shorter and run chunk by chunk."""
+        return work.prompt * self.prefill_ms_per_token() + work.passes * self.budget.cost(1)
 
     def _prefill(self, st: Decoding, served: list[int]) -> Generator[float, None, None]:
         """The first token(s): served from memory (then the cache is brought up to them), or one pass
@@ -284,7 +289,7 @@ class Engine:
             if not st.out.done:  # speculate on from the served end: the cache must hold all before it
                 st.reused = min(self.runner.common_prefix(req.prompt + served), len(req.prompt))
                 for _ in self.runner.sync_chunks(req.prompt + served[:-1], check=check):
-                    yield self._left_ms(st, len(req.prompt) + len(served) - 1 - self.runner.length)
+                    yield self._left(st, len(req.prompt) + len(served) - 1 - self.runner.length)
             return
         chunks = self.runner.extend_chunks(req.prompt, check=check, whole_chunks=True)
         while True:
@@ -293,7 +298,7 @@ class Engine:
             except StopIteration as done:
                 logits, st.feature = done.value  # [vocab], [H]
                 break
-            yield self._left_ms(st, len(req.prompt) - self.runner.length)
+            yield self._left(st, len(req.prompt) - self.runner.length)
         if req.heal is not None:  # only tokens that start with the healed text may come first
             allowed = torch.full_like(logits, float("-inf"))
             allowed[req.heal.allowed_ids()] = 0.0

@@ -7,8 +7,9 @@ cached sequence, its cancel check), then picks the next job:
 - a started job that was cancelled goes first: it ends at its next check and frees its slot;
 - requests go before warm-ups;
 - a job that has made no progress for MAX_WAIT_S goes next (nothing starves), else the job with
-  the least work left (shortest remaining first: each step of `Engine.run` yields its estimate in
-  ms: prompt tokens still to prefill, a pass per token still allowed). A request that has not
+  the least work left (shortest remaining first: each step of `Engine.run` yields its `Work`:
+  prompt tokens still to prefill, a pass per token still allowed, priced in ms at the engine's
+  rates of the moment, the same for all jobs compared). A request that has not
   started counts as none: most are a keystroke's completion, so it goes before a long rewrite's
   prefill, and after its first step its own estimate places it. Two cold prefills run one after the
   other (the first done as early as FIFO would finish it), not chunk by chunk; equals go first come,
@@ -32,7 +33,7 @@ import time
 from collections.abc import Callable, Generator, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -46,6 +47,12 @@ PREEMPT_MS = 1000.0  # a prefill chunk stops for a new request only when its job
 IDLE_TRIM_S = 1.0
 
 
+class Work(NamedTuple):
+    """What a job's step says it has left: prompt tokens still to prefill, target passes at most."""
+    prompt: int
+    passes: int
+
+
 @dataclass(eq=False)
 class Job:
     start: Callable[[], Any]  # called on the engine thread: a generator of steps, or the answer itself
@@ -55,7 +62,7 @@ class Job:
     future: Future
     seq: int
     steps: Generator | None = None
-    left_ms: float = 0.0  # work left, as its last step estimated it (0 before it starts)
+    left: Work | float = 0.0  # work left as its last step said (Work, or ms; 0 before it starts)
     waiting_since: float = field(default_factory=time.monotonic)  # since it came, or its last whole step
     aged: bool = False  # this turn came from waiting MAX_WAIT_S: it is not preempted
     gave_way: bool = False  # its step in this turn was preempted
@@ -172,8 +179,8 @@ class Scheduler:
                             done, value = True, first
                 if job.steps is not None:
                     left = next(job.steps)
-                    if isinstance(left, (int, float)):
-                        job.left_ms = float(left)
+                    if isinstance(left, (Work, int, float)):
+                        job.left = left
         except StopIteration as stop:
             done, value = True, stop.value
         except Exception as e:  # a bug must cost this job, not the thread every client shares
@@ -207,7 +214,11 @@ class Scheduler:
         waited = [j for j in pool if now - j.waiting_since > MAX_WAIT_S and j is not self.running]
         if waited:
             return min(waited, key=lambda j: j.waiting_since)
-        return min(pool, key=lambda j: (j.left_ms, j.seq))
+        return min(pool, key=lambda j: (self._left_ms(j), j.seq))
+
+    def _left_ms(self, job: Job) -> float:
+        """A job's work left in ms, at the engine's rates now (the same for every job compared)."""
+        return self.engine.work_ms(job.left) if isinstance(job.left, Work) else float(job.left)
 
     def _gives_way(self, job: Job) -> bool:
         """Asked between the layers of a prefill chunk: should `job` stop it for another job?"""
@@ -217,7 +228,7 @@ class Scheduler:
             nxt = self._pick(time.monotonic(), reap=False)  # not worth a chunk: a cancelled job ends after
             if nxt is job or nxt.slot == job.slot or (nxt.low and not job.low):
                 return False
-            if not job.low and (nxt.steps is not None or job.left_ms <= PREEMPT_MS):
+            if not job.low and (nxt.steps is not None or self._left_ms(job) <= PREEMPT_MS):
                 return False  # only a request that has not started preempts, and not a nearly done job
             self.stats["preempted"] += 1
             job.gave_way = True
