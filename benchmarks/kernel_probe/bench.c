@@ -1,6 +1,7 @@
-// Times completiond's int8 kernel and the q5_mm.c probe on 12 [4864, 896] matrices (a decode pass's
-// MLP shape, read from memory in turn) at 1/2/4/8 rows, 2 threads; prints JSON lines. Run through
-// benchmarks/q5_probe.py.
+// Times completiond's int8 kernel (float activations), the q5_mm.c probe (5-bit weights) and the
+// a16_mm.c probe (int16 activations) on 12 [4864, 896] matrices (a decode pass's MLP shape, read
+// from memory in turn) at 1/2/4/8/16 rows, 2 threads; prints JSON lines. Run through
+// benchmarks/kernel_probe.py.
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
@@ -9,6 +10,8 @@
 #include <omp.h>
 #include <immintrin.h>
 void q5_mm(const float *x, const uint8_t *w, float *y, int64_t M, int64_t K, int64_t N, int threads);
+void a16_mm(const float *x, const int8_t *w, const float *scale, float *y, int64_t M, int64_t K, int64_t N,
+            int threads);
 void completiond_int8_mm(const float *x, const int8_t *w, const float *scale, float *y, int64_t M, int64_t K, int64_t N, int threads);
 #define MATS 12
 int main() {
@@ -33,8 +36,9 @@ int main() {
             }
         }
     }
-    float *x = malloc(sizeof(float) * 8 * K), *y = malloc(sizeof(float) * 8 * N), *y2 = malloc(sizeof(float) * 8 * N);
-    for (int i = 0; i < 8 * K; i++) x[i] = (rand() % 1000) / 500.0f - 1;
+    float *x = malloc(sizeof(float) * 16 * K), *y = malloc(sizeof(float) * 16 * N), *y2 = malloc(sizeof(float) * 16 * N);
+    // every 97th activation 50x the others: the outlier channels real hidden states have
+    for (int i = 0; i < 16 * K; i++) x[i] = ((rand() % 1000) / 500.0f - 1) * (i % 97 ? 1.0f : 50.0f);
     // correctness of the last matrix against the float reference
     q5_mm(x, w5[MATS - 1], y, 3, K, N, 2);
     double err = 0;
@@ -43,7 +47,15 @@ int main() {
         err = fmax(err, fabs(s - y[r * N + n]));
     }
     q5_mm(x, w5[MATS - 1], y2, 1, K, N, 2);
-    printf("{\"max_abs_err\": %.3e, \"batch_invariant\": %d}\n", err, memcmp(y, y2, 4 * N) == 0);
+    printf("{\"q5_max_abs_err\": %.3e, \"q5_batch_invariant\": %d}\n", err, memcmp(y, y2, 4 * N) == 0);
+    // int16 activations against float ones on the same int8 weights
+    completiond_int8_mm(x, w8[MATS - 1], s8[MATS - 1], y, 5, K, N, 2);
+    a16_mm(x, w8[MATS - 1], s8[MATS - 1], y2, 5, K, N, 2);
+    double d16 = 0, mag = 0;
+    for (int64_t i = 0; i < 5 * N; i++) { d16 = fmax(d16, fabs(y[i] - y2[i])); mag = fmax(mag, fabs(y[i])); }
+    a16_mm(x + 3 * K, w8[MATS - 1], s8[MATS - 1], y, 1, K, N, 2);
+    printf("{\"int16_act_max_rel_diff\": %.3e, \"int16_act_batch_invariant\": %d}\n", d16 / mag,
+           memcmp(y, y2 + 3 * N, 4 * N) == 0);
     {  // what 2 threads can stream here: the floor of a memory-bound pass (sum 512 MB of bytes)
         size_t n = (size_t)512 << 20;
         uint8_t *a = malloc(n);
@@ -66,9 +78,9 @@ int main() {
         free(a);
         printf("{\"read_gb_per_s\": %.2f, \"checksum\": %ld}\n", n / best / 1e9, total);
     }
-    int rows[] = {1, 2, 4, 8};
-    for (int ri = 0; ri < 4; ri++) {
-        double best8 = 1e9, best5 = 1e9;
+    int rows[] = {1, 2, 4, 8, 16};
+    for (int ri = 0; ri < 5; ri++) {
+        double best8 = 1e9, best5 = 1e9, best16 = 1e9;
         for (int rep = 0; rep < 15; rep++) {
             double t = omp_get_wtime();
             for (int m = 0; m < MATS; m++) completiond_int8_mm(x, w8[m], s8[m], y, rows[ri], K, N, 2);
@@ -76,7 +88,11 @@ int main() {
             t = omp_get_wtime();
             for (int m = 0; m < MATS; m++) q5_mm(x, w5[m], y, rows[ri], K, N, 2);
             t = omp_get_wtime() - t; if (t < best5) best5 = t;
+            t = omp_get_wtime();
+            for (int m = 0; m < MATS; m++) a16_mm(x, w8[m], s8[m], y, rows[ri], K, N, 2);
+            t = omp_get_wtime() - t; if (t < best16) best16 = t;
         }
-        printf("{\"rows\": %d, \"int8_ms\": %.3f, \"q5_ms\": %.3f}\n", rows[ri], best8 * 1e3, best5 * 1e3);
+        printf("{\"rows\": %d, \"int8_ms\": %.3f, \"q5_ms\": %.3f, \"a16_ms\": %.3f}\n", rows[ri], best8 * 1e3,
+               best5 * 1e3, best16 * 1e3);
     }
 }

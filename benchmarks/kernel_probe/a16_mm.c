@@ -1,0 +1,130 @@
+// Probe: completiond's int8 kernel (core/int8_mm.c) with the activations rounded to int16 per row
+// in blocks of KB = 128 along K (xq = round(x / xs), xs = max|x| / 32767 over the block: each
+// within 2^-16 of its block's largest), int8 weights widened to int16, vpmaddwd (16 multiply-adds
+// per instruction where a float FMA does 8; int32 sums exact: 128 * 32767 * 127 < 2^31), then
+// acc += float(block sums) * xs block by block, a fixed horizontal sum, the scale: batch-invariant
+// like int8_mm.c. The idea: a tree pass of 4+ rows is compute bound on AVX2, and integer
+// multiply-adds could double what it does per instruction. Measured (benchmarks/kernel_probe.py):
+// not faster beyond noise at 2-16 rows on the AVX2 EPYC, so not integrated.
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define NB 16   // output channels per thread work item
+#define KB 128  // activations per int16 block (one scale each)
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// Row `x` [K] -> xq [K] int16 and xs [ceil(K / KB)]. A block holding inf/nan gets scale nan (and
+// zeros), so the outputs it feeds are nan, as float arithmetic would make them.
+static void quantize_row(const float *x, int64_t K, int16_t *xq, float *xs) {
+    for (int64_t k0 = 0, b = 0; k0 < K; k0 += KB, b++) {
+        int64_t k1 = k0 + KB < K ? k0 + KB : K;
+        float mx = 0.0f;
+        int finite = 1;
+        for (int64_t k = k0; k < k1; k++) {
+            mx = fmaxf(mx, fabsf(x[k]));
+            finite &= isfinite(x[k]) != 0;
+        }
+        if (!finite) {
+            xs[b] = NAN;
+            for (int64_t k = k0; k < k1; k++) xq[k] = 0;
+            continue;
+        }
+        float s = mx > 0.0f ? mx / 32767.0f : 1.0f;
+        xs[b] = s;
+        for (int64_t k = k0; k < k1; k++) xq[k] = (int16_t)lrintf(x[k] / s);
+    }
+}
+
+// One block of `len` activations from k0 (len = KB, a constant, for all but a last short block:
+// a constant trip count lets the compiler keep the R x C int32 sums in registers), for R rows x C
+// channels, added to acc as float(block sums) * xs.
+static inline __attribute__((always_inline)) void block(int R, int C, const int16_t *x, const float *xs,
+                                                         int64_t nb, int64_t b, const int8_t *w, int64_t K,
+                                                         int64_t k0, int64_t len, __m256 acc[8][4]) {
+    __m256i dot[8][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) dot[r][c] = _mm256_setzero_si256();
+    int64_t j = 0;
+    for (; j + 16 <= len; j += 16) {
+        int64_t k = k0 + j;
+        __m256i wv[4];
+        // the tile's C rows are contiguous (C x K bytes): fetch the tile after next at the same
+        // pace, since rows of under 1 KB are too short for the hardware prefetcher to start
+        if ((k & 63) == 0)
+            for (int c = 0; c < C; c++) _mm_prefetch((const char *)(w + 2 * C * K + k * C + c * 64), _MM_HINT_T0);
+        for (int c = 0; c < C; c++) wv[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + c * K + k)));
+        for (int r = 0; r < R; r++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(x + r * K + k));
+            for (int c = 0; c < C; c++) dot[r][c] = _mm256_add_epi32(dot[r][c], _mm256_madd_epi16(wv[c], xv));
+        }
+    }
+    if (j < len)  // K not a multiple of 16: the rest, exact in int32 too, into lane 0
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) {
+                int32_t tail = 0;
+                for (int64_t t = k0 + j; t < k0 + len; t++) tail += (int32_t)w[c * K + t] * x[r * K + t];
+                dot[r][c] = _mm256_add_epi32(dot[r][c], _mm256_setr_epi32(tail, 0, 0, 0, 0, 0, 0, 0));
+            }
+    for (int r = 0; r < R; r++) {
+        __m256 s = _mm256_set1_ps(xs[r * nb + b]);
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][c]), s, acc[r][c]);
+    }
+}
+
+// R rows x C channels: xq rows (stride K) with block scales xs (stride nb), weight rows at w
+// (stride K), results at y (stride ldy).
+static inline __attribute__((always_inline)) void tile(int R, int C, const int16_t *x, const float *xs,
+                                                        int64_t nb, const int8_t *w, const float *scale,
+                                                        int64_t K, float *y, int64_t ldy) {
+    __m256 acc[8][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    int64_t whole = K / KB;
+    for (int64_t b = 0; b < whole; b++) block(R, C, x, xs, nb, b, w, K, b * KB, KB, acc);
+    if (whole < nb) block(R, C, x, xs, nb, whole, w, K, whole * KB, K - whole * KB, acc);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) y[r * ldy + c] = hsum(acc[r][c]) * scale[c];
+}
+
+// Channels [n0, n1) for rows [m0, m0 + R): tiles of C channels, then single channels.
+static inline __attribute__((always_inline)) void rows(int R, int C, const int16_t *x, const float *xs,
+                                                        int64_t nb, const int8_t *w, const float *scale,
+                                                        int64_t K, int64_t N, float *y, int64_t m0,
+                                                        int64_t n0, int64_t n1) {
+    int64_t n = n0;
+    const int16_t *xr = x + m0 * K;
+    const float *sr = xs + m0 * nb;
+    for (; n + C <= n1; n += C) tile(R, C, xr, sr, nb, w + n * K, scale + n, K, y + m0 * N + n, N);
+    for (; n < n1; n++) tile(R, 1, xr, sr, nb, w + n * K, scale + n, K, y + m0 * N + n, N);
+}
+
+void a16_mm(const float *x, const int8_t *w, const float *scale, float *y,
+                         int64_t M, int64_t K, int64_t N, int threads) {
+    int64_t nb = (K + KB - 1) / KB;
+    int16_t *xq = malloc(sizeof(int16_t) * M * K + 32);
+    float *xs = malloc(sizeof(float) * M * nb);
+#pragma omp parallel for schedule(static) num_threads(threads) if (M * K >= 32768)
+    for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, xq + m * K, xs + m * nb);
+    int64_t blocks = (N + NB - 1) / NB;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t n0 = b * NB, n1 = n0 + NB < N ? n0 + NB : N;
+        int64_t m = 0;
+        // the block's weights (NB x K bytes) stay in cache while every row block reads them
+        // tiles of 8 x 1, 4 x 2, 2 x 4, 1 x 4: 8 int32 accumulators, within AVX2's 16 registers
+        for (; m + 8 <= M; m += 8) rows(8, 1, xq, xs, nb, w, scale, K, N, y, m, n0, n1);
+        for (; m + 4 <= M; m += 4) rows(4, 2, xq, xs, nb, w, scale, K, N, y, m, n0, n1);
+        for (; m + 2 <= M; m += 2) rows(2, 4, xq, xs, nb, w, scale, K, N, y, m, n0, n1);
+        for (; m < M; m++) rows(1, 4, xq, xs, nb, w, scale, K, N, y, m, n0, n1);
+    }
+    free(xq);
+    free(xs);
+}
