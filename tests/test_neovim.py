@@ -244,7 +244,7 @@ def test_tab_accepts_exactly_the_suggestion(nvim, workspace):
     text = s["ghost"]["text"]
     nvim.input("<Tab>")
     want = inserted(PY, s["row"], s["col"], text)
-    after = wait_for(lambda: (lambda t: t if t["lines"] == want else None)(snap(nvim)), timeout=5,
+    after = wait_for(lambda: (lambda t: t if t["lines"] == want else None)(snap(nvim)), timeout=20,
                      what=f"buffer {want!r}")
     assert (after["row"], after["col"]) == end_of(s["row"], s["col"], PY[s["row"]], text)
     assert after["mode"] == "i"
@@ -260,7 +260,7 @@ def test_tab_accepts_a_multiline_suggestion(nvim, workspace):
     assert shown[5:6 + len(rest)] == [(MULTILINE[5] + first).rstrip()] + [r.rstrip() for r in rest]
     nvim.input("<Tab>")
     want = inserted(MULTILINE, s["row"], s["col"], text)
-    after = wait_for(lambda: (lambda t: t if t["lines"] == want else None)(snap(nvim)), timeout=5,
+    after = wait_for(lambda: (lambda t: t if t["lines"] == want else None)(snap(nvim)), timeout=20,
                      what=f"buffer {want!r}")
     assert (after["row"], after["col"]) == end_of(s["row"], s["col"], MULTILINE[s["row"]], text)
 
@@ -269,11 +269,11 @@ def test_dismiss_then_tab_is_a_real_tab(nvim, workspace):
     s = insert_at_end(nvim, workspace / "dismiss.py", PY)
     nvim.command("setlocal noexpandtab softtabstop=0")
     nvim.input("<C-]>")
-    gone = wait_for(lambda: (lambda t: t if t["nmarks"] == 0 else None)(snap(nvim)), timeout=5, what="no ghost")
+    gone = wait_for(lambda: (lambda t: t if t["nmarks"] == 0 else None)(snap(nvim)), timeout=20, what="no ghost")
     assert gone["lines"] == PY and not gone["busy"]  # dismissed, and nothing new asked for
     nvim.input("<Tab>")
     want = PY[:3] + [PY[3] + "\t"]
-    wait_for(lambda: snap(nvim)["lines"] == want, timeout=5, what="a tab inserted")
+    wait_for(lambda: snap(nvim)["lines"] == want, timeout=20, what="a tab inserted")
     assert snap(nvim)["col"] == s["col"] + 1
 
 
@@ -284,7 +284,7 @@ def test_accept_word_inserts_the_first_word(nvim, workspace):
     word = first_word(text)
     nvim.input("<M-Right>")
     want = inserted(lines, s["row"], s["col"], word)
-    after = wait_for(lambda: (lambda t: t if t["lines"] == want else None)(snap(nvim)), timeout=5,
+    after = wait_for(lambda: (lambda t: t if t["lines"] == want else None)(snap(nvim)), timeout=20,
                      what=f"buffer {want!r}")
     assert (after["row"], after["col"]) == end_of(s["row"], s["col"], lines[s["row"]], word)
     # the rest of the suggestion stays on screen, anchored at the cursor
@@ -298,7 +298,7 @@ def test_accept_line_inserts_up_to_the_line_break(nvim, workspace):
     line = "\n" + text[1:].split("\n")[0] if text.startswith("\n") else text.split("\n")[0]
     nvim.input("<M-l>")
     want = inserted(MULTILINE, s["row"], s["col"], line)
-    after = wait_for(lambda: (lambda t: t if t["lines"] == want else None)(snap(nvim)), timeout=5,
+    after = wait_for(lambda: (lambda t: t if t["lines"] == want else None)(snap(nvim)), timeout=20,
                      what=f"buffer {want!r}")
     assert after["ghost"]["text"] == text[len(line):]
 
@@ -312,7 +312,7 @@ def test_typing_the_suggestion_keeps_the_rest(nvim, workspace):
     ch = text[0]
     nvim.input(keys(ch))
     # the first moment the buffer shows the typed character, the rest is still drawn: no flicker
-    t = wait_for(lambda: (lambda t: t if t["lines"][row] == lines[row] + ch else None)(snap(nvim)), timeout=5,
+    t = wait_for(lambda: (lambda t: t if t["lines"][row] == lines[row] + ch else None)(snap(nvim)), timeout=20,
                  what="typed character")
     assert t["ghost"] and t["ghost"]["text"] == text[1:]
     assert (t["ghost"]["row"], t["ghost"]["col"]) == (t["row"], t["col"])
@@ -320,7 +320,7 @@ def test_typing_the_suggestion_keeps_the_rest(nvim, workspace):
 
     other = "Z" if text[1] != "Z" else "Q"
     nvim.input(other)
-    t = wait_for(lambda: (lambda t: t if t["lines"][row] == lines[row] + ch + other else None)(snap(nvim)), timeout=5,
+    t = wait_for(lambda: (lambda t: t if t["lines"][row] == lines[row] + ch + other else None)(snap(nvim)), timeout=20,
                  what="typed character")
     assert t["nmarks"] == 0  # cleared at once
     # a fresh suggestion follows, for the new text (never the stale one)
@@ -333,11 +333,11 @@ def test_typing_the_suggestion_keeps_the_rest(nvim, workspace):
 def test_cursor_move_and_insert_leave_clear(nvim, workspace):
     s = insert_at_end(nvim, workspace / "move.py", PY)
     nvim.input("<Left>")
-    t = wait_for(lambda: (lambda t: t if t["col"] == s["col"] - 1 else None)(snap(nvim)), timeout=5, what="cursor")
+    t = wait_for(lambda: (lambda t: t if t["col"] == s["col"] - 1 else None)(snap(nvim)), timeout=20, what="cursor")
     assert t["nmarks"] == 0
     settled_ghost(nvim)  # asks again at the new position
     nvim.input("<Esc>")
-    t = wait_for(lambda: (lambda t: t if t["mode"] == "n" else None)(snap(nvim)), timeout=5, what="normal mode")
+    t = wait_for(lambda: (lambda t: t if t["mode"] == "n" else None)(snap(nvim)), timeout=20, what="normal mode")
     assert t["nmarks"] == 0 and not t["busy"]
 
 
@@ -530,6 +530,6 @@ def test_native_renderer_option(daemon_sock, workspace):
         assert (mark[1], mark[2]) == (3, len(PY[3]))
         assert as_virtual_text(n.exec_lua(SERVER_SUGGESTION)) == text
         n.input("<Tab>")
-        wait_for(lambda: n.current.buffer[3] == PY[3] + text, timeout=5, what="accepted text")
+        wait_for(lambda: n.current.buffer[3] == PY[3] + text, timeout=20, what="accepted text")
     finally:
         quit_nvim(n)
