@@ -1,7 +1,9 @@
 """How much to speculate: measured pass costs against measured acceptance.
 
 A target pass over n nodes costs `cost(n)` ms (measured on this device at start-up, then kept fresh
-with every pass). A tree node is worth the probability that its whole path is accepted (the tree's
+with every pass, per exact size: on AVX2 the int8 kernel's row tiles make an odd size cost about as
+much as the next even one, 3 nodes 1.4x 2 nodes and as much as 4, which no interpolation between
+powers of two sees). A tree node is worth the probability that its whole path is accepted (the tree's
 `value`). The controller keeps the n best nodes that maximise expected tokens per millisecond,
 (1 + sum of their values) / cost(n + 1); with no good guesses that is the root alone, i.e. plain
 decoding, so speculation never costs much more than `ar`.
@@ -9,7 +11,6 @@ decoding, so speculation never costs much more than `ar`.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import os
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
     from ..models import LoadedModel
     from .runner import Runner
 
-SIZES = (1, 2, 4, 8, 16, 32, 64)
+SIZES = (1, 2, 4, 8, 16, 32, 64)  # the sizes reported side by side (bench, pass-cost benchmarks)
+OUTLIER = 2.0  # a pass counts at most this many times the estimate for its size (a burst of load elsewhere)
 
 
 class Ewma:
@@ -61,11 +63,16 @@ class TreeBudget:
             prev = ms
 
     def observe_pass(self, n: int, ms: float) -> None:
-        size = SIZES[min(bisect.bisect_left(SIZES, n), len(SIZES) - 1)]
-        if size not in self._cost:
-            self._cost[size] = Ewma(ms)
-        elif n == size:
-            self._cost[size].add(ms)
+        """A real pass over n nodes took ms: the estimate for exactly n moves toward it. A size seen
+        for the first time starts from it, within [1/OUTLIER, OUTLIER] x the interpolated estimate;
+        later passes count at most OUTLIER x the estimate (one slow pass must not make a size look
+        too dear to be tried again)."""
+        if n not in self._cost:
+            guess = self.cost(n) if self._cost else ms
+            self._cost[n] = Ewma(min(max(ms, guess / OUTLIER), guess * OUTLIER))
+        else:
+            e = self._cost[n]
+            e.add(min(ms, e.value * OUTLIER))
 
     def cost(self, n: int) -> float:
         """Estimated ms of a target pass over n nodes (linear between measured sizes)."""
