@@ -28,9 +28,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from completiond.bench.modes import index_repo, prepare, warm  # noqa: E402
+from completiond.bench.modes import index_repo, open_position, prepare, warm  # noqa: E402
 from completiond.bench.repo import resolve_repo, sample_positions  # noqa: E402
-from completiond.core.budget import SIZES, Ewma, TreeBudget  # noqa: E402
+from completiond.core.budget import CALIBRATION_SIZES, SIZES, Ewma, TreeBudget  # noqa: E402
 from completiond.core.engine import Engine, Request  # noqa: E402
 from completiond.models import load  # noqa: E402
 from completiond.models.device import cpu_features, cpu_name  # noqa: E402
@@ -65,7 +65,7 @@ def main() -> None:
     target = load("default", "target", "cpu", "auto", "auto")
     engine = Engine(target, None)
     budgets = {"powers of two (before)": PowersOfTwoBudget(), "exact sizes (after)": TreeBudget()}
-    sizes = {"powers of two (before)": SIZES, "exact sizes (after)": (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64)}
+    sizes = {"powers of two (before)": SIZES, "exact sizes (after)": CALIBRATION_SIZES}
     for name, b in budgets.items():
         engine.budget = b
         engine.calibrate(sizes[name])
@@ -76,12 +76,7 @@ def main() -> None:
     forward = engine.runner.forward
     current = None
     for i, pp in enumerate(sorted(prepared, key=lambda p: str(p.file))):
-        if pp.file != current:
-            for f, ids in files.items():
-                (engine.index.remove_file(str(f)) if f == pp.file else engine.index.set_file(str(f), ids))
-            engine.index.rebuild()
-            current = pp.file
-        engine.index.set_open("bench://current", target.tokenizer.encode(pp.doc_text, add_special_tokens=False))
+        current = open_position(engine, files, pp, current)
         order = list(budgets) if i % 2 == 0 else list(budgets)[::-1]
         for name in order:
             engine.budget = budgets[name]

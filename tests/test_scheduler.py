@@ -13,7 +13,7 @@ from completiond.core import slots as slots_mod
 from completiond.core.engine import Engine, Request
 from completiond.core.runner import CHUNK
 from completiond.core import scheduler as scheduler_mod
-from completiond.core.scheduler import Scheduler
+from completiond.core.scheduler import Scheduler, Work
 
 
 @pytest.fixture(scope="module")
@@ -223,13 +223,13 @@ def test_a_cancelled_job_between_turns_does_not_hold_back_its_documents_request(
 
     sched = Scheduler(Engine(target))
     try:
-        def job(slot, low, seq, started=True, left=0.0):
+        def job(slot, low, seq, started=True, left=Work(0, 0)):
             j = Job(lambda: None, slot, threading.Event(), low, Future(), seq)
             j.steps = iter(()) if started else None
             j.left = left
             return j
 
-        b = job("B", False, 0, left=5000.0)
+        b = job("B", False, 0, left=Work(5000, 0))  # a long prefill
         warm = job("A", True, 1)
         warm.cancel.set()
         ask = job("A", False, 2, started=False)

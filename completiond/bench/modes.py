@@ -69,6 +69,21 @@ def warm(engine: Engine, prompt: list[int]) -> int:
     return cut
 
 
+def open_position(engine: Engine, files: dict[Path, list[int]], pp: Prepared, current: Path | None) -> Path:
+    """Prompt lookup sees what an editor at `pp` would: the document as the open buffer, every other
+    file of the repository as the workspace (rebuilt only when the file changes from `current`).
+    Returns pp's file, the next call's `current`."""
+    if pp.file != current:
+        for f, ids in files.items():
+            if f == pp.file:
+                engine.index.remove_file(str(f))
+            else:
+                engine.index.set_file(str(f), ids)
+        engine.index.rebuild()
+    engine.index.set_open("bench://current", engine.target.tokenizer.encode(pp.doc_text, add_special_tokens=False))
+    return pp.file
+
+
 def run_modes(engine: Engine, root: Path, positions: list[Position], modes: list[str], max_tokens: int,
               multiline: bool = True, max_prompt: int = 2048, progress: bool = True) -> list[Prepared]:
     """Every mode at every position; returns the prepared positions with their runs."""
@@ -80,16 +95,7 @@ def run_modes(engine: Engine, root: Path, positions: list[Position], modes: list
     bar = tqdm(total=len(order) * len(modes), desc="positions x modes", disable=not progress)
     for i in order:
         pp = prepared[i]
-        if pp.file != current:  # workspace = every other file of the repository
-            for f, ids in files.items():
-                if f == pp.file:
-                    engine.index.remove_file(str(f))
-                else:
-                    engine.index.set_file(str(f), ids)
-            engine.index.rebuild()
-            current = pp.file
-        engine.index.set_open("bench://current", engine.target.tokenizer.encode(pp.doc_text,
-                                                                                add_special_tokens=False))
+        current = open_position(engine, files, pp, current)
         for mode in modes:
             cut = warm(engine, pp.prompt)
             res = engine.complete(Request(prompt=pp.prompt, mode=mode, max_tokens=max_tokens, stops=pp.stops,

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from .runner import Runner
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # the sizes reported side by side (bench, pass-cost benchmarks)
+CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64)  # `Engine.calibrate` (bench): odd sizes too
+QUICK_SIZES = (1, 2, 3, 4, 8, 16, 64)  # a daemon's first start (then cached, and real passes fill in)
 OUTLIER = 2.0  # a pass counts at most this many times the estimate for its size (a burst of load elsewhere)
 
 
@@ -76,16 +78,11 @@ class TreeBudget:
 
     def cost(self, n: int) -> float:
         """Estimated ms of a target pass over n nodes (linear between measured sizes)."""
-        if not self._cost:
-            return 1.0 + 0.02 * n
-        known = sorted((s, e.value) for s, e in self._cost.items())
-        if n <= known[0][0]:
-            return known[0][1]
-        for (s0, c0), (s1, c1) in zip(known, known[1:]):
-            if n <= s1:
-                return c0 + (c1 - c0) * (n - s0) / (s1 - s0)
-        (s0, c0), (s1, c1) = known[-2:] if len(known) > 1 else (known[0], (known[0][0] * 2, known[0][1] * 2))
-        return c1 + (c1 - c0) * (n - s1) / max(1, s1 - s0)
+        return _interpolate(self._known(), n)
+
+    def _known(self) -> list[tuple[int, float]]:
+        """(size, ms) of the measured sizes, ascending."""
+        return sorted((s, e.value) for s, e in self._cost.copy().items())
 
     def best_size(self, values: list[float]) -> int:
         """How many nodes (beyond the root) of a best-first tree to verify; values[0] is the root.
@@ -98,13 +95,28 @@ class TreeBudget:
         self._trees += len(values) > 1
         if len(values) > 1 and self._trees % 64 == 0:
             return min(len(values) - 1, 3 if self._trees % 128 == 0 else 1)
-        best_n, best_rate, gain = 0, 1.0 / self.cost(1), 1.0
+        known = self._known()  # once per tree: this runs before every verify pass
+        best_n, best_rate, gain = 0, 1.0 / _interpolate(known, 1), 1.0
         for n in range(1, min(len(values), self.max_nodes + 1)):
             gain += values[n]
-            rate = gain / self.cost(n + 1)
+            rate = gain / _interpolate(known, n + 1)
             if rate > best_rate:
                 best_n, best_rate = n, rate
         return best_n
+
+
+def _interpolate(known: list[tuple[int, float]], n: int) -> float:
+    """ms of n nodes from measured (size, ms), ascending: linear between them, extended past the last
+    two; a prior before any measurement."""
+    if not known:
+        return 1.0 + 0.02 * n
+    if n <= known[0][0]:
+        return known[0][1]
+    for (s0, c0), (s1, c1) in zip(known, known[1:]):
+        if n <= s1:
+            return c0 + (c1 - c0) * (n - s0) / (s1 - s0)
+    (s0, c0), (s1, c1) = known[-2:] if len(known) > 1 else (known[0], (known[0][0] * 2, known[0][1] * 2))
+    return c1 + (c1 - c0) * (n - s1) / max(1, s1 - s0)
 
 
 def measure_costs(runner: Runner, sizes: tuple[int, ...], context: int = 64, rounds: int = 3) -> dict[int, float]:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .budget import TreeBudget, calibration_path, load_costs, measure_costs, save_costs
+from .budget import (CALIBRATION_SIZES, QUICK_SIZES, TreeBudget, calibration_path, load_costs, measure_costs,
+                     save_costs)
 from .index import TokenIndex
 from .heads import EagleHead, MedusaHeads, head_proposer
 from ..models import LoadedModel
@@ -108,14 +109,14 @@ class Engine:
         self.slots = Slots([self.runner] + ([self.draft.runner] if self.draft else []))  # by Request.slot
 
     # ---- set-up -------------------------------------------------------------------------------
-    def calibrate(self, sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64), context: int = 64,
+    def calibrate(self, sizes: tuple[int, ...] = CALIBRATION_SIZES, context: int = 64,
                   rounds: int = 3) -> dict[int, float]:
         """Measure target pass cost by tree size on this device (feeds the tree-size budget)."""
         with self.lock:
             self.budget.load_costs(measure_costs(self.runner, sizes, context, rounds))
             return self.budget.costs()
 
-    def calibrate_cached(self, sizes: tuple[int, ...] = (1, 2, 3, 4, 8, 16, 64)) -> str:
+    def calibrate_cached(self, sizes: tuple[int, ...] = QUICK_SIZES) -> str:
         """Pass costs from the calibration cache of this machine, model and dtype ("cached"), else a
         short measurement that is then cached ("measured"). Real passes keep the costs fresh, and
         `save_calibration` writes them back, so later starts never wait for a full calibration."""

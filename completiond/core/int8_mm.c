@@ -70,8 +70,9 @@ void completiond_int8_mm(const float *x, const int8_t *w, const float *scale, fl
         int64_t m = 0;
         // the block's weights (NB x K bytes) stay in cache while every row block reads them
         // tiles of 6 x 2, then one tile for the 1-5 rows left (5 x 2 ... 1 x 8): 6-12 accumulators,
-        // within AVX2's 16 registers. One tile for the rest matters: 3 rows as 2 x 4 + 1 x 8 cost
-        // 1.15x a 3 x 2 tile, 5 rows as 4 x 2 + 1 x 8 1.25x a 5 x 2 (12 [4864, 896] matrices, AVX2 EPYC)
+        // within AVX2's 16 registers. One tile for the rest matters: split as 2 x 4 + 1 x 8, 3 rows
+        // cost about what 4 do (a whole pass: 59.4 vs 65.2 ms, benchmarks/results/budget-ab-toolz.json);
+        // as one 3 x 2 tile, 43.6 vs 64.5 (vs-llama-cpp-boltons-avx2-exact-sizes.json), AVX2 EPYC
         for (; m + 6 <= M; m += 6) rows(6, 2, x, w, scale, K, N, y, m, n0, n1);
         switch (M - m) {
         case 5: rows(5, 2, x, w, scale, K, N, y, m, n0, n1); break;

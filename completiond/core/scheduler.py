@@ -62,7 +62,7 @@ class Job:
     future: Future
     seq: int
     steps: Generator | None = None
-    left: Work | float = 0.0  # work left as its last step said (Work, or ms; 0 before it starts)
+    left: Work = Work(0, 0)  # work left, as its last step said (none before it starts)
     waiting_since: float = field(default_factory=time.monotonic)  # since it came, or its last whole step
     aged: bool = False  # this turn came from waiting MAX_WAIT_S: it is not preempted
     gave_way: bool = False  # its step in this turn was preempted
@@ -179,7 +179,7 @@ class Scheduler:
                             done, value = True, first
                 if job.steps is not None:
                     left = next(job.steps)
-                    if isinstance(left, (Work, int, float)):
+                    if isinstance(left, Work):  # a warm-up's steps say nothing: it counts as none
                         job.left = left
         except StopIteration as stop:
             done, value = True, stop.value
@@ -218,7 +218,7 @@ class Scheduler:
 
     def _left_ms(self, job: Job) -> float:
         """A job's work left in ms, at the engine's rates now (the same for every job compared)."""
-        return self.engine.work_ms(job.left) if isinstance(job.left, Work) else float(job.left)
+        return self.engine.work_ms(job.left)
 
     def _gives_way(self, job: Job) -> bool:
         """Asked between the layers of a prefill chunk: should `job` stop it for another job?"""
