@@ -59,3 +59,26 @@ def test_bench_json_shape(tmp_path, capsys, tiny_dir):
     assert res["peers"]["hf-plain"]["identical_rate"] == 1.0  # transformers' greedy agrees with ours
     assert res["edits"]["pld"]["identical_rate"] == 1.0
     assert (tmp_path / "b.png").stat().st_size > 10_000
+
+
+def test_bench_prompts_carry_the_imported_workspace_files_like_the_daemon(tmp_path):
+    from completiond.bench.modes import prepare
+    from completiond.core.engine import Engine
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "helpers.py").write_text("def shout(word):\n    return word.upper() + '!'\n")
+    (tmp_path / "pkg" / "unrelated.py").write_text("VALUE = 42\n")
+    (tmp_path / "pkg" / "main.py").write_text(
+        "from pkg.helpers import shout\n\n\n\n\n\ndef greet(name):\n    text = shout(name)\n    return text\n")
+    engine = Engine(tiny.loaded(tiny.qwen2_config()), None)
+    pos = [p for p in sample_positions(tmp_path, 50, "both", 0) if p.file.name == "main.py"]
+    assert pos
+    tok = engine.target.tokenizer
+    with_ctx = prepare(engine, tmp_path, pos, True, 2048)
+    without = prepare(engine, tmp_path, pos, True, 2048, context=False)
+    for a, b in zip(with_ctx, without):
+        assert a.context_files == ["pkg/helpers.py"] and b.context_files == []
+        assert "word.upper()" in tok.decode(a.prompt) and "word.upper()" not in tok.decode(b.prompt)
+        assert "VALUE = 42" not in tok.decode(a.prompt)
+        fim_prefix = tok.convert_tokens_to_ids("<|fim_prefix|>")
+        assert a.prompt[a.prompt.index(fim_prefix):] == b.prompt[b.prompt.index(fim_prefix):]  # same FIM body

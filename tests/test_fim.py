@@ -130,6 +130,24 @@ def test_related_files_open_buffers_first_then_imported_workspace_files(tmp_path
     assert got[1].text.startswith("def helper")
 
 
+def test_related_files_resolve_relative_imports_and_not_a_stdlib_name_inside_a_package(tmp_path):
+    from completiond.core.context import related_files
+
+    files = {"pkg/__init__.py": "", "pkg/utils.py": "NO_DEFAULT = object()\n",
+             "pkg/curried/__init__.py": "", "pkg/curried/operator.py": "from operator import *\n",
+             "pkg/sandbox/core.py": "def unzip(seq):\n    pass\n", "src/lib/__init__.py": "", "src/lib/io.py": "R = 1\n"}
+    for rel, body in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(body)
+    ws = [(rel, tmp_path / rel) for rel in files]
+    text = "import operator\nfrom distutils.core import setup\nfrom .utils import NO_DEFAULT\nimport lib.io\n"
+    got = related_files("pkg/dicttoolz.py", text, [], ws)
+    # operator is the standard library's, distutils.core is not pkg/sandbox/core.py; src/ is no package
+    assert [f.path for f in got] == ["pkg/utils.py", "src/lib/io.py"]
+    got = related_files("pkg/curried/exceptions.py", "from ..utils import NO_DEFAULT\nfrom . import operator\n", [], ws)
+    assert [f.path for f in got] == ["pkg/utils.py"]
+
+
 def test_token_healing_takes_the_split_token_off_and_constrains_the_first_token():
     tok = tiny.qwen_tokenizer()
     text = "def main():\n    pass\n\n\nif __name__ == '__main__':\n    ma\n"

@@ -15,6 +15,7 @@ import torch
 from tqdm import tqdm
 
 from ..core.engine import Engine, Request, Result
+from ..core.context import related_files
 from ..core.prompt import build_prompt
 from .repo import Position, edit_similarity, first_line, read_text_file, source_files
 
@@ -42,18 +43,26 @@ class Prepared:
     file: Path
     runs: dict = field(default_factory=dict)
     heal: object = None  # prompt.Heal of a mid-word cursor
+    context_files: list[str] = field(default_factory=list)  # paths of the other files in the prompt
 
 
-def prepare(engine: Engine, root: Path, positions: list[Position], multiline: bool, max_prompt: int
-            ) -> list[Prepared]:
+def prepare(engine: Engine, root: Path, positions: list[Position], multiline: bool, max_prompt: int,
+            context: bool = True) -> list[Prepared]:
+    """The prompt the daemon would build at each position: FIM with the repository header and, with
+    `context`, the workspace files the document imports (core.context.related_files; a bench has
+    no other open buffers)."""
     tok = engine.target.tokenizer
+    workspace = [(f.relative_to(root).as_posix(), f) for f in source_files(root)] if context else []
     out = []
     for p in positions:
         text = read_text_file(p.file) or ""
         doc, offset = p.document(text)
-        pr = build_prompt(tok, doc, offset, multiline=multiline, max_tokens=max_prompt,
-                          path=p.file.relative_to(root).as_posix(), repo=root.name)
-        out.append(Prepared(pr.ids, doc, pr.stops, p.reference, p.file, heal=pr.heal))
+        rel = p.file.relative_to(root).as_posix()
+        files = related_files(rel, doc, [], workspace) if context else []
+        pr = build_prompt(tok, doc, offset, multiline=multiline, max_tokens=max_prompt, path=rel, repo=root.name,
+                          context=files)
+        out.append(Prepared(pr.ids, doc, pr.stops, p.reference, p.file, heal=pr.heal,
+                            context_files=[f.path for f in files]))
     return out
 
 
@@ -85,10 +94,11 @@ def open_position(engine: Engine, files: dict[Path, list[int]], pp: Prepared, cu
 
 
 def run_modes(engine: Engine, root: Path, positions: list[Position], modes: list[str], max_tokens: int,
-              multiline: bool = True, max_prompt: int = 2048, progress: bool = True) -> list[Prepared]:
+              multiline: bool = True, max_prompt: int = 2048, progress: bool = True, context: bool = True
+              ) -> list[Prepared]:
     """Every mode at every position; returns the prepared positions with their runs."""
     files = index_repo(engine, root)
-    prepared = prepare(engine, root, positions, multiline, max_prompt)
+    prepared = prepare(engine, root, positions, multiline, max_prompt, context)
     current = None
     order = sorted(range(len(prepared)), key=lambda i: str(prepared[i].file))
     modes = ["ar"] + [m for m in modes if m != "ar"]

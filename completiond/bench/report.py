@@ -53,6 +53,7 @@ def details(prepared: list[Prepared], positions, root) -> list[dict]:
         rows.append({
             "file": str(pos.file.relative_to(root)), "line": pos.line + 1, "col": pos.col + 1, "kind": pos.kind,
             "reference": pos.reference, "prompt_tokens": len(pp.prompt),
+            "context_files": pp.context_files,
             "ar_text": pp.runs["ar"].result.text if "ar" in pp.runs else None,
             "modes": {m: {"ms_total": round(r.result.ms_total, 1), "ms_first_token": round(r.result.ms_first_token, 1),
                           "tokens": len(r.result.token_ids), "passes": r.result.target_passes,

@@ -19,14 +19,41 @@ MAX_FILES = 4
 MAX_CHARS = 8000  # per file, before the token budget cuts it further
 
 
-def imported_modules(text: str) -> list[str]:
-    """Dotted module names the text imports (Python), in order of appearance, without duplicates."""
+def imported_modules(text: str, path: str = "") -> list[str]:
+    """Dotted module names the text imports (Python), in order of appearance, without duplicates;
+    relative imports (`from .util import x` in pkg/main.py) resolved against `path` (pkg.util)."""
+    package = list(PurePosixPath(path).parent.parts) if path else []
     seen: list[str] = []
     for m in IMPORT.finditer(text[:200_000]):
-        name = (m.group(1) or m.group(2)).lstrip(".")
+        name = m.group(1) or m.group(2)
+        level = len(name) - len(name.lstrip("."))
+        if level:
+            if level - 1 > len(package) or not name[level:]:
+                continue  # beyond the workspace, or `from . import x` (x may be any name)
+            name = ".".join(package[: len(package) - (level - 1)] + [name[level:]])
         if name and name not in seen:
             seen.append(name)
     return seen
+
+
+def module_paths(workspace: Iterable[tuple[str, Path]]) -> dict[str, tuple[str, Path]]:
+    """Dotted module name -> (relative path, absolute path) of the workspace's Python files.
+
+    A file is known by its path from the workspace root (pkg/sub/mod.py: pkg.sub.mod) and from any
+    folder above it that is not a package (src/pkg/mod.py: pkg.mod too), never by a tail inside a
+    package: `import operator` must not find pkg/curried/operator.py."""
+    files = [(PurePosixPath(rel), rel, abs_path) for rel, abs_path in workspace]
+    packages = {p.parent for p, _, _ in files if p.name == "__init__.py"}
+    out: dict[str, tuple[str, Path]] = {}
+    for p, rel, abs_path in files:
+        if p.suffix != ".py":
+            continue
+        parts = p.with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        for k in range(len(parts)):
+            if k == 0 or PurePosixPath(*p.parts[:k]) not in packages:
+                out.setdefault(".".join(parts[k:]), (rel, abs_path))
+    return out
 
 
 def related_files(path: str, text: str, open_buffers: Iterable[tuple[str, str]],
@@ -44,19 +71,12 @@ def related_files(path: str, text: str, open_buffers: Iterable[tuple[str, str]],
             taken.add(rel)
     if len(out) >= MAX_FILES:
         return out
-    wanted = imported_modules(text)
+    wanted = imported_modules(text, path)
     if not wanted:
         return out
-    by_module: dict[str, tuple[str, Path]] = {}
-    for rel, abs_path in workspace:
-        p = PurePosixPath(rel)
-        if p.suffix == ".py":
-            parts = p.with_suffix("").parts
-            parts = parts[:-1] if parts[-1] == "__init__" else parts
-            for k in range(len(parts)):  # a module is known by each dotted suffix of its path
-                by_module.setdefault(".".join(parts[k:]), (rel, abs_path))
+    by_module = module_paths(workspace)
     for name in wanted:
-        hit = by_module.get(name) or by_module.get(name.rsplit(".", 1)[-1])
+        hit = by_module.get(name)
         if hit and hit[0] not in taken and len(out) < MAX_FILES:
             try:
                 body = hit[1].read_text(encoding="utf-8", errors="replace")[:MAX_CHARS]
