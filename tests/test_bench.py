@@ -61,7 +61,7 @@ def test_bench_json_shape(tmp_path, capsys, tiny_dir):
     assert (tmp_path / "b.png").stat().st_size > 10_000
 
 
-def test_bench_prompts_carry_the_imported_workspace_files_like_the_daemon(tmp_path):
+def test_bench_prompts_carry_the_imported_workspace_files_with_repo_context(tmp_path):
     from completiond.bench.modes import prepare
     from completiond.core.engine import Engine
 
@@ -74,11 +74,11 @@ def test_bench_prompts_carry_the_imported_workspace_files_like_the_daemon(tmp_pa
     pos = [p for p in sample_positions(tmp_path, 50, "both", 0) if p.file.name == "main.py"]
     assert pos
     tok = engine.target.tokenizer
-    with_ctx = prepare(engine, tmp_path, pos, True, 2048)
-    without = prepare(engine, tmp_path, pos, True, 2048, context=False)
+    with_ctx = prepare(engine, tmp_path, pos, True, 2048, context=True)
+    without = prepare(engine, tmp_path, pos, True, 2048)  # the daemon's default prompt
     for a, b in zip(with_ctx, without):
         assert a.context_files == ["pkg/helpers.py"] and b.context_files == []
         assert "word.upper()" in tok.decode(a.prompt) and "word.upper()" not in tok.decode(b.prompt)
         assert "VALUE = 42" not in tok.decode(a.prompt)
         fim_prefix = tok.convert_tokens_to_ids("<|fim_prefix|>")
-        assert a.prompt[a.prompt.index(fim_prefix):] == b.prompt[b.prompt.index(fim_prefix):]  # same FIM body
+        assert a.prompt[a.prompt.index(fim_prefix):] == b.prompt  # the same FIM body, no header without context

@@ -10,6 +10,7 @@ import pytest
 
 import tiny
 from completiond.core.engine import Engine
+from completiond.core.prompt import build_prompt
 from completiond.service.handlers import QUICK_PROMPT_TOKENS, Lane, pick_lane
 from daemon_util import in_process, insert, wait_warm
 
@@ -111,3 +112,20 @@ async def test_a_short_document_has_no_quick_prompt(served):
     res = await complete(c, 5, 8)
     assert res["prompt_lane"] == "full" and res["prompt_tokens"] <= QUICK_PROMPT_TOKENS + 64
     assert not [k for k in daemon.engine.slots.keys() if isinstance(k, tuple) and k[-1] == "quick"]
+
+
+@pytest.mark.parametrize("repo_context", [False, True])
+async def test_other_open_buffers_enter_the_prompt_only_with_repo_context(tmp_path, repo_context):
+    engine = Engine(tiny.loaded(tiny.qwen2_config(), seed=5, scale=4.0))
+    small = "def area(r):\n    return 3.14 * r * r\n\n\nprint(area(2))\n"
+    other = "def helper(x):\n    return x + 1\n" * 20
+    async with in_process(tmp_path, engine, warm=False, quick_prompt_ms=-1, repo_context=repo_context) as (c, _):
+        await c.request("document/open", {"uri": "file:///w/other.py", "text": other, "version": 1,
+                                          "language_id": "python"})
+        await c.request("document/open", {"uri": URI, "text": small, "version": 1, "language_id": "python"})
+        got = await complete(c, 1, 4)
+    alone = build_prompt(engine.target.tokenizer, small, small.index("return"), multiline=False)
+    # off (the default): the plain FIM prompt of this file; on: the other buffer comes first
+    assert (got["prompt_tokens"] > len(alone.ids) + 100) == repo_context
+    if not repo_context:
+        assert got["prompt_tokens"] == len(alone.ids)

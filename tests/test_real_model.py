@@ -83,7 +83,8 @@ def test_cli_complete_default_models(capsys, tmp_path):
     f.write_text("import sys\n\n\ndef main():\n    print(sys.argv)\n\n\nif __name__ == \"__main__\":\n    \n")
     assert cli.main(["complete", str(f), "--line", "9", "--col", "5", "--json", "--max-tokens", "16",
                      "--device", "cpu"]) == 0
-    assert json.loads(capsys.readouterr().out)["text"] == "main()"
+    line = json.loads(capsys.readouterr().out)["text"].split("\n")[0]
+    assert line.split("#")[0].rstrip() == "main()", line  # a call, no indentation (a trailing comment may follow)
 
 
 @pytest.fixture(scope="module")

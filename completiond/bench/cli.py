@@ -35,8 +35,8 @@ def add_parser(sub) -> None:
     b.add_argument("--edits", type=int, default=0, metavar="N", help="also run N rewrite (edit) tasks")
     b.add_argument("--prompt-tokens", type=int, default=2048, metavar="N",
                    help="prompt budget per completion (the daemon's quick prompt: 256)")
-    b.add_argument("--no-context", action="store_true",
-                   help="prompts without the workspace files the document imports (the daemon adds them)")
+    b.add_argument("--repo-context", action="store_true",
+                   help="prompts with the workspace files the document imports, as `serve --repo-context` builds them")
     b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     b.add_argument("--json", default=None, metavar="OUT", help="also write the full result as JSON to OUT")
     b.add_argument("--plot", default=None, metavar="OUT.png", help="write a latency plot to OUT.png")
@@ -77,7 +77,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     engine = Engine(target, draft, backend=a.backend)
     costs = engine.calibrate()
     prepared = run_modes(engine, root, positions, modes, a.max_tokens, multiline=not a.single_line,
-                         max_prompt=a.prompt_tokens, context=not a.no_context)
+                         max_prompt=a.prompt_tokens, context=a.repo_context)
     peer_rows = run_transformers(engine, prepared, [p for p in peers if p.startswith("hf-")]) if peers else {}
     prefill = {}
     if "llama.cpp" in peers:
@@ -93,7 +93,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
         "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
         "prefill_dtype": prefill_dtype(target), "int8_kernel": target.meta.get("int8_kernel"),
-        "max_tokens": a.max_tokens, "context": not a.no_context, "pass_cost_ms": {str(k): round(v, 2) for k, v in costs.items()},
+        "max_tokens": a.max_tokens, "repo_context": a.repo_context, "pass_cost_ms": {str(k): round(v, 2) for k, v in costs.items()},
         # what one proposal of the draft costs (a draft model's pass, or the heads' steps), ms, recent average
         "draft_step_ms": round(p.step_ms.value, 3) if (p := engine.draft or engine.heads) is not None else None,
         "modes": summarize_modes(prepared, modes), "peers": summarize_peers(prepared, peer_rows),

@@ -47,10 +47,10 @@ class Prepared:
 
 
 def prepare(engine: Engine, root: Path, positions: list[Position], multiline: bool, max_prompt: int,
-            context: bool = True) -> list[Prepared]:
-    """The prompt the daemon would build at each position: FIM with the repository header and, with
-    `context`, the workspace files the document imports (core.context.related_files; a bench has
-    no other open buffers)."""
+            context: bool = False) -> list[Prepared]:
+    """The prompt the daemon would build at each position: FIM and, with `context` (serve
+    --repo-context), the workspace files the document imports in Qwen's repository format
+    (core.context.related_files; a bench has no other open buffers)."""
     tok = engine.target.tokenizer
     workspace = [(f.relative_to(root).as_posix(), f) for f in source_files(root)] if context else []
     out = []
@@ -94,7 +94,7 @@ def open_position(engine: Engine, files: dict[Path, list[int]], pp: Prepared, cu
 
 
 def run_modes(engine: Engine, root: Path, positions: list[Position], modes: list[str], max_tokens: int,
-              multiline: bool = True, max_prompt: int = 2048, progress: bool = True, context: bool = True
+              multiline: bool = True, max_prompt: int = 2048, progress: bool = True, context: bool = False
               ) -> list[Prepared]:
     """Every mode at every position; returns the prepared positions with their runs."""
     files = index_repo(engine, root)

@@ -212,7 +212,7 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     if starts is None:
         starts = line_index(text, offset)
     head: list[int] = []
-    if fim and fim.repo_name is not None and fim.file_sep is not None and path:
+    if fim and fim.repo_name is not None and fim.file_sep is not None and path and context:
         head = _repo_context(enc, fim, repo or "workspace", path, context or [], max_tokens // 4)
     suffix_ids = enc(suffix)[: max_tokens // 4] if fim else []
     # Character budgets shrink in fixed steps, and cuts fall on fixed line numbers (_stable_cut): while

@@ -51,7 +51,7 @@ class Daemon:
     def __init__(self, engine: Engine | Loader, info: dict, token: str | None = None,
                  default_mode: str = "combined", max_frame_bytes: int = P.MAX_FRAME_BYTES,
                  roots: Iterable[Path] = (), auth_timeout: float = AUTH_TIMEOUT_S, warm: bool = True,
-                 quick_prompt_ms: float = P.QUICK_PROMPT_MS):
+                 quick_prompt_ms: float = P.QUICK_PROMPT_MS, repo_context: bool = False):
         self.info = info  # target, draft, device, dtype, socket
         self.token = token
         self.default_mode = default_mode
@@ -60,6 +60,8 @@ class Daemon:
         # a completion whose full prompt lacks more prefill than this (ms) answers from the quick
         # prompt around the cursor while the full one warms (handlers.Lane); < 0: never
         self.quick_prompt_ms = quick_prompt_ms
+        # other files in the prompt (core.context.related_files); off by default: README "Repository context"
+        self.repo_context = repo_context
         self.engine: Engine | None = None if callable(engine) else engine
         # model work: one engine thread, every client's jobs in turns (core/scheduler.py)
         self.scheduler: Scheduler | None = Scheduler(self.engine) if self.engine is not None else None

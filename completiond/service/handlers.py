@@ -221,11 +221,11 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
     mode, text, starts, tok = _mode(d, p.mode), doc.text, doc.starts, d.engine.target.tokenizer
     # Repository context, snapshotted on the event loop (the engine thread must not read sessions):
     # this client's other open documents, most recently opened first (a few: the prompt shows at
-    # most context.MAX_FILES), and the indexed workspace files.
+    # most context.MAX_FILES), and the indexed workspace files; only with serve --repo-context.
     roots = list(d.watcher.roots)
-    recent = itertools.islice(reversed(s.docs.values()), MAX_OTHER_BUFFERS + 1)
+    recent = itertools.islice(reversed(s.docs.values()), MAX_OTHER_BUFFERS + 1) if d.repo_context else ()
     others = [(o.uri, o.text) for o in recent if o.uri != doc.uri][:MAX_OTHER_BUFFERS]
-    indexed = [(root, list(d.watcher.indexed.get(root, {}))) for root in roots]
+    indexed = [(root, list(d.watcher.indexed.get(root, {}))) for root in roots] if d.repo_context else []
     greedy = p.temperature < P.MIN_TEMPERATURE
     anchor = s.anchors.get(doc.uri) if greedy and p.reuse_prefix else None
     typed = typed_since(anchor, text, offset)
@@ -255,7 +255,8 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
         path, repo = locate(doc.uri, roots)
         workspace = ((Path(f).relative_to(root).as_posix(), Path(f)) for root, files in indexed for f in files
                      if Path(f).is_relative_to(root))  # walked only if the file imports something
-        context = related_files(path, text, [(locate(u, roots)[0], t) for u, t in others], workspace)
+        context = related_files(path, text, [(locate(u, roots)[0], t) for u, t in others], workspace) \
+            if d.repo_context else None
         prompt = build_prompt(tok, text, offset, multiline=p.multiline, path=path, repo=repo, context=context,
                               starts=starts)
         full = Lane(prompt.ids, prompt.heal, slot)
