@@ -50,11 +50,10 @@ def main() -> None:
         doc, off = p.document(read_text_file(p.file) or "")
         rel = p.file.relative_to(root).as_posix()
         for variant in variants:
-            kw = {}
-            if variant != "plain":
-                kw = dict(path=rel, repo=root.name)
-            if variant == "context":
-                kw["context"] = related_files(rel, doc, [], workspace)
+            kw = {}  # plain: context=None
+            if variant != "plain":  # the header alone (repo), or with the imported files (context)
+                kw = dict(path=rel, repo=root.name,
+                          context=related_files(rel, doc, [], workspace) if variant == "context" else [])
             pr = build_prompt(target.tokenizer, doc, off, multiline=True, max_tokens=2048, **kw)
             r = engine.complete(Request(prompt=pr.ids, mode="ar", max_tokens=args.max_tokens, stops=pr.stops,
                                         heal=pr.heal))

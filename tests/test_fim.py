@@ -41,6 +41,10 @@ def test_repository_context_in_qwen_format_before_the_file():
     typed = TEXT[:at] + "pr" + TEXT[at:]
     q = build_prompt(tok, typed, at + 2, path="pkg/main.py", context=[other], repo="demo")
     assert q.ids[:len(head) + 5] == p.ids[:len(head) + 5]
+    # an empty list: the header alone; no list (serve without --repo-context): plain FIM
+    alone = build_prompt(tok, TEXT, at, path="pkg/main.py", context=[], repo="demo")
+    assert tok.decode(alone.ids[:alone.ids.index(pre)]) == "<|repo_name|>demo\n<|file_sep|>pkg/main.py\n"
+    assert build_prompt(tok, TEXT, at, path="pkg/main.py", repo="demo").ids[0] == pre
 
 
 def test_context_stays_within_its_budget():

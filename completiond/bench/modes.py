@@ -58,11 +58,11 @@ def prepare(engine: Engine, root: Path, positions: list[Position], multiline: bo
         text = read_text_file(p.file) or ""
         doc, offset = p.document(text)
         rel = p.file.relative_to(root).as_posix()
-        files = related_files(rel, doc, [], workspace) if context else []
+        files = related_files(rel, doc, [], workspace) if context else None
         pr = build_prompt(tok, doc, offset, multiline=multiline, max_tokens=max_prompt, path=rel, repo=root.name,
                           context=files)
         out.append(Prepared(pr.ids, doc, pr.stops, p.reference, p.file, heal=pr.heal,
-                            context_files=[f.path for f in files]))
+                            context_files=[f.path for f in files or []]))
     return out
 
 

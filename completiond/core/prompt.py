@@ -196,7 +196,8 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
 
     With FIM tokens: [repository context] <fim_prefix> prefix <fim_suffix> suffix <fim_middle>, the
     context in Qwen2.5-Coder's format (<|repo_name|>repo, then <|file_sep|>path + text per file, then
-    <|file_sep|>path of this file) when the tokenizer has those tokens and a path is given. Context
+    <|file_sep|>path of this file) when the tokenizer has those tokens and a path and a `context` list
+    (possibly empty) are given; `context=None` is plain FIM (the default, serve --repo-context off). Context
     comes first and changes only when other files do, so the KV-cache prefix survives typing; it
     gets at most a quarter of the budget. Without FIM tokens: BOS + the prefix alone.
 
@@ -212,8 +213,8 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     if starts is None:
         starts = line_index(text, offset)
     head: list[int] = []
-    if fim and fim.repo_name is not None and fim.file_sep is not None and path and context:
-        head = _repo_context(enc, fim, repo or "workspace", path, context or [], max_tokens // 4)
+    if fim and fim.repo_name is not None and fim.file_sep is not None and path and context is not None:
+        head = _repo_context(enc, fim, repo or "workspace", path, context, max_tokens // 4)
     suffix_ids = enc(suffix)[: max_tokens // 4] if fim else []
     # Character budgets shrink in fixed steps, and cuts fall on fixed line numbers (_stable_cut): while
     # the user types, the prompt's start (and so the reusable KV-cache prefix) does not move.

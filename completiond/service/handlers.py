@@ -223,9 +223,11 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
     # this client's other open documents, most recently opened first (a few: the prompt shows at
     # most context.MAX_FILES), and the indexed workspace files; only with serve --repo-context.
     roots = list(d.watcher.roots)
-    recent = itertools.islice(reversed(s.docs.values()), MAX_OTHER_BUFFERS + 1) if d.repo_context else ()
-    others = [(o.uri, o.text) for o in recent if o.uri != doc.uri][:MAX_OTHER_BUFFERS]
-    indexed = [(root, list(d.watcher.indexed.get(root, {}))) for root in roots] if d.repo_context else []
+    others, indexed = [], []
+    if d.repo_context:
+        recent = itertools.islice(reversed(s.docs.values()), MAX_OTHER_BUFFERS + 1)
+        others = [(o.uri, o.text) for o in recent if o.uri != doc.uri][:MAX_OTHER_BUFFERS]
+        indexed = [(root, list(d.watcher.indexed.get(root, {}))) for root in roots]
     greedy = p.temperature < P.MIN_TEMPERATURE
     anchor = s.anchors.get(doc.uri) if greedy and p.reuse_prefix else None
     typed = typed_since(anchor, text, offset)
