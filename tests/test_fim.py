@@ -77,6 +77,26 @@ def test_blank_line_in_a_block_completes_the_body_and_stops_at_dedent():
     assert text[:s.cut(text)] == "    main()"
 
 
+def test_several_lines_only_where_the_block_can_grow():
+    """Between existing lines of a block a suggestion is one line; at a block's end, after a block
+    opener and at the end of the file it may run on (Copilot's rule)."""
+    tok = tiny.qwen_tokenizer()
+    gen = "x = 1\n    return x\ndef h():\n"
+    text = "def f():\n    \n    return 0\n"  # blank line inside a body: code at its indentation follows
+    inside = build_prompt(tok, text, text.index("\n    \n") + 5, multiline=True).stops
+    assert gen[:inside.cut(gen)] == "x = 1"
+    text = "def f():\n    a = 1\n    \n\ndef g():\n    pass\n"  # the body's end: the next code is dedented
+    end = build_prompt(tok, text, text.index("\n    \n") + 5, multiline=True).stops
+    assert gen[:end.cut(gen)] == "x = 1\n    return x"
+    text = "class A:\n    def f(self):\n    def g(self):\n        pass\n"  # an opener with an empty body
+    opener = build_prompt(tok, text, text.index(":\n    def g") + 1, multiline=True).stops
+    body = "\n        return 1\n    def h(self):\n"
+    assert body[:opener.cut(body)] == "\n        return 1"
+    text = "x = 1\n"
+    assert build_prompt(tok, text, len(text), multiline=True).stops.multiline  # end of the file
+    assert not build_prompt(tok, "\n" + text, 0, multiline=True).stops.multiline  # code follows at column 0
+
+
 def test_fim_end_tokens_end_a_completion():
     lm = tiny.loaded(tiny.qwen2_config(), seed=3)
     eos = lm.eos_ids()

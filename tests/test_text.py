@@ -94,6 +94,17 @@ def test_multiline_stops():
     assert inner.cut("f('(')\n") is None  # brackets in strings do not count
 
 
+def test_a_long_line_written_twice_ends_the_completion():
+    """A small model loops (seen on toolz: `assert isinstance(A.addmethod, curry)` five times);
+    short lines such as `pass` or `)` may repeat in real code."""
+    s = StopRules(multiline=True, cursor_indent=4, bracket_rule=False)  # FIM: the `)` may close code before
+    loop = "x)\n    assert isinstance(a, curry)\n    assert isinstance(a, curry)\n    assert"
+    assert loop[:s.cut(loop)] == "x)\n    assert isinstance(a, curry)"
+    assert s.cut("x)\n    assert isinstance(a, curry)\n    assert isinstance(a, curr") is None  # unfinished
+    short = "x\n    if a:\n        pass\n    if b:\n        pass\n"
+    assert s.cut(short) is None
+
+
 def test_continuations_finds_distinct_branches():
     ctx = np.array([1, 2, 3, 9, 9, 1, 2, 3, 7, 7, 5, 1, 2, 3])
     found = continuations(ctx, [], max_len=3, max_candidates=5)

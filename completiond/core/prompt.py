@@ -350,13 +350,25 @@ def stops_at(text: str, offset: int, multiline: bool, fim: bool) -> StopRules:
     line_start = text.rfind("\n", 0, offset) + 1
     nl = text.find("\n", offset)
     rest = text[offset:] if nl < 0 else text[offset:nl]
-    next_line = ""
-    if nl >= 0 and (m := NON_SPACE.search(text, nl + 1)):  # the first line after this one with code on it
+    following = None  # the first line after this one with code on it
+    if nl >= 0 and (m := NON_SPACE.search(text, nl + 1)):
         end = text.find("\n", m.start())
-        next_line = text[text.rfind("\n", nl, m.start()) + 1:len(text) if end < 0 else end].strip()
+        following = text[text.rfind("\n", nl, m.start()) + 1:len(text) if end < 0 else end]
     head = text[line_start:offset]
+    multiline = multiline and block_may_grow(head, rest, following)
     return StopRules(multiline=multiline, cursor_indent=indent_width(head + rest), line_rest=rest.strip(),
-                     next_line=next_line, line_head=head, bracket_rule=not fim)
+                     next_line=(following or "").strip(), line_head=head, bracket_rule=not fim)
+
+
+def block_may_grow(head: str, rest: str, following: str | None) -> bool:
+    """Whether a completion at the cursor may run over several lines (Copilot's rule): where the
+    cursor's line opens a block, or no code at the cursor's indentation or deeper follows it (the end
+    of a block or of the file). Between existing lines of a block the suggestion is one line: the
+    user is inserting a line, and more lines would guess at code the document already continues.
+    `head` / `rest`: the cursor's line before / after it; `following`: the next line with code."""
+    if head.rstrip().endswith((":", "{")) and not rest.strip():
+        return True
+    return following is None or indent_width(following) < indent_width(head + rest)
 
 
 def _repo_context(enc, fim: Fim, repo: str, path: str, files: list[ContextFile], budget: int) -> list[int]:

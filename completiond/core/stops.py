@@ -37,7 +37,9 @@ class StopRules:
                 line_cut = self._cut_mid_line(text)
             else:
                 line_cut = self._cut_multiline(text) if self.multiline else self._cut_single(text)
-            for c in (line_cut, self._cut_repeat(text)):
+                if self.bracket_rule and (closer := _unbalanced_closer(text)) is not None:
+                    cuts.append(len(text[:closer].rstrip(" \t\r\n")) if text[:closer].strip() else closer)
+            for c in (line_cut, self._cut_repeat(text), _cut_loop(text)):
                 if c is not None:
                     cuts.append(c)
         return min(cuts) if cuts else None
@@ -80,7 +82,7 @@ class StopRules:
         return nl - 1 if nl > 0 and text[nl - 1] == "\r" else nl
 
     def _cut_multiline(self, text: str) -> int | None:
-        cut = _unbalanced_closer(text) if self.bracket_rule else None
+        """Before the first line indented less than the block the completion writes."""
         lines = text.split("\n")
         stop_indent = self.cursor_indent
         offset = len(lines[0]) + 1
@@ -99,13 +101,28 @@ class StopRules:
                     stop_indent = width  # the cursor opened a deeper block: it is the body
                 first_body = False
                 if width < stop_indent:
-                    end = offset - 1  # the newline before the dedented line
-                    cut = end if cut is None else min(cut, end)
-                    break
+                    cut = offset - 1  # the newline before the dedented line
+                    return len(text[:cut].rstrip(" \t\r\n")) if text[:cut].strip() else cut
             offset += len(line) + 1
-        if cut is None:
-            return None
-        return len(text[:cut].rstrip(" \t\r\n")) if text[:cut].strip() else cut
+        return None
+
+
+LOOP_LINE_CHARS = 16  # shorter lines (`pass`, `return None`, `)`) may well repeat in real code
+
+
+def _cut_loop(text: str) -> int | None:
+    """Cut before a finished line that repeats an earlier line of the completion: a statement of
+    LOOP_LINE_CHARS or more written twice in one suggestion is a small model looping."""
+    seen: set[str] = set()
+    start = 0
+    while (end := text.find("\n", start)) >= 0:
+        line = text[start:end].strip()
+        if len(line) >= LOOP_LINE_CHARS:
+            if line in seen:
+                return len(text[:start].rstrip(" \t\r\n"))
+            seen.add(line)
+        start = end + 1
+    return None
 
 
 def _unbalanced_closer(text: str) -> int | None:
