@@ -68,7 +68,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     try:
         root, label = resolve_repo(a.repo)
         target = load(a.target, "target", a.device, a.dtype, a.quant)
-        draft = load_draft(a.draft, target) if {"draft", "combined"} & set(modes) or "hf-assisted" in peers else None
+        uses_draft = bool({"draft", "combined"} & set(modes)) or "hf-assisted" in peers
+        draft = load_draft(a.draft, target) if uses_draft else None
     except (ValueError, ModelError) as e:
         raise UsageError(str(e)) from None
     positions = sample_positions(root, a.positions, a.cursor, a.seed)
@@ -89,7 +90,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     summary = {
         "repo": label, "machine": machine(target), "date": datetime.date.today().isoformat(),
         "command": "completiond " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
-        "positions": len(prepared), "target": target.name, "draft": draft_label(a.draft, draft, target),
+        "positions": len(prepared), "target": target.name, "draft": draft_label(a.draft, draft, target) if uses_draft else "none (no mode uses one)",
         "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
         "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
         "prefill_dtype": prefill_dtype(target), "int8_kernel": target.meta.get("int8_kernel"),
