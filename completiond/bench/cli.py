@@ -90,7 +90,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     summary = {
         "repo": label, "machine": machine(target), "date": datetime.date.today().isoformat(),
         "command": "completiond " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
-        "positions": len(prepared), "target": target.name, "draft": draft_label(a.draft, draft, target) if uses_draft else "none (no mode uses one)",
+        "positions": len(prepared), "target": target.name,
+        "draft": draft_label(a.draft, draft, target) if uses_draft else "none (no mode uses one)",
         "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
         "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
         "prefill_dtype": prefill_dtype(target), "int8_kernel": target.meta.get("int8_kernel"),
