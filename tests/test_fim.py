@@ -199,47 +199,56 @@ def test_healed_completion_hides_the_text_the_editor_shows():
     assert res.text == full[len(p.heal.text):][:cut]
 
 
-def test_after_indentation_the_first_token_is_code():
-    """A cursor after a line's indentation keeps its prompt (the prefix ends with the indentation,
-    as FIM training cuts it) and forbids first tokens that start with a blank: the completion may
-    not add a second indentation."""
+def test_after_indentation_the_prompt_stops_one_blank_short():
+    """A cursor after a line's indentation: byte-level BPE writes "    x" as "   " + " x", so the
+    prompt leaves out the indentation's last blank and the first token must be that blank followed
+    by code (hidden: the editor shows it); end tokens stay allowed."""
     tok = tiny.qwen_tokenizer()
-    text = "def f():\n    x = 1\n    \n\tpass\n"
+    text = "def f():\n    x = 1\n    \n\t\tpass\n"
     at = text.index("    \n") + 4
     p = build_prompt(tok, text, at)
-    assert p.heal.text == ""
-    assert tok.decode(p.ids).startswith("<|fim_prefix|>" + text[:at] + "<|fim_suffix|>")
-    assert not any(tok.decode([i])[:1] in (" ", "\t") for i in p.heal.allowed)
-    assert tok.encode("x", add_special_tokens=False)[0] in p.heal.allowed
+    assert p.heal.text == " "
+    assert tok.decode(p.ids).startswith("<|fim_prefix|>" + text[:at - 1] + "<|fim_suffix|>")
+    firsts = [tok.decode([i]) for i in p.heal.allowed if i not in tok.added_tokens_decoder]
+    assert firsts and all(t[:1] == " " and t[1:2] not in ("", " ", "\t", "\n") for t in firsts)
+    assert tok.encode("    return", add_special_tokens=False)[-1] in p.heal.allowed  # " return" of "   " + " return"
     assert tok.convert_tokens_to_ids("<|endoftext|>") in p.heal.allowed  # it may still end at once
-    assert build_prompt(tok, text, text.index("\tpass") + 1).heal.text == ""  # a tab too
+    tab = build_prompt(tok, text, text.index("\tpass") + 1)
+    assert tab.heal.text == "\t" and tok.decode(tab.ids).startswith("<|fim_prefix|>" + text[:text.index("\tpass")]
+                                                                     + "<|fim_suffix|>")
     assert build_prompt(tok, text, text.index("= 1") + 2).heal.text == " "  # after "= ": the " " token healed
     assert build_prompt(tok, text, text.index("\n    x") + 1).heal is None  # line start: no constraint
-    # typed Enter and the editor's indentation after the prompt was built: the same constraint
+    kept = build_prompt(tok, text, at, heal_indent=False)  # the earlier prompt, for the A/B
+    assert kept.heal is None and tok.decode(kept.ids).startswith("<|fim_prefix|>" + text[:at] + "<|fim_suffix|>")
+    # typed Enter and the editor's indentation after the prompt was built: the same prompt and constraint
     ids, heal = extend_middle(tok, [1, 2], "x = 1\n    ", heal_last=False)
-    assert ids == [1, 2] + tok.encode("x = 1\n    ", add_special_tokens=False) and heal is p.heal
+    assert ids == [1, 2] + tok.encode("x = 1\n   ", add_special_tokens=False) and heal is p.heal
     assert extend_middle(tok, [1, 2], "x = 1\n", heal_last=False)[1] is None
 
 
 def test_after_indentation_the_engine_takes_the_best_code_token():
     """The first token is the target's argmax over the allowed tokens, in every mode, where the
-    unconstrained argmax is a blank (the output row of a blank token is made twice the winner's)."""
+    unconstrained argmax is not allowed (a blank's output row is made twice the winner's), and the
+    blank the prompt left out is hidden from the text."""
     target = tiny.loaded(tiny.qwen2_config(), seed=3, scale=4.0)
     tok, engine = target.tokenizer, Engine(target)
     text = "def f(x):\n    y = x\n    \n"
     p = build_prompt(tok, text, text.rindex("    \n") + 4, multiline=True)
     logits = engine.runner.extend(p.ids)
-    top = int(logits.argmax())
+    top = max(p.heal.allowed, key=lambda i: float(logits[i]))
     blank = tok.encode("    ", add_special_tokens=False)[0]
-    assert tok.decode([top])[:1] not in (" ", "\t") and float(logits[top]) > 0
+    assert blank not in p.heal.allowed and float(logits[top]) > 0
     with torch.no_grad():
         head = target.model.get_output_embeddings().weight
         head[blank] = 2 * head[top]
     engine = Engine(target)
     assert engine.complete(Request(prompt=p.ids, mode="ar", max_tokens=1)).token_ids == [blank]
     for mode in ("ar", "pld", "combined"):
-        res = engine.complete(Request(prompt=p.ids, mode=mode, max_tokens=4, heal=p.heal))
+        res = engine.complete(Request(prompt=p.ids, mode=mode, max_tokens=4, heal=p.heal,
+                                      stops=p.stops))
         assert res.token_ids[:1] == [top], mode
+        if top not in tok.added_tokens_decoder:
+            assert res.text.startswith(tok.decode([top])[1:]), mode
 
 
 def test_fim_completions_may_close_brackets_the_suffix_lacks():

@@ -191,7 +191,7 @@ def prepare_tokenizer(tokenizer) -> None:
 
 def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max_tokens: int = MAX_PROMPT_TOKENS,
                  path: str | None = None, context: list[ContextFile] | None = None, repo: str = "",
-                 starts: np.ndarray | None = None) -> Prompt:
+                 starts: np.ndarray | None = None, heal_indent: bool = True) -> Prompt:
     """Prompt ids for a completion at `offset` in `text`.
 
     With FIM tokens: [repository context] <fim_prefix> prefix <fim_suffix> suffix <fim_middle>, the
@@ -204,6 +204,8 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     The cost does not grow with the document: only a window around the cursor is read and tokenized.
     `starts` (the document's line index, documents.py) places the prefix cut without scanning the
     text before the cursor; without it the prefix's lines are found here.
+    `heal_indent=False`: the prompt ends with the whole indentation (the earlier prompt, kept for
+    benchmarks/indent_ab.py; see after_indent).
     """
     suffix = text[offset:offset + max_tokens]  # more characters than the suffix's token share can use
     bos = bos_ids(tokenizer)
@@ -226,16 +228,17 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
             return bos + head + [fim.prefix] + enc(prefix) + [fim.suffix] + suffix_ids + [fim.middle]
         return bos + enc(prefix)
 
-    ids = assemble(prefix)
+    # After a line's indentation the prompt stops one blank short of the cursor (see after_indent).
+    indented = bool(fim) and heal_indent and _is_indent(text[text.rfind("\n", 0, offset) + 1:offset])
+    ids = assemble(prefix[:-1] if indented else prefix)
     while len(ids) > max_tokens + len(bos) + 4 and budget > 0:  # dense text: a smaller budget
         budget = int(budget * 0.8)
         prefix = _stable_cut(text, offset, starts, budget)
-        ids = assemble(prefix)
+        ids = assemble(prefix[:-1] if indented and prefix else prefix)
     if len(ids) > max_tokens + len(bos) + 4:  # a single enormous line: keep its tail
         ids = ids[:len(bos)] + ids[-max_tokens:]
     line_head = prefix[prefix.rfind("\n") + 1:]
-    # After a line's indentation: code starts at the cursor (see after_indent).
-    heal = after_indent(tokenizer, line_head) if fim else None
+    heal = after_indent(tokenizer, line_head) if indented and line_head else None
     # Heal the token before <fim_suffix> when the cursor follows code on its line (mid-word, after
     # an operator). Not a line's indentation: healing "    " would force whitespace-only first
     # tokens, where the model's own tokenization is "   " + " word".
@@ -254,9 +257,12 @@ def extend_middle(tokenizer, ids: list[int], middle: str, heal_last: bool) -> tu
     the KV cache and only the typed tokens are new (rebuilding the prompt would move the cursor before
     <fim_suffix> and re-prefill the entire suffix on every keystroke). The last typed token is healed
     as build_prompt heals the token before the cursor."""
-    typed = tokenizer.encode(middle, add_special_tokens=False) if middle else []
     if not heal_last:  # e.g. typed Enter and the editor indented: as after_indent
-        return ids + typed, after_indent(tokenizer, middle[middle.rfind("\n") + 1:])
+        head = middle[middle.rfind("\n") + 1:]
+        heal = after_indent(tokenizer, head) if _is_indent(head) else None
+        middle = middle[:-1] if heal is not None else middle
+        return ids + (tokenizer.encode(middle, add_special_tokens=False) if middle else []), heal
+    typed = tokenizer.encode(middle, add_special_tokens=False) if middle else []
     heal = _heal(tokenizer, typed[-1]) if typed else None
     return ids + (typed[:-1] if heal is not None else typed), heal
 
@@ -264,23 +270,33 @@ def extend_middle(tokenizer, ids: list[int], middle: str, heal_last: bool) -> tu
 _CODE_FIRST: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def after_indent(tokenizer, line_head: str) -> Heal | None:
-    """The constraint for a cursor after a line's indentation (line_head: the line up to the cursor):
-    the first token may not start with a blank, or None when line_head is not indentation.
+def _is_indent(line_head: str) -> bool:
+    return bool(line_head) and not line_head.strip(" \t")
 
-    A FIM model sometimes answers such a cursor with a whole line, indentation included, and the
-    suggestion lands a level too deep (3 of the 16 line-start positions on toolz and boltons in the
-    committed bench). Nothing is hidden (Heal.text is ""); every other token, end tokens included,
-    stays allowed."""
-    if not line_head or line_head.strip(" \t"):
+
+def after_indent(tokenizer, line_head: str) -> Heal | None:
+    """The constraint for a cursor after a line's indentation (line_head: the line up to the cursor,
+    blanks only), for a prompt that leaves out the indentation's last blank: the first token must be
+    that blank followed by code (or an end token); None when line_head is not indentation.
+
+    Byte-level BPE writes an indented line as "       " + " return" (the last blank joins the word),
+    so a prompt ending in the whole indentation ends in a token ("        ") the model saw before code
+    only where a document was cut there; ending one blank short and healing it is the tokenization
+    the model read in every indented line. It also keeps a FIM model from answering with a whole
+    line, indentation included, a level too deep. The blank is hidden (Heal.text)."""
+    if not _is_indent(line_head):
         return None
     by_first = _vocab_bytes(tokenizer)
     if by_first is None:
         return None
-    if tokenizer not in _CODE_FIRST:
-        blank = {i for b in b" \t" for i, _ in by_first.get(b, ())}
-        _CODE_FIRST[tokenizer] = Heal("", [i for i in range(len(tokenizer)) if i not in blank])
-    return _CODE_FIRST[tokenizer]  # one object, so its set and tensor are built once
+    blank = line_head[-1].encode()
+    tables = _CODE_FIRST.setdefault(tokenizer, {})
+    if blank not in tables:
+        regular = {i for group in by_first.values() for i, _ in group}
+        ends = [i for i in range(len(tokenizer)) if i not in regular]  # special tokens: it may still end
+        code = [i for i, b in by_first.get(blank[0], ()) if len(b) > 1 and b[1:2] not in (b" ", b"\t", b"\r", b"\n")]
+        tables[blank] = Heal(line_head[-1], sorted(code + ends))
+    return tables[blank]  # one object per blank, so its set and tensor are built once
 
 
 _VOCAB: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
