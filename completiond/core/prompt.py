@@ -187,6 +187,8 @@ def prepare_tokenizer(tokenizer) -> None:
     fim_tokens(tokenizer)
     bos_ids(tokenizer)
     _vocab_bytes(tokenizer)
+    if fim_tokens(tokenizer):
+        after_indent(tokenizer, " ")
 
 
 def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max_tokens: int = MAX_PROMPT_TOKENS,
@@ -229,7 +231,8 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
         return bos + enc(prefix)
 
     # After a line's indentation the prompt stops one blank short of the cursor (see after_indent).
-    indented = bool(fim) and heal_indent and _is_indent(text[text.rfind("\n", 0, offset) + 1:offset])
+    heal = after_indent(tokenizer, text[text.rfind("\n", 0, offset) + 1:offset]) if fim and heal_indent else None
+    indented = heal is not None
     ids = assemble(prefix[:-1] if indented else prefix)
     while len(ids) > max_tokens + len(bos) + 4 and budget > 0:  # dense text: a smaller budget
         budget = int(budget * 0.8)
@@ -238,7 +241,6 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     if len(ids) > max_tokens + len(bos) + 4:  # a single enormous line: keep its tail
         ids = ids[:len(bos)] + ids[-max_tokens:]
     line_head = prefix[prefix.rfind("\n") + 1:]
-    heal = after_indent(tokenizer, line_head) if indented and line_head else None
     # Heal the token before <fim_suffix> when the cursor follows code on its line (mid-word, after
     # an operator). Not a line's indentation: healing "    " would force whitespace-only first
     # tokens, where the model's own tokenization is "   " + " word".
