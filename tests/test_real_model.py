@@ -101,11 +101,14 @@ def test_coder_greedy_identical_fp32_fim(coder_fp32):
     text = SOURCE.read_text()
     engine.index.set_file(str(SOURCE), target.tokenizer.encode(text, add_special_tokens=False))
     engine.calibrate(sizes=(1, 8, 32))
-    for o in (text.index("def py_scanstring"), text.index("        end = _w(s, end).end()")):
-        p = build_prompt(target.tokenizer, text, o, multiline=True, path="json/decoder.py", repo="json",
+    line = "            end = _w(s, end).end()\n"
+    gap = text.replace(line, "            \n", 1)  # a line to write after its indentation (the indentation heal)
+    for doc, o in ((text, text.index("def py_scanstring")), (gap, text.index(line) + 12)):
+        p = build_prompt(target.tokenizer, doc, o, multiline=True, path="json/decoder.py", repo="json",
                          max_tokens=1024)
         ar = engine.complete(Request(prompt=p.ids, mode="ar", max_tokens=16, stops=p.stops, heal=p.heal))
         assert ar.token_ids, "the real model produced nothing"
+        assert doc is text or (p.heal.text == " " and not ar.text.startswith(" ")), ar.text
         for mode in ("pld", "draft", "combined"):
             res = engine.complete(Request(prompt=p.ids, mode=mode, max_tokens=16, stops=p.stops, heal=p.heal))
             assert res.token_ids == ar.token_ids, mode
