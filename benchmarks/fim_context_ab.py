@@ -17,8 +17,7 @@ import sys
 import torch
 from tqdm import tqdm
 
-from completiond.bench.repo import (edit_similarity, first_line, read_text_file, resolve_repo, sample_positions,
-                                    source_files)
+from completiond.bench.repo import mean_scores, read_text_file, resolve_repo, sample_positions, score, source_files
 from completiond.core.context import related_files
 from completiond.core.engine import Engine, Request
 from completiond.core.prompt import build_prompt
@@ -57,18 +56,13 @@ def main() -> None:
             pr = build_prompt(target.tokenizer, doc, off, multiline=True, max_tokens=2048, **kw)
             r = engine.complete(Request(prompt=pr.ids, mode="ar", max_tokens=args.max_tokens, stops=pr.stops,
                                         heal=pr.heal))
-            line = first_line(r.text)
             rows[variant].append(dict(file=rel, line=p.line, col=p.col, reference=p.reference, text=r.text,
                                       prompt_tokens=len(pr.ids), context_files=[c.path for c in kw.get("context", [])],
-                                      exact=line == p.reference, exact_middle=r.text.rstrip() == p.reference,
-                                      similarity=edit_similarity(line, p.reference)))
+                                      **score(r.text, p.reference)))
     summary = {}
     for v, rs in rows.items():
         n = len(rs)
-        summary[v] = dict(exact_line=round(sum(r["exact"] for r in rs) / n, 3),
-                          exact_middle=round(sum(r["exact_middle"] for r in rs) / n, 3),
-                          edit_similarity=round(sum(r["similarity"] for r in rs) / n, 3),
-                          mean_prompt_tokens=round(sum(r["prompt_tokens"] for r in rs) / n, 1),
+        summary[v] = dict(**mean_scores(rs), mean_prompt_tokens=round(sum(r["prompt_tokens"] for r in rs) / n, 1),
                           positions_with_context=sum(bool(r["context_files"]) for r in rs))
         print(label, v, summary[v])
     if args.json:

@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from completiond.bench.cli import machine
-from completiond.bench.repo import edit_similarity, first_line, read_text_file, resolve_repo, sample_positions
+from completiond.bench.repo import first_line, mean_scores, read_text_file, resolve_repo, sample_positions, score
 from completiond.core.engine import Engine, Request
 from completiond.core.prompt import Heal, build_prompt
 from completiond.models import load
@@ -55,17 +55,11 @@ def main() -> None:
             heal = pr.heal if variant == "healed" else kept
             r = engine.complete(Request(prompt=pr.ids, mode="ar", max_tokens=args.max_tokens, stops=pr.stops,
                                         heal=heal))
-            line = first_line(r.text)
             rows[variant].append(dict(file=p.file.relative_to(root).as_posix(), line=p.line, col=p.col,
-                                      reference=p.reference, text=r.text, exact=line == p.reference,
-                                      exact_middle=r.text.rstrip() == p.reference,
-                                      similarity=edit_similarity(line, p.reference)))
+                                      reference=p.reference, text=r.text, **score(r.text, p.reference)))
     summary = {}
     for v, rs in rows.items():
-        n = len(rs)
-        summary[v] = dict(positions=n, exact_line=round(sum(r["exact"] for r in rs) / n, 3),
-                          exact_middle=round(sum(r["exact_middle"] for r in rs) / n, 3),
-                          edit_similarity=round(sum(r["similarity"] for r in rs) / n, 3))
+        summary[v] = dict(positions=len(rs), **mean_scores(rs))
         print(label, v, summary[v])
     h, k = rows["healed"], rows["kept"]
     summary["healed_only_exact"] = sum(a["exact"] and not b["exact"] for a, b in zip(h, k))

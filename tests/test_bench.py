@@ -4,7 +4,7 @@ import json
 import shutil
 
 from completiond import cli
-from completiond.bench.repo import code_lines, edit_similarity, sample_positions
+from completiond.bench.repo import code_lines, edit_similarity, mean_scores, sample_positions, score
 
 import tiny
 
@@ -34,6 +34,11 @@ def test_positions_are_code_lines(tmp_path):
         doc, offset = p.document(p.file.read_text())
         assert p.reference not in doc[offset:offset + len(p.reference) + 1] or not p.reference.strip()
     assert edit_similarity("abc", "abc") == 1.0 and edit_similarity("abc", "abd") == 1 - 1 / 3
+    # scored on the first line; exact_middle only when nothing follows it
+    assert score("x = 1\ny = 2", "x = 1") == dict(exact=True, exact_middle=False, similarity=1.0)
+    assert score("x = 1  \n", "x = 1")["exact_middle"] and not score("x = 2", "x = 1")["exact"]
+    rows = [score("x = 1", "x = 1"), score("x = 2\n", "x = 1")]
+    assert mean_scores(rows) == dict(exact_line=0.5, exact_middle=0.5, edit_similarity=round((1 + 0.8) / 2, 3))
 
 
 def test_bench_json_shape(tmp_path, capsys, tiny_dir):

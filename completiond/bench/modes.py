@@ -17,7 +17,7 @@ from tqdm import tqdm
 from ..core.engine import Engine, Request, Result
 from ..core.context import related_files
 from ..core.prompt import build_prompt
-from .repo import Position, edit_similarity, first_line, read_text_file, source_files
+from .repo import Position, read_text_file, score, source_files
 
 WARM_GAP = 8
 
@@ -110,9 +110,7 @@ def run_modes(engine: Engine, root: Path, positions: list[Position], modes: list
             cut = warm(engine, pp.prompt)
             res = engine.complete(Request(prompt=pp.prompt, mode=mode, max_tokens=max_tokens, stops=pp.stops,
                                           heal=pp.heal))
-            line = first_line(res.text)
-            run = Run(i, mode, res, exact=line == pp.reference, similarity=edit_similarity(line, pp.reference),
-                      exact_middle=res.text.rstrip() == pp.reference)
+            run = Run(i, mode, res, **score(res.text, pp.reference))
             if mode != "ar":
                 ar = pp.runs["ar"].result
                 run.identical = res.token_ids == ar.token_ids

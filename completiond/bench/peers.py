@@ -25,7 +25,7 @@ from ..core.engine import Engine
 from ..models import LoadedModel
 from ..paths import cache_root
 from .modes import WARM_GAP, Prepared
-from .repo import edit_similarity, first_line
+from .repo import score
 
 
 def full_vocab_draft(draft: LoadedModel, vocab: int) -> torch.nn.Module:
@@ -175,10 +175,8 @@ def run_llama_cpp(engine: Engine, prepared: list[Prepared], threads: int) -> tup
                 if pp.heal is not None:  # the same prompt, unconstrained: hide the healed text if it came back
                     text = text[len(pp.heal.text):] if text.startswith(pp.heal.text) else text
                 stop = pp.stops.cut(text)
-                line = first_line(text if stop is None else text[:stop])
                 out[name].append({"position": prepared.index(pp), "ms_total": r["ms"], "ms_first_token": r["ms_first"],
-                                  "tokens": len(gen), "exact": line == pp.reference,
-                                  "similarity": edit_similarity(line, pp.reference),
+                                  "tokens": len(gen), **score(text if stop is None else text[:stop], pp.reference),
                                   "identical": gen == pp.runs["ar"].result.token_ids,
                                   "text_identical": tok.decode(gen) == tok.decode(pp.runs["ar"].result.token_ids)})
         prefill = compare_prefill(engine, peer, [pp.prompt for pp in prepared[:PREFILL_PROMPTS]])

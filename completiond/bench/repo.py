@@ -136,6 +136,22 @@ def first_line(text: str) -> str:
     return text.split("\n", 1)[0].rstrip()
 
 
+def score(text: str, reference: str) -> dict:
+    """One completion against the line it replaces: `exact` (its first line is that line), `exact_middle`
+    (the whole completion is, no extra lines), `similarity` (edit similarity of the first line)."""
+    line = first_line(text)
+    return dict(exact=line == reference, exact_middle=text.rstrip() == reference,
+                similarity=edit_similarity(line, reference))
+
+
+def mean_scores(rows: list[dict]) -> dict:
+    """`score` rows averaged: exact_line, exact_middle, edit_similarity."""
+    n = len(rows)
+    return dict(exact_line=round(sum(r["exact"] for r in rows) / n, 3),
+                exact_middle=round(sum(r["exact_middle"] for r in rows) / n, 3),
+                edit_similarity=round(sum(r["similarity"] for r in rows) / n, 3))
+
+
 def edit_similarity(a: str, b: str) -> float:
     """1 - Levenshtein distance / longer length (1.0 for identical strings)."""
     if a == b:

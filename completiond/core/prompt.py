@@ -225,22 +225,24 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     budget = max(0, (max_tokens - len(head) - len(suffix_ids)) * 4)
     prefix = _stable_cut(text, offset, starts, budget)
 
+    # After a line's indentation the prompt stops one blank short of the cursor (see after_indent).
+    indent = after_indent(tokenizer, text[text.rfind("\n", 0, offset) + 1:offset]) if fim and heal_indent else None
+
     def assemble(prefix: str) -> list[int]:
+        prefix = prefix[:-1] if indent is not None else prefix
         if fim:
             return bos + head + [fim.prefix] + enc(prefix) + [fim.suffix] + suffix_ids + [fim.middle]
         return bos + enc(prefix)
 
-    # After a line's indentation the prompt stops one blank short of the cursor (see after_indent).
-    heal = after_indent(tokenizer, text[text.rfind("\n", 0, offset) + 1:offset]) if fim and heal_indent else None
-    indented = heal is not None
-    ids = assemble(prefix[:-1] if indented else prefix)
+    ids = assemble(prefix)
     while len(ids) > max_tokens + len(bos) + 4 and budget > 0:  # dense text: a smaller budget
         budget = int(budget * 0.8)
         prefix = _stable_cut(text, offset, starts, budget)
-        ids = assemble(prefix[:-1] if indented and prefix else prefix)
+        ids = assemble(prefix)
     if len(ids) > max_tokens + len(bos) + 4:  # a single enormous line: keep its tail
         ids = ids[:len(bos)] + ids[-max_tokens:]
     line_head = prefix[prefix.rfind("\n") + 1:]
+    heal = indent
     # Heal the token before <fim_suffix> when the cursor follows code on its line (mid-word, after
     # an operator). Not a line's indentation: healing "    " would force whitespace-only first
     # tokens, where the model's own tokenization is "   " + " word".
@@ -261,7 +263,7 @@ def extend_middle(tokenizer, ids: list[int], middle: str, heal_last: bool) -> tu
     as build_prompt heals the token before the cursor."""
     if not heal_last:  # e.g. typed Enter and the editor indented: as after_indent
         head = middle[middle.rfind("\n") + 1:]
-        heal = after_indent(tokenizer, head) if _is_indent(head) else None
+        heal = after_indent(tokenizer, head)
         middle = middle[:-1] if heal is not None else middle
         return ids + (tokenizer.encode(middle, add_special_tokens=False) if middle else []), heal
     typed = tokenizer.encode(middle, add_special_tokens=False) if middle else []
