@@ -4,8 +4,11 @@ int8 kernel (core/int8_mm.c, float32 activations), not part of the product.
 - 5-bit weights (`kernel_probe/q5_mm.c`): the Qwen2.5-Coder GGUFs store most matrices as Q5_0
   (5 bits + a scale per 32 weights), 0.69-0.75x the bytes of int8. A one-node pass is memory bound,
   so fewer bytes could make it cheaper, if decoding them costs less than the bytes save.
-- int16 activations (`kernel_probe/a16_mm.c`): a pass over a tree of 4+ nodes is compute bound on
-  AVX2 (float FMA: 8 multiply-adds per instruction); vpmaddwd does 16 int16 ones, exactly in int32.
+- int16 activations (`core/a16_mm.c`, a probe here until it measured faster on some AVX2 hosts; now
+  the native layer's kernel where cpu_kernel's calibration picks it): vpmaddwd does 16 int16
+  multiply-adds per instruction, exactly in int32, where a float FMA does 8.
+- One core's ceilings (`ceilings` in bench.c): float FMAs with operands in registers, with one
+  256-bit or 128-bit load each, and the int8 kernel on 6 rows with its weights in cache.
 
 Both keep the int8 kernel's tiles and batch-invariant arithmetic. This script builds them with
 int8_mm.c, times all three on the same matrices, repeats the whole timing --runs times (the machine
@@ -35,7 +38,19 @@ from tqdm import tqdm  # noqa: E402
 from completiond.models.device import cpu_features, cpu_name  # noqa: E402
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "kernel_probe" / n for n in ("bench.c", "q5_mm.c", "a16_mm.c")] + [HERE.parent / "completiond" / "core" / "int8_mm.c"]
+SOURCES = [HERE / "kernel_probe" / n for n in ("bench.c", "q5_mm.c")] + [
+    HERE.parent / "completiond" / "core" / n for n in ("int8_mm.c", "a16_mm.c")]
+
+
+def cpu_family_model() -> str:
+    """/proc/cpuinfo's family and model: a VM's "AMD EPYC" (family 23, model 1 is QEMU's generic
+    EPYC) says little about the host, whose cores these numbers describe."""
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                    if ":" in line)
+        return f"family {info['cpu family'].strip()}, model {info['model'].strip()}"
+    except (OSError, KeyError):
+        return "unknown"
 
 
 def main() -> None:
@@ -54,8 +69,8 @@ def main() -> None:
             runs.append([json.loads(x) for x in lines])
     q5_check, a16_check = runs[0][0], runs[0][1]
     rows = []
-    for i, first in enumerate(runs[0][3:]):
-        per_run = [run[3 + i] for run in runs]
+    for i, first in enumerate(runs[0][4:]):
+        per_run = [run[4 + i] for run in runs]
         row = {"rows": first["rows"]}
         for kernel in ("int8", "q5", "a16"):
             row[f"{kernel}_ms"] = round(median(r[f"{kernel}_ms"] for r in per_run), 3)
@@ -65,9 +80,11 @@ def main() -> None:
             row[f"{kernel}_over_int8_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
         rows.append(row)
     stream = [run[2]["read_gb_per_s"] for run in runs]
+    ceilings = {k: round(median(run[3][k] for run in runs), 2) for k in runs[0][3]}
     out = {"machine": f"{cpu_name()} ({'/'.join(cpu_features()) or 'no AVX2'}), 2 threads",
            "command": f"python benchmarks/kernel_probe.py --runs {a.runs}", "matrices": "12 x [4864, 896]",
            "runs": a.runs, **q5_check, **a16_check, "read_gb_per_s": round(median(stream), 2),
+           "one_core": ceilings, "cpu_family_model": cpu_family_model(),
            "int8_gb_per_s_1_row": round(12 * 4864 * 896 / rows[0]["int8_ms"] / 1e6, 2), "rows": rows}
     print(json.dumps(out, indent=2))
     if a.json:

@@ -9,7 +9,8 @@ Variants: backend (transformers / lean) x weights (bf16, fp32, int8, int4: weigh
 activations, completiond.core.quant), plus the lean int8/int4 target with the exact cheap head,
 and where completiond's int8 kernel runs, the lean int8 target on torch's kernel (before/after);
 where the native Qwen2 layer runs (lean/int8 then uses it), the same target as torch ops around
-completiond's kernel (before/after).
+completiond's kernel (before/after); where the native layer rounds activations to int16, the same
+layer with float32 activations (before/after).
 
     python benchmarks/pass_cost.py --random-0.5b --threads 1 --clock cpu \
         --json benchmarks/results/pass-cost-random-0.5b.json --plot benchmarks/results/pass-cost-random-0.5b.png
@@ -40,6 +41,7 @@ from completiond.core.runner import Runner
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 TORCH_KERNEL = "lean/int8 (torch kernel)"  # int8 on aten._weight_int8pack_mm where completiond's kernel runs
 TORCH_OPS = "lean/int8 (torch ops)"  # completiond's kernel inside torch ops, where the native Qwen2 layer runs
+FLOAT_ACT = "lean/int8 (float32 activations)"  # the native layer on int8_mm.c where it chose a16_mm.c
 
 
 @contextlib.contextmanager
@@ -164,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         if weights == "int8" and getattr(runners["lean/int8"].base, "native", None) is not None:
             runners[TORCH_OPS] = Runner(lm, capacity=args.context + 256, backend="lean")
             runners[TORCH_OPS].base.native = None  # each layer as torch ops around the same kernel
+        if weights == "int8" and getattr(runners["lean/int8"].base, "int16_activations", False):
+            runners[FLOAT_ACT] = Runner(lm, capacity=args.context + 256, backend="lean")
+            runners[FLOAT_ACT].base.int16_activations = False  # the native layer's float kernel, before/after
     for r in runners.values():
         fill_cache(r, args.context)
 
@@ -213,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         "context": args.context, "sizes": sizes, "tree": "node i under node (i-1)//2, logits at every node",
         "cache": "random K/V for the context (pass cost does not depend on the values)",
         "int8_kernel": cpu_kernel.name(), "torch_kernel_variant": TORCH_KERNEL, "torch_ops_variant": TORCH_OPS,
+        "float_activations_variant": FLOAT_ACT,
         "native_layer": "lean/int8 runs each Qwen2 layer in one C call (core/qwen2_layer.c) where "
                         f"{TORCH_OPS} is listed",
         "quantization": {"int8": f"per-output-channel symmetric, {cpu_kernel.name()} kernel",

@@ -20,28 +20,50 @@ def operands(m: int, k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch
 
 
 @needs_kernel
-@pytest.mark.parametrize("k,n", [(896, 200), (37, 19), (64, 16), (1003, 131)])  # K tails, N off the 16-blocks
-def test_rows_are_bit_identical_alone_and_in_any_batch(k, n):
+@pytest.mark.parametrize("int16", [False, True])  # float32 activations (int8_mm.c) or int16 (a16_mm.c)
+@pytest.mark.parametrize("k,n", [(896, 200), (37, 19), (64, 16), (1003, 131), (300, 40)])  # K tails, N off 16
+def test_rows_are_bit_identical_alone_and_in_any_batch(k, n, int16):
     """The property greedy identity rests on: a row's output does not depend on which rows share
     the call (trees of 1..70 nodes, every tile shape of the kernel), bit for bit."""
     assert cpu_kernel.library() is not None, "AVX2 + FMA and a compiler are here, but the kernel did not build"
     x, q, s = operands(70, k, n)
-    whole = cpu_kernel.int8_mm(x, q, s)
+    whole = cpu_kernel.int8_mm(x, q, s, int16=int16)
     for a, b in [(0, 1), (5, 6), (3, 10), (0, 64), (13, 70), (7, 9), (1, 4), (2, 5), (0, 5), (4, 15), (9, 13)]:
-        assert torch.equal(cpu_kernel.int8_mm(x[a:b], q, s), whole[a:b]), (a, b)
+        assert torch.equal(cpu_kernel.int8_mm(x[a:b], q, s, int16=int16), whole[a:b]), (a, b)
 
 
 @needs_kernel
-def test_thread_count_does_not_change_results():
+@pytest.mark.parametrize("int16", [False, True])
+def test_thread_count_does_not_change_results(int16):
     x, q, s = operands(9, 896, 300)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = cpu_kernel.int8_mm(x, q, s)
+        one = cpu_kernel.int8_mm(x, q, s, int16=int16)
         torch.set_num_threads(max(2, before))
-        assert torch.equal(cpu_kernel.int8_mm(x, q, s), one)
+        assert torch.equal(cpu_kernel.int8_mm(x, q, s, int16=int16), one)
     finally:
         torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_int16_activations_stay_close_and_keep_non_finite_rows_apart():
+    """Rounding to int16 per block of 128: each activation moves by at most half its block's step
+    (block max / 32767), so an output moves by at most half the steps times |w| (+ float32 sums),
+    outliers included (one activation 50x the rest every 97); a row holding inf gives nan there
+    and leaves the other rows as they were."""
+    x, q, s = operands(6, 4864, 300)
+    x[:, ::97] *= 50
+    ref = (x.double() @ q.double().T) * s.double()
+    got = cpu_kernel.int8_mm(x, q, s, int16=True)
+    step = x.double().abs().view(6, -1, 128).amax(-1) / 32767  # [rows, blocks]
+    w_abs = (q.double().abs() * s.double()[:, None]).view(300, -1, 128).sum(-1)  # [n, blocks]
+    bound = 0.5 * step @ w_abs.T + 1e-5 * ref.abs().max()
+    assert ((got.double() - ref).abs() <= bound).all()
+    assert (got.double() - ref).abs().max() > 0  # it does round: this is not the float kernel
+    x[2, 10] = float("inf")
+    bad = cpu_kernel.int8_mm(x, q, s, int16=True)
+    assert bad[2].isnan().all() and torch.equal(bad[[0, 1, 3, 4, 5]], got[[0, 1, 3, 4, 5]])
 
 
 @needs_kernel
@@ -136,7 +158,31 @@ def test_override_forces_completiond_kernel(tmp_path):
     if not cpu_kernel.wanted():
         pytest.skip("no x86 CPU with AVX2 + FMA here")
     code = "from completiond.core import cpu_kernel; print(cpu_kernel.name())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "COMPLETIOND_INT8_KERNEL": "completiond", "COMPLETIOND_CACHE": str(tmp_path)})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "completiond-avx2" and not (tmp_path / "calibration").exists()
+    for acts, name in (("float32", "completiond-avx2"), ("int16", "completiond-avx2+int16-activations")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "COMPLETIOND_INT8_KERNEL": "completiond", "COMPLETIOND_CACHE": str(tmp_path),
+                                  "COMPLETIOND_LAYER_ACTIVATIONS": acts})
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == name and not (tmp_path / "calibration").exists()
+
+
+@needs_kernel
+def test_activations_are_measured_once_per_cpu(tmp_path, monkeypatch):
+    """int16_activations() rests on one timing per CPU (both kernels, a pass's shapes), cached."""
+    import json
+    monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path))
+    monkeypatch.setenv("COMPLETIOND_INT8_KERNEL", "completiond")
+    monkeypatch.delenv("COMPLETIOND_LAYER_ACTIVATIONS", raising=False)
+    for fn in (cpu_kernel.enabled, cpu_kernel.int16_activations):
+        fn.cache_clear()
+    try:
+        first = cpu_kernel.int16_activations()
+        [path] = (tmp_path / "calibration").glob("int8-activations-*.json")
+        saved = json.loads(path.read_text())
+        assert saved["int16_faster"] == first and set(saved["ms"]) == {"float32", "int16"}
+        path.write_text(json.dumps({**saved, "int16_faster": not first}))
+        cpu_kernel.int16_activations.cache_clear()
+        assert cpu_kernel.int16_activations() == (not first)
+    finally:
+        for fn in (cpu_kernel.enabled, cpu_kernel.int16_activations):
+            fn.cache_clear()

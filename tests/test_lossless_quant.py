@@ -6,13 +6,17 @@ import random
 import pytest
 
 import tiny
+from completiond.core import cpu_kernel
 from completiond.core.engine import Engine, Request
 from completiond.models import self_draft
 from completiond.core.quant import quantize, scheme_of
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int4"])
-def test_quantized_lean_target_identical_across_modes(scheme, code_ids):
+@pytest.mark.parametrize("scheme,int16", [("int8", False), ("int8", True), ("int4", False)])
+def test_quantized_lean_target_identical_across_modes(scheme, int16, code_ids, monkeypatch):
+    """int16: the native Qwen2 layer's int16-activation kernel (where completiond's kernel runs;
+    elsewhere both int8 cases run the same path)."""
+    monkeypatch.setattr(cpu_kernel, "int16_activations", lambda: int16)
     tok_ids = tiny.qwen_tokenizer().encode((tiny.STDLIB / "textwrap.py").read_text(), add_special_tokens=False)
     target = tiny.loaded(tiny.qwen2_config(layers=2, hidden=128), seed=2, scale=4.0)
     quantize(target.model, scheme)
@@ -20,6 +24,7 @@ def test_quantized_lean_target_identical_across_modes(scheme, code_ids):
     draft = self_draft(target, 1)
     engine = Engine(target, draft, max_nodes=16, always_speculate=True, backend="lean")
     assert engine.runner.backend == "lean"
+    assert getattr(engine.runner.base, "int16_activations", False) == (int16 and cpu_kernel.enabled())
     engine.index.set_file("textwrap.py", tok_ids)
     rng = random.Random(3)
     for i in range(12):
@@ -28,4 +33,4 @@ def test_quantized_lean_target_identical_across_modes(scheme, code_ids):
         ar = engine.complete(Request(prompt=prompt, mode="ar", max_tokens=16))
         for mode in ("pld", "draft", "combined"):
             res = engine.complete(Request(prompt=prompt, mode=mode, max_tokens=16))
-            assert res.token_ids == ar.token_ids, f"{scheme} {mode} prompt {i}"
+            assert res.token_ids == ar.token_ids, f"{scheme} int16={int16} {mode} prompt {i}"

@@ -39,16 +39,17 @@ from ..paths import cache_root
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("int8_mm.c"), Path(__file__).with_name("qwen2_layer.c")]
+SOURCES = [Path(__file__).with_name(n) for n in ("int8_mm.c", "a16_mm.c", "qwen2_layer.c")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 # completiond_qwen2_layer(h, n, H, in_norm, post_norm, eps, wqkv, sqkv, bqkv, wo, so, wgu, sgu, inter,
-#   wd, sd, cos, sin, kc, vc, kv_bf16, cap, begin, keys, mask, heads, kv_heads, d, scale, work, threads)
+#   wd, sd, cos, sin, kc, vc, kv_bf16, cap, begin, keys, mask, heads, kv_heads, d, scale, work, a16, threads)
 QWEN2_LAYER_ARGS = [_P, _I, _I, _P, _P, _F, _P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P,
-                    ctypes.c_int, _I, _I, _I, _P, _I, _I, _I, _F, _P, ctypes.c_int]
+                    ctypes.c_int, _I, _I, _I, _P, _I, _I, _I, _F, _P, ctypes.c_int, ctypes.c_int]
 # completiond_qwen2_work(n, H, inter, heads, kv_heads, d, keys, threads) -> floats of scratch
 QWEN2_WORK_ARGS = [_I] * 7 + [ctypes.c_int]
 NAME = "completiond-avx2"  # what status / --json report as the int8 kernel
+A16 = "+int16-activations"  # appended when the native layer rounds its activations to int16
 
 
 def wanted() -> bool:
@@ -97,9 +98,9 @@ def library() -> ctypes.CDLL | None:
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         log.warning("completiond's int8 kernel is not available (%s); using torch's", e)
         return None
-    fn = lib.completiond_int8_mm
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    fn.restype = None
+    for fn in (lib.completiond_int8_mm, lib.completiond_int8_mm_a16):
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        fn.restype = None
     layer = lib.completiond_qwen2_layer
     layer.argtypes = QWEN2_LAYER_ARGS
     layer.restype = None
@@ -144,19 +145,59 @@ def calibrate() -> dict:
     return calibrated("int8-kernel", measure, ("ours_faster",))
 
 
+@functools.cache
+def int16_activations() -> bool:
+    """Whether the native Qwen2 layer (qwen2_layer.c) rounds its matmuls' activations to int16
+    (a16_mm.c) in this process: where completiond's kernel runs and the int16 kernel streams a
+    decode pass's matmuls faster than the float one on this CPU (measured once per CPU, cached).
+    It changes what the model computes a little (each activation within 2^-16 of its block's
+    largest), the same way in every pass, so greedy speculation stays identical to `ar`.
+    COMPLETIOND_LAYER_ACTIVATIONS=float32|int16 overrides the measurement."""
+    if not enabled():
+        return False
+    forced = os.environ.get("COMPLETIOND_LAYER_ACTIVATIONS", "auto")
+    if forced in ("float32", "int16"):
+        return forced == "int16"
+
+    def measure() -> dict:
+        # a pass's matmul shapes of the 0.5B (qkv, o, gate + up, down), 6 layers' worth so that
+        # they come from memory; 1, 2 and 4 rows: one-token passes and the small trees that dominate
+        g = torch.Generator().manual_seed(0)
+        mats = [(torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g), torch.rand(n, generator=g))
+                for _ in range(6) for n, k in ((1152, 896), (896, 896), (9728, 896), (896, 4864))]
+        best = {"float32": float("inf"), "int16": float("inf")}
+        with torch.inference_mode():
+            for _ in range(5):
+                for kind in best:
+                    t0 = time.perf_counter()
+                    for rows in (1, 2, 4):
+                        xs = {k: torch.randn(rows, k, generator=g) for k in (896, 4864)}
+                        for q, sc in mats:
+                            int8_mm(xs[q.shape[1]], q, sc, int16=kind == "int16")
+                    best[kind] = min(best[kind], (time.perf_counter() - t0) * 1000)
+        faster = best["int16"] < best["float32"]
+        log.info("native layer activations on this CPU (%s): %s (%s)", cpu_key(), "int16" if faster else "float32",
+                 best)
+        return {"int16_faster": faster, "ms": best}
+
+    return calibrated("int8-activations", measure, ("int16_faster",))["int16_faster"]
+
+
 def name() -> str:
-    """The int8 kernel decode passes run: NAME or "torch"."""
-    return NAME if enabled() else "torch"
+    """The int8 kernel decode passes run: NAME (+ A16 where the native layer's activations are int16)
+    or "torch"."""
+    return NAME + (A16 if int16_activations() else "") if enabled() else "torch"
 
 
-def int8_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x [M, K] (any float dtype) @ (q [N, K] int8 * scales [N] float32)^T -> [M, N] in x's dtype."""
+def int8_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, int16: bool = False) -> torch.Tensor:
+    """x [M, K] (any float dtype) @ (q [N, K] int8 * scales [N] float32)^T -> [M, N] in x's dtype.
+    int16: round x to int16 first (a16_mm.c, the native layer's kernel where int16_activations())."""
     lib = library()
     assert lib is not None, "int8_mm needs library()"
     xf = x.float().contiguous()
     q, scales = q.contiguous(), scales.contiguous()
     m, k = xf.shape
     y = torch.empty(m, q.shape[0], dtype=torch.float32)
-    lib.completiond_int8_mm(xf.data_ptr(), q.data_ptr(), scales.data_ptr(), y.data_ptr(), m, k, q.shape[0],
-                            torch.get_num_threads())
+    fn = lib.completiond_int8_mm_a16 if int16 else lib.completiond_int8_mm
+    fn(xf.data_ptr(), q.data_ptr(), scales.data_ptr(), y.data_ptr(), m, k, q.shape[0], torch.get_num_threads())
     return y if x.dtype == torch.float32 else y.to(x.dtype)

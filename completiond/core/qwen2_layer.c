@@ -15,6 +15,15 @@
 
 void completiond_int8_mm(const float *x, const int8_t *w, const float *scale, float *y, int64_t M,
                          int64_t K, int64_t N, int threads);
+void completiond_int8_mm_a16(const float *x, const int8_t *w, const float *scale, float *y, int64_t M,
+                             int64_t K, int64_t N, int threads);
+
+// The layer's matmuls: float32 activations (int8_mm.c) or rounded to int16 (a16_mm.c), whichever
+// cpu_kernel measured faster here; one choice for every pass, so trees and single tokens agree.
+static void matmul(int a16, const float *x, const int8_t *w, const float *scale, float *y, int64_t M, int64_t K,
+                   int64_t N, int threads) {
+    (a16 ? completiond_int8_mm_a16 : completiond_int8_mm)(x, w, scale, y, M, K, N, threads);
+}
 
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -221,7 +230,7 @@ int64_t completiond_qwen2_work(int64_t n, int64_t H, int64_t inter, int64_t head
 // (kv_heads d each), bqkv their biases; wgu's rows are gate (inter) then up (inter).
 // Cache: kc / vc [kv_heads, cap, d] (bf16 when kv_bf16, else float32); this pass's rows go to slots
 // [begin, begin + n) and row r attends to slots t < keys where mask[r * keys + t].
-// cos / sin: [n, d] at the rows' positions.
+// cos / sin: [n, d] at the rows' positions. a16: the matmuls round activations to int16 (matmul).
 void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_norm,
                              const float *post_norm, float eps, const int8_t *wqkv,
                              const float *sqkv, const float *bqkv, const int8_t *wo,
@@ -229,13 +238,13 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
                              const int8_t *wd, const float *sd, const float *cos,
                              const float *sin, void *kc, void *vc, int kv_bf16, int64_t cap,
                              int64_t begin, int64_t keys, const uint8_t *mask, int64_t heads,
-                             int64_t kv_heads, int64_t d, float scale, float *work, int threads) {
+                             int64_t kv_heads, int64_t d, float scale, float *work, int a16, int threads) {
     int64_t nq = heads * d, nkv = kv_heads * d, nqkv = nq + 2 * nkv, g = heads / kv_heads;
     float *x = work, *y = x + n * max64(H, inter), *a = y + n * max64(nqkv, 2 * inter), *y2 = a + n * nq;
     float *jobs = y2 + n * H;
 
     rms_norm(h, in_norm, x, n, H, eps);
-    completiond_int8_mm(x, wqkv, sqkv, y, n, H, nqkv, threads);
+    matmul(a16, x, wqkv, sqkv, y, n, H, nqkv, threads);
     for (int64_t r = 0; r < n; r++) {
         float *row = y + r * nqkv;
         for (int64_t i = 0; i < nqkv; i++) row[i] += bqkv[i];
@@ -280,17 +289,17 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
         }
         _mm_setcsr(csr);
     }
-    completiond_int8_mm(a, wo, so, y2, n, nq, H, threads);
+    matmul(a16, a, wo, so, y2, n, nq, H, threads);
     for (int64_t i = 0; i < n * H; i++) h[i] += y2[i];
 
     rms_norm(h, post_norm, x, n, H, eps);
-    completiond_int8_mm(x, wgu, sgu, y, n, H, 2 * inter, threads);
+    matmul(a16, x, wgu, sgu, y, n, H, 2 * inter, threads);
     for (int64_t r = 0; r < n; r++) {  // silu(gate) * up = gate * up / (1 + e^-gate)
         float *gate = y + r * 2 * inter, *up = gate + inter, *m = x + r * inter;
         for (int64_t i = 0; i < inter; i++) m[i] = -gate[i];
         exp_inplace(m, inter);
         for (int64_t i = 0; i < inter; i++) m[i] = gate[i] / (1.0f + m[i]) * up[i];
     }
-    completiond_int8_mm(x, wd, sd, y2, n, inter, H, threads);
+    matmul(a16, x, wd, sd, y2, n, inter, H, threads);
     for (int64_t i = 0; i < n * H; i++) h[i] += y2[i];
 }

@@ -1,11 +1,13 @@
-// Probe: completiond's int8 kernel (core/int8_mm.c) with the activations rounded to int16 per row
-// in blocks of KB = 128 along K (xq = round(x / xs), xs = max|x| / 32767 over the block: each
-// within 2^-16 of its block's largest), int8 weights widened to int16, vpmaddwd (16 multiply-adds
-// per instruction where a float FMA does 8; int32 sums exact: 128 * 32767 * 127 < 2^31), then
-// acc += float(block sums) * xs block by block, a fixed horizontal sum, the scale: batch-invariant
-// like int8_mm.c. The idea: a tree pass of 4+ rows is compute bound on AVX2, and integer
-// multiply-adds could double what it does per instruction. Measured (benchmarks/kernel_probe.py):
-// not faster beyond noise at 2-16 rows on the AVX2 EPYC, so not integrated.
+// y [M, N] = (x [M, K] . w [N, K]^T) * scale [N] like int8_mm.c, with the activations rounded to
+// int16 first: per row in blocks of KB = 128 along K (xq = round(x / xs), xs = max|x| / 32767 over
+// the block: each within 2^-16 of its block's largest), int8 weights widened to int16, vpmaddwd
+// (16 multiply-adds per instruction where a float FMA does 8; int32 sums exact: 128 * 32767 * 127
+// < 2^31), then acc += float(block sums) * xs block by block, a fixed horizontal sum, the scale.
+// Batch-invariant like int8_mm.c: a row's rounding and every (row, channel) sum depend on that row
+// alone, so a tree node's outputs are bit-identical to the same token's in a one-token pass.
+// Why: on some AVX2 CPUs the float kernel is bound by its int8 -> float widening and its 256-bit
+// loads, and int16 moves half the activation bytes per multiply-add. Whether it is faster is
+// measured per CPU (cpu_kernel.int16_activations); qwen2_layer.c takes it for its matmuls then.
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -106,8 +108,8 @@ static inline __attribute__((always_inline)) void rows(int R, int C, const int16
     for (; n < n1; n++) tile(R, 1, xr, sr, nb, w + n * K, scale + n, K, y + m0 * N + n, N);
 }
 
-void a16_mm(const float *x, const int8_t *w, const float *scale, float *y,
-                         int64_t M, int64_t K, int64_t N, int threads) {
+void completiond_int8_mm_a16(const float *x, const int8_t *w, const float *scale, float *y, int64_t M,
+                             int64_t K, int64_t N, int threads) {
     int64_t nb = (K + KB - 1) / KB;
     int16_t *xq = malloc(sizeof(int16_t) * M * K + 32);
     float *xs = malloc(sizeof(float) * M * nb);
