@@ -41,7 +41,22 @@ from completiond.core.runner import Runner
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 TORCH_KERNEL = "lean/int8 (torch kernel)"  # int8 on aten._weight_int8pack_mm where completiond's kernel runs
 TORCH_OPS = "lean/int8 (torch ops)"  # completiond's kernel inside torch ops, where the native Qwen2 layer runs
-FLOAT_ACT = "lean/int8 (float32 activations)"  # the native layer on int8_mm.c where it chose a16_mm.c
+FLOAT_ACT = "lean/int8 (float32 activations)"  # int8_mm.c where int8 matmuls run a16_mm.c
+
+
+@contextlib.contextmanager
+def float_activations(on: bool):
+    """Run int8 matmuls with float32 activations inside (the side-by-side of int16 activations; a
+    real process picks one for good)."""
+    if not on:
+        yield
+        return
+    saved = cpu_kernel.int16_activations
+    cpu_kernel.int16_activations = lambda: False
+    try:
+        yield
+    finally:
+        cpu_kernel.int16_activations = saved
 
 
 @contextlib.contextmanager
@@ -169,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         if weights == "int8" and getattr(runners["lean/int8"].base, "int16_activations", False):
             runners[FLOAT_ACT] = Runner(lm, capacity=args.context + 256, backend="lean")
             runners[FLOAT_ACT].base.int16_activations = False  # the native layer's float kernel, before/after
+            # (and the output layer's: float_activations() around its passes)
     for r in runners.values():
         fill_cache(r, args.context)
 
@@ -181,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in sizes:
             ids = torch.randint(0, bf16.config.vocab_size, (n,), generator=g).tolist()
             for v, r in runners.items():
-                with torch_kernel(v == TORCH_KERNEL):
+                with torch_kernel(v == TORCH_KERNEL), float_activations(v == FLOAT_ACT):
                     t0 = clock()
                     logits = r.forward(ids, tree(n), range(n))
                     times[v][n].append((clock() - t0) * 1000)

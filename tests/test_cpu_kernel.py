@@ -80,15 +80,18 @@ def test_matches_the_dequantized_matmul(dtype):
 
 @needs_kernel
 def test_quant_linear_runs_it_and_strided_views_are_handled(monkeypatch):
-    """QuantLinear's int8 decode path is this kernel where enabled (bias added); a fused layer's
-    parts are views."""
+    """QuantLinear's int8 decode path is this kernel where enabled (bias added), with the
+    activations this CPU's measurement chose; a fused layer's parts are views."""
     monkeypatch.setattr(cpu_kernel, "enabled", lambda: True)  # whatever this CPU's calibration chose
     torch.manual_seed(0)
     lin = torch.nn.Linear(96, 48, bias=True)
     layer = QuantLinear.from_linear(lin, "int8")
     x = torch.randn(3, 96)
-    want = cpu_kernel.int8_mm(x, layer.packed, layer.scales.float()) + layer.bias
-    assert torch.equal(layer(x), want)
+    for int16 in (False, True):
+        monkeypatch.setattr(cpu_kernel, "int16_activations", lambda: int16)
+        want = cpu_kernel.int8_mm(x, layer.packed, layer.scales.float(), int16=int16) + layer.bias
+        assert torch.equal(layer(x), want)
+        assert not torch.equal(layer(x, int16=not int16), want)
     parts = [QuantLinear.from_linear(torch.nn.Linear(96, n), "int8") for n in (32, 16)]
     fused = QuantLinear.cat(parts)
     assert torch.equal(fused(x)[:, 32:], parts[1](x))
@@ -161,7 +164,7 @@ def test_override_forces_completiond_kernel(tmp_path):
     for acts, name in (("float32", "completiond-avx2"), ("int16", "completiond-avx2+int16-activations")):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                              env={**os.environ, "COMPLETIOND_INT8_KERNEL": "completiond", "COMPLETIOND_CACHE": str(tmp_path),
-                                  "COMPLETIOND_LAYER_ACTIVATIONS": acts})
+                                  "COMPLETIOND_INT8_ACTIVATIONS": acts})
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == name and not (tmp_path / "calibration").exists()
 
@@ -172,7 +175,7 @@ def test_activations_are_measured_once_per_cpu(tmp_path, monkeypatch):
     import json
     monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path))
     monkeypatch.setenv("COMPLETIOND_INT8_KERNEL", "completiond")
-    monkeypatch.delenv("COMPLETIOND_LAYER_ACTIVATIONS", raising=False)
+    monkeypatch.delenv("COMPLETIOND_INT8_ACTIVATIONS", raising=False)
     for fn in (cpu_kernel.enabled, cpu_kernel.int16_activations):
         fn.cache_clear()
     try:

@@ -27,7 +27,8 @@ def linear(n: int, k: int, bias: bool = False, seed: int = 0) -> nn.Linear:
 @pytest.mark.parametrize("n", [64, 200, 521])  # 200, 521: int4 pads rows to a multiple of 16
 def test_quant_linear_runs_its_dequantized_weight(scheme, n):
     """fp32 activations: the kernel's output equals x @ W^T with the dequantized weight (1e-5), for
-    2-D, 3-D and empty inputs, with a bias; the dequantized weight is near the original one."""
+    2-D, 3-D and empty inputs, with a bias; the dequantized weight is near the original one. Where
+    this CPU runs int8 with int16 activations (cpu_kernel.int16_activations), within their rounding."""
     lin = linear(n, 128, bias=True)
     q = QuantLinear.from_linear(lin, scheme)
     deq = q.dequantize()
@@ -35,7 +36,8 @@ def test_quant_linear_runs_its_dequantized_weight(scheme, n):
     step = 0.05 * 4 / (127 if scheme == "int8" else 7.5)  # about the quantization step at 4 sigma
     assert (deq - lin.weight).abs().max() < step
     x = torch.randn(2, 5, 128)
-    torch.testing.assert_close(q(x), x @ deq.T + lin.bias, rtol=0, atol=1e-5)
+    torch.testing.assert_close(q(x, int16=False), x @ deq.T + lin.bias, rtol=0, atol=1e-5)
+    torch.testing.assert_close(q(x), x @ deq.T + lin.bias, rtol=0, atol=5e-4)
     assert q(torch.randn(0, 128)).shape == (0, n)
 
 

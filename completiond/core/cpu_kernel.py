@@ -6,6 +6,11 @@ each node exactly what a one-token pass gives that token (greedy speculation sta
 plain decoding). On the 2-core AVX2 EPYC a pass's int8 matmuls take 0.50-0.58x the time of torch's
 `_weight_int8pack_mm` at 1-64 rows (benchmarks/int8_kernel.py); tree rows reuse the widened weights.
 
+`a16_mm.c` is the same product with the activations rounded to int16 per block of 128 first
+(vpmaddwd, exact int32 sums; batch-invariant too). On some AVX2 CPUs it streams a pass's weights
+faster; `int16_activations()` measures that once per CPU, and where it wins every int8 matmul on
+completiond's kernel uses it (a slightly different model, the same in every pass).
+
 `qwen2_layer.c`, in the same library, runs a whole int8 Qwen2 decoder layer of a decode or verify pass
 on it (lean.LeanQwen2's native path), with the same property.
 
@@ -49,7 +54,7 @@ QWEN2_LAYER_ARGS = [_P, _I, _I, _P, _P, _F, _P, _P, _P, _P, _P, _P, _P, _I, _P, 
 # completiond_qwen2_work(n, H, inter, heads, kv_heads, d, keys, threads) -> floats of scratch
 QWEN2_WORK_ARGS = [_I] * 7 + [ctypes.c_int]
 NAME = "completiond-avx2"  # what status / --json report as the int8 kernel
-A16 = "+int16-activations"  # appended when the native layer rounds its activations to int16
+A16 = "+int16-activations"  # appended where int8 matmuls round their activations to int16
 
 
 def wanted() -> bool:
@@ -147,15 +152,16 @@ def calibrate() -> dict:
 
 @functools.cache
 def int16_activations() -> bool:
-    """Whether the native Qwen2 layer (qwen2_layer.c) rounds its matmuls' activations to int16
-    (a16_mm.c) in this process: where completiond's kernel runs and the int16 kernel streams a
-    decode pass's matmuls faster than the float one on this CPU (measured once per CPU, cached).
-    It changes what the model computes a little (each activation within 2^-16 of its block's
-    largest), the same way in every pass, so greedy speculation stays identical to `ar`.
-    COMPLETIOND_LAYER_ACTIVATIONS=float32|int16 overrides the measurement."""
+    """Whether int8 matmuls on completiond's kernel round their activations to int16 first
+    (a16_mm.c) in this process: the native Qwen2 layer's (qwen2_layer.c) and QuantLinear's (the
+    output layer, drafts, the torch-ops path). Where completiond's kernel runs and the int16 kernel
+    streams a decode pass's matmuls faster than the float one on this CPU (measured once per CPU,
+    cached). It changes what the model computes a little (each activation within 2^-16 of its
+    block's largest), the same way in every pass, so greedy speculation stays identical to `ar`.
+    COMPLETIOND_INT8_ACTIVATIONS=float32|int16 overrides the measurement."""
     if not enabled():
         return False
-    forced = os.environ.get("COMPLETIOND_LAYER_ACTIVATIONS", "auto")
+    forced = os.environ.get("COMPLETIOND_INT8_ACTIVATIONS", "auto")
     if forced in ("float32", "int16"):
         return forced == "int16"
 
@@ -184,14 +190,13 @@ def int16_activations() -> bool:
 
 
 def name() -> str:
-    """The int8 kernel decode passes run: NAME (+ A16 where the native layer's activations are int16)
-    or "torch"."""
+    """The int8 kernel decode passes run: NAME (+ A16 where activations are rounded to int16) or "torch"."""
     return NAME + (A16 if int16_activations() else "") if enabled() else "torch"
 
 
 def int8_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, int16: bool = False) -> torch.Tensor:
     """x [M, K] (any float dtype) @ (q [N, K] int8 * scales [N] float32)^T -> [M, N] in x's dtype.
-    int16: round x to int16 first (a16_mm.c, the native layer's kernel where int16_activations())."""
+    int16: round x to int16 first (a16_mm.c: what int8 layers run where int16_activations())."""
     lib = library()
     assert lib is not None, "int8_mm needs library()"
     xf = x.float().contiguous()

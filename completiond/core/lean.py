@@ -249,7 +249,7 @@ class LeanQwen2(_Lean):
             for layer in base.layers]
         self.norm = base.norm.weight
         self.native = _native_layers(self)  # None: the torch ops below run every pass
-        # its matmuls' activations: int16 where measured faster here (cpu_kernel), for every pass
+        # its matmuls' activations: int16 where measured faster here (cpu_kernel.int16_activations)
         self.int16_activations = self.native is not None and cpu_kernel.int16_activations()
         self._work = torch.empty(0)  # the native layer's scratch (float32)
 

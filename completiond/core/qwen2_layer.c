@@ -19,7 +19,8 @@ void completiond_int8_mm_a16(const float *x, const int8_t *w, const float *scale
                              int64_t K, int64_t N, int threads);
 
 // The layer's matmuls: float32 activations (int8_mm.c) or rounded to int16 (a16_mm.c), whichever
-// cpu_kernel measured faster here; one choice for every pass, so trees and single tokens agree.
+// cpu_kernel measured faster here (int16_activations); one choice for every pass, so trees and
+// single tokens agree.
 static void matmul(int a16, const float *x, const int8_t *w, const float *scale, float *y, int64_t M, int64_t K,
                    int64_t N, int threads) {
     (a16 ? completiond_int8_mm_a16 : completiond_int8_mm)(x, w, scale, y, M, K, N, threads);
