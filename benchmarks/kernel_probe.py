@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from statistics import median
@@ -46,9 +47,9 @@ def cpu_family_model() -> str:
     """/proc/cpuinfo's family and model: a VM's "AMD EPYC" (family 23, model 1 is QEMU's generic
     EPYC) says little about the host, whose cores these numbers describe."""
     try:
-        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
-                    if ":" in line)
-        return f"family {info['cpu family'].strip()}, model {info['model'].strip()}"
+        info = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in
+                Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines() if ":" in line)}
+        return f"family {info['cpu family']}, model {info['model']}"
     except (OSError, KeyError):
         return "unknown"
 
@@ -82,7 +83,7 @@ def main() -> None:
     stream = [run[2]["read_gb_per_s"] for run in runs]
     ceilings = {k: round(median(run[3][k] for run in runs), 2) for k in runs[0][3]}
     out = {"machine": f"{cpu_name()} ({'/'.join(cpu_features()) or 'no AVX2'}), 2 threads",
-           "command": f"python benchmarks/kernel_probe.py --runs {a.runs}", "matrices": "12 x [4864, 896]",
+           "command": " ".join(["python", *sys.argv]), "matrices": "12 x [4864, 896]",
            "runs": a.runs, **q5_check, **a16_check, "read_gb_per_s": round(median(stream), 2),
            "one_core": ceilings, "cpu_family_model": cpu_family_model(),
            "int8_gb_per_s_1_row": round(12 * 4864 * 896 / rows[0]["int8_ms"] / 1e6, 2), "rows": rows}
