@@ -182,7 +182,7 @@ def int16_activations() -> bool:
                             int8_mm(xs[q.shape[1]], q, sc, int16=kind == "int16")
                     best[kind] = min(best[kind], (time.perf_counter() - t0) * 1000)
         faster = best["int16"] < best["float32"]
-        log.info("native layer activations on this CPU (%s): %s (%s)", cpu_key(), "int16" if faster else "float32",
+        log.info("int8 matmul activations on this CPU (%s): %s (%s)", cpu_key(), "int16" if faster else "float32",
                  best)
         return {"int16_faster": faster, "ms": best}
 
