@@ -29,11 +29,10 @@ from completiond.models import load
 VARIANTS = {"float32": False, "int16": True}
 
 
-def use(engine: Engine, int16: bool) -> None:
-    """Every int8 matmul of this process with these activations: QuantLinear asks
-    cpu_kernel.int16_activations() per call, the native layer holds its own flag."""
+def use(int16: bool) -> None:
+    """Every int8 matmul of this process with these activations (QuantLinear and the native layer
+    ask cpu_kernel.int16_activations() on every pass)."""
     cpu_kernel.int16_activations = lambda: int16
-    engine.runner.base.int16_activations = int16
 
 
 def main() -> None:
@@ -59,7 +58,7 @@ def main() -> None:
         pr = build_prompt(tok, doc, off, multiline=True, max_tokens=2048, path=rel, repo=root.name)  # as the bench
         order = list(VARIANTS) if i % 2 == 0 else list(VARIANTS)[::-1]
         for v in order:
-            use(engine, VARIANTS[v])
+            use(VARIANTS[v])
             warm(engine, pr.ids)
             r = engine.complete(Request(prompt=pr.ids, mode="ar", max_tokens=args.max_tokens, stops=pr.stops,
                                         heal=pr.heal))

@@ -9,8 +9,8 @@ Variants: backend (transformers / lean) x weights (bf16, fp32, int8, int4: weigh
 activations, completiond.core.quant), plus the lean int8/int4 target with the exact cheap head,
 and where completiond's int8 kernel runs, the lean int8 target on torch's kernel (before/after);
 where the native Qwen2 layer runs (lean/int8 then uses it), the same target as torch ops around
-completiond's kernel (before/after); where the native layer rounds activations to int16, the same
-layer with float32 activations (before/after).
+completiond's kernel (before/after); where int8 matmuls round activations to int16, the same
+target with float32 activations (before/after).
 
     python benchmarks/pass_cost.py --random-0.5b --threads 1 --clock cpu \
         --json benchmarks/results/pass-cost-random-0.5b.json --plot benchmarks/results/pass-cost-random-0.5b.png
@@ -181,10 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         if weights == "int8" and getattr(runners["lean/int8"].base, "native", None) is not None:
             runners[TORCH_OPS] = Runner(lm, capacity=args.context + 256, backend="lean")
             runners[TORCH_OPS].base.native = None  # each layer as torch ops around the same kernel
-        if weights == "int8" and getattr(runners["lean/int8"].base, "int16_activations", False):
+        if weights == "int8" and cpu_kernel.int16_activations():  # float32 activations around its passes
             runners[FLOAT_ACT] = Runner(lm, capacity=args.context + 256, backend="lean")
-            runners[FLOAT_ACT].base.int16_activations = False  # the native layer's float kernel, before/after
-            # (and the output layer's: float_activations() around its passes)
     for r in runners.values():
         fill_cache(r, args.context)
 

@@ -24,7 +24,8 @@ def test_quantized_lean_target_identical_across_modes(scheme, int16, code_ids, m
     draft = self_draft(target, 1)
     engine = Engine(target, draft, max_nodes=16, always_speculate=True, backend="lean")
     assert engine.runner.backend == "lean"
-    assert getattr(engine.runner.base, "int16_activations", False) == (int16 and cpu_kernel.enabled())
+    if scheme == "int8":  # the native layer (which reads the activations switch every pass) runs where it can
+        assert (getattr(engine.runner.base, "native", None) is not None) == cpu_kernel.enabled()
     engine.index.set_file("textwrap.py", tok_ids)
     rng = random.Random(3)
     for i in range(12):

@@ -13,8 +13,14 @@ needs_kernel = pytest.mark.skipif(not cpu_kernel.wanted(), reason="no x86 CPU wi
 PROMPT = list(range(5, 70))
 
 
-def runner(dtype: torch.dtype, hidden: int = 128, seed: int = 2, int16: bool = False) -> Runner:
-    """int16: the layer's matmuls round activations to int16 (a16_mm.c), as where measured faster."""
+@pytest.fixture(params=[False, True], ids=["float32-activations", "int16-activations"])
+def int16(request, monkeypatch) -> bool:
+    """Every int8 matmul with float32 activations, then rounded to int16 (a16_mm.c), as where measured faster."""
+    monkeypatch.setattr(cpu_kernel, "int16_activations", lambda: request.param)
+    return request.param
+
+
+def runner(dtype: torch.dtype, hidden: int = 128, seed: int = 2) -> Runner:
     lm = tiny.loaded(tiny.qwen2_config(layers=2, hidden=hidden), seed=seed, scale=4.0)
     if dtype != torch.float32:
         lm.model.to(dtype)
@@ -22,7 +28,6 @@ def runner(dtype: torch.dtype, hidden: int = 128, seed: int = 2, int16: bool = F
     quantize(lm.model, "int8")
     r = Runner(lm, backend="lean")
     assert r.base.native is not None, "int8 Qwen2 on completiond's kernel should run the native layer"
-    r.base.int16_activations = int16
     r.extend(PROMPT)
     return r
 
@@ -39,10 +44,9 @@ def one_token_passes(r: Runner, ids: list[int]) -> tuple[torch.Tensor, torch.Ten
 
 
 @needs_kernel
-@pytest.mark.parametrize("int16", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tree_nodes_equal_one_token_passes_bit_for_bit(dtype, int16):
-    r = runner(dtype, int16=int16)
+    r = runner(dtype)
     # a tree: root 7, children 8 and 20, 9 below 8, 21 below 20, 10 below 9
     ids, parents = [7, 8, 20, 9, 21, 10], [-1, 0, 0, 1, 2, 3]
     tree = r.forward(ids, parents, range(len(ids)))
@@ -55,11 +59,10 @@ def test_tree_nodes_equal_one_token_passes_bit_for_bit(dtype, int16):
 
 
 @needs_kernel
-@pytest.mark.parametrize("int16", [False, True])
 def test_appended_pass_and_committed_nodes_match(int16):
     """A draft growing its tree pass by pass (append=True), then keep: the next pass after the
     kept nodes equals plain decoding."""
-    r = runner(torch.bfloat16, int16=int16)
+    r = runner(torch.bfloat16)
     first = r.forward([7, 8], [-1, 0], [0, 1])
     second = r.forward([9, 30], [1, 0], [0, 1], append=True)  # 9 below 8, 30 below 7
     r.keep([0, 1, 2])  # 7, 8, 9
@@ -70,14 +73,17 @@ def test_appended_pass_and_committed_nodes_match(int16):
 
 
 @needs_kernel
-@pytest.mark.parametrize("int16", [False, True])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 0.05)])
 def test_same_model_as_the_torch_ops(dtype, tol, int16):
     """Float32 throughout vs the torch path (bf16 rounds activations between ops there); int16
     activations stay within the same tolerance (each within 2^-16 of its block's largest)."""
-    r = runner(dtype, int16=int16)
+    r = runner(dtype)
     ids, parents = [7, 8, 9, 10, 11, 3, 4], [-1, 0, 1, 2, 3, 0, 5]
     native = r.forward(ids, parents, range(len(ids)))
+    r.rollback(len(PROMPT))
+    with pytest.MonkeyPatch.context() as mp:  # the other activations: a different model, within tolerance
+        mp.setattr(cpu_kernel, "int16_activations", lambda: not int16)
+        assert not torch.equal(r.forward(ids, parents, range(len(ids))), native)
     r.rollback(len(PROMPT))
     saved, r.base.native = r.base.native, None
     torch_ops = r.forward(ids, parents, range(len(ids)))
@@ -88,9 +94,8 @@ def test_same_model_as_the_torch_ops(dtype, tol, int16):
 
 
 @needs_kernel
-@pytest.mark.parametrize("int16", [False, True])
 def test_thread_count_does_not_change_results(int16):
-    r = runner(torch.bfloat16, int16=int16)
+    r = runner(torch.bfloat16)
     ids, parents = list(range(20, 29)), [-1, 0, 1, 2, 3, 4, 0, 6, 7]
     before = torch.get_num_threads()
     try:
@@ -104,10 +109,9 @@ def test_thread_count_does_not_change_results(int16):
 
 
 @needs_kernel
-@pytest.mark.parametrize("int16", [False, True])
 def test_long_context_and_head_size_without_a_64_multiple(int16):
     """Head size 16 (the value sums' short tail), keys past several blocks of 64, a grown cache."""
-    r = runner(torch.bfloat16, hidden=64, seed=5, int16=int16)  # 4 heads of 16
+    r = runner(torch.bfloat16, hidden=64, seed=5)  # 4 heads of 16
     long = list(range(3, 300))
     r.extend(PROMPT + long)
     r.rollback(len(PROMPT) + len(long))

@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -124,25 +125,34 @@ def enabled() -> bool:
     return calibrate()["ours_faster"]
 
 
+def _fastest_ms(runs: dict[str, Callable], shapes: list[tuple[int, int]], rows: tuple[int, ...], reps: int,
+                dtype: torch.dtype) -> dict[str, float]:
+    """Each run(x, q, scales) over random int8 matrices of `shapes` (read in turn, so that they come
+    from memory as a pass's do) at each row count, kernels interleaved rep by rep; the fastest rep's
+    ms per kernel."""
+    g = torch.Generator().manual_seed(0)
+    mats = [(torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g), torch.rand(n, generator=g))
+            for n, k in shapes]
+    best = {k: float("inf") for k in runs}
+    with torch.inference_mode():
+        for _ in range(reps):
+            for k, run in runs.items():
+                t0 = time.perf_counter()
+                for m in rows:
+                    xs = {kk: torch.randn(m, kk, generator=g).to(dtype) for kk in {k_ for _, k_ in shapes}}
+                    for q, sc in mats:
+                        run(xs[q.shape[1]], q, sc)
+                best[k] = min(best[k], (time.perf_counter() - t0) * 1000)
+    return best
+
+
 def calibrate() -> dict:
-    """Both kernels on a decode pass's shape ([1 and 4 rows, 896] x [4864, 896] int8, 12 matrices
-    read in turn so that they come from memory, as a pass's do), measured once per CPU and cached."""
+    """Both kernels on a decode pass's shape ([1 and 4 rows, 896] x [4864, 896] int8, 12 matrices),
+    measured once per CPU and cached."""
     def measure() -> dict:
-        g = torch.Generator().manual_seed(0)
-        mats = [(torch.randint(-127, 128, (4864, 896), dtype=torch.int8, generator=g), torch.rand(4864, generator=g))
-                for _ in range(12)]
         runs = {"completiond": int8_mm,
                 "torch": lambda x, q, sc: torch.ops.aten._weight_int8pack_mm(x, q, sc.to(x.dtype))}
-        best = {k: float("inf") for k in runs}
-        with torch.inference_mode():
-            for _ in range(4):
-                for k, run in runs.items():
-                    t0 = time.perf_counter()
-                    for rows in (1, 4):
-                        x = torch.randn(rows, 896, generator=g).bfloat16()
-                        for q, sc in mats:
-                            run(x, q, sc)
-                    best[k] = min(best[k], (time.perf_counter() - t0) * 1000)
+        best = _fastest_ms(runs, [(4864, 896)] * 12, (1, 4), 4, torch.bfloat16)
         faster = best["completiond"] <= best["torch"]
         log.info("int8 kernel on this CPU (%s): %s (%s)", cpu_key(), "completiond's" if faster else "torch's", best)
         return {"ours_faster": faster, "ms": best}
@@ -166,21 +176,10 @@ def int16_activations() -> bool:
         return forced == "int16"
 
     def measure() -> dict:
-        # a pass's matmul shapes of the 0.5B (qkv, o, gate + up, down), 6 layers' worth so that
-        # they come from memory; 1, 2 and 4 rows: one-token passes and the small trees that dominate
-        g = torch.Generator().manual_seed(0)
-        mats = [(torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g), torch.rand(n, generator=g))
-                for _ in range(6) for n, k in ((1152, 896), (896, 896), (9728, 896), (896, 4864))]
-        best = {"float32": float("inf"), "int16": float("inf")}
-        with torch.inference_mode():
-            for _ in range(5):
-                for kind in best:
-                    t0 = time.perf_counter()
-                    for rows in (1, 2, 4):
-                        xs = {k: torch.randn(rows, k, generator=g) for k in (896, 4864)}
-                        for q, sc in mats:
-                            int8_mm(xs[q.shape[1]], q, sc, int16=kind == "int16")
-                    best[kind] = min(best[kind], (time.perf_counter() - t0) * 1000)
+        # a pass's matmul shapes of the 0.5B (qkv, o, gate + up, down), 6 layers' worth; 1, 2 and 4
+        # rows: one-token passes and the small trees that dominate
+        runs = {"float32": int8_mm, "int16": functools.partial(int8_mm, int16=True)}
+        best = _fastest_ms(runs, [(1152, 896), (896, 896), (9728, 896), (896, 4864)] * 6, (1, 2, 4), 5, torch.float32)
         faster = best["int16"] < best["float32"]
         log.info("int8 matmul activations on this CPU (%s): %s (%s)", cpu_key(), "int16" if faster else "float32",
                  best)

@@ -249,8 +249,6 @@ class LeanQwen2(_Lean):
             for layer in base.layers]
         self.norm = base.norm.weight
         self.native = _native_layers(self)  # None: the torch ops below run every pass
-        # its matmuls' activations: int16 where measured faster here (cpu_kernel.int16_activations)
-        self.int16_activations = self.native is not None and cpu_kernel.int16_activations()
         self._work = torch.empty(0)  # the native layer's scratch (float32)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -296,7 +294,7 @@ class LeanQwen2(_Lean):
             lib.completiond_qwen2_layer(
                 h.data_ptr(), n, H, *weights.args, cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(),
                 k.dtype == torch.bfloat16, k.shape[2], begin, begin + n, mask.data_ptr(), self.heads,
-                self.kv_heads, d, self.scaling, self._work.data_ptr(), self.int16_activations, threads)
+                self.kv_heads, d, self.scaling, self._work.data_ptr(), cpu_kernel.int16_activations(), threads)
         normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return LeanOutput((self.norm * normed.to(self.norm.dtype))[None])
 
