@@ -9,6 +9,7 @@ import torch
 
 from completiond.core import cpu_kernel, quant
 from completiond.core.quant import QuantLinear
+from completiond.models.device import cpu_flags
 
 needs_kernel = pytest.mark.skipif(not cpu_kernel.wanted(), reason="no x86 CPU with AVX2 + FMA here")
 
@@ -44,6 +45,24 @@ def test_thread_count_does_not_change_results(int16):
         assert torch.equal(cpu_kernel.int8_mm(x, q, s, int16=int16), one)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not (cpu_kernel.wanted() and cpu_kernel.AVX512_VNNI <= cpu_flags()), reason="no AVX512-VNNI here")
+@pytest.mark.parametrize("k,n", [(896, 200), (37, 19), (4864, 64), (1003, 131), (300, 40), (150, 33)])
+def test_avx512_vnni_sums_give_the_avx2_bits(k, n):
+    """Where the CPU has AVX512-VNNI, int16 matmuls sum 32 activations per instruction; folded to
+    the AVX2 loop's lanes the integer sums are the same, so every output is the same bits (one
+    model on either CPU), for every tile shape and K's tails (32-, 16- and scalar steps)."""
+    x, q, s = operands(70, k, n)
+    try:
+        cpu_kernel.use_avx512_vnni(False)
+        narrow = cpu_kernel.int8_mm(x, q, s, int16=True)
+        cpu_kernel.use_avx512_vnni(True)
+        for a, b in [(0, 70), (0, 1), (3, 10), (13, 17), (5, 7)]:
+            assert torch.equal(cpu_kernel.int8_mm(x[a:b], q, s, int16=True), narrow[a:b]), (a, b)
+    finally:
+        cpu_kernel.use_avx512_vnni(True)
+    assert cpu_kernel.avx512_vnni()
 
 
 @needs_kernel
@@ -149,9 +168,9 @@ def test_choice_between_kernels_is_measured_once_per_cpu(tmp_path, monkeypatch):
     import json
     monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path))
     first = cpu_kernel.calibrate()
-    [path] = (tmp_path / "calibration").glob("int8-kernel-*.json")
+    [path] = (tmp_path / "calibration").glob("int8-kernel-v2-*.json")
     saved = json.loads(path.read_text())
-    assert saved["ours_faster"] == first["ours_faster"] and set(saved["ms"]) == {"completiond", "torch"}
+    assert saved["ours_faster"] == first["ours_faster"] and set(saved["ms"]) == {"completiond", "completiond-int16", "torch"}
     path.write_text(json.dumps({**saved, "ours_faster": not first["ours_faster"]}))
     assert cpu_kernel.calibrate() == {"ours_faster": not first["ours_faster"]}
 
@@ -161,7 +180,8 @@ def test_override_forces_completiond_kernel(tmp_path):
     if not cpu_kernel.wanted():
         pytest.skip("no x86 CPU with AVX2 + FMA here")
     code = "from completiond.core import cpu_kernel; print(cpu_kernel.name())"
-    for acts, name in (("float32", "completiond-avx2"), ("int16", "completiond-avx2+int16-activations")):
+    vnni = "+avx512-vnni" if cpu_kernel.AVX512_VNNI <= cpu_flags() else ""  # where int16 sums run on it
+    for acts, name in (("float32", "completiond-avx2"), ("int16", "completiond-avx2+int16-activations" + vnni)):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                              env={**os.environ, "COMPLETIOND_INT8_KERNEL": "completiond", "COMPLETIOND_CACHE": str(tmp_path),
                                   "COMPLETIOND_INT8_ACTIVATIONS": acts})

@@ -8,6 +8,10 @@
 // Why: on some AVX2 CPUs the float kernel is bound by its int8 -> float widening and its 256-bit
 // loads, and int16 moves half the activation bytes per multiply-add. Whether it is faster is
 // measured per CPU (cpu_kernel.int16_activations); qwen2_layer.c takes it for its matmuls then.
+// On CPUs with AVX512-VNNI (completiond_a16_avx512 = 1, set by cpu_kernel where the CPU has it) the
+// int32 block sums come from 512-bit vpdpwssd over 32 activations at a time instead; lane i + 8 of
+// those sums, added to lane i, is exactly the AVX2 loop's lane i (integer sums), and everything after
+// is the same float code, so both paths give bit-identical outputs: one model on either CPU.
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -108,6 +112,99 @@ static inline __attribute__((always_inline)) void rows(int R, int C, const int16
     for (; n < n1; n++) tile(R, 1, xr, sr, nb, w + n * K, scale + n, K, y + m0 * N + n, N);
 }
 
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vnni")
+// block() with 512-bit sums: dot [R, C] of 16 int32 lanes over 32 activations per step, folded to
+// the AVX2 loop's 8 lanes (lane i + lane i + 8) before a 16-activation step and the scalar tail.
+static inline __attribute__((always_inline)) void block512(int R, int C, const int16_t *x, const float *xs,
+                                                            int64_t nb, int64_t b, const int8_t *w, int64_t K,
+                                                            int64_t k0, int64_t len, __m256 acc[8][4]) {
+    __m512i wide[8][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) wide[r][c] = _mm512_setzero_si512();
+    int64_t j = 0;
+    for (; j + 32 <= len; j += 32) {
+        int64_t k = k0 + j;
+        __m512i wv[4];
+        if ((k & 63) == 0)
+            for (int c = 0; c < C; c++) _mm_prefetch((const char *)(w + 2 * C * K + k * C + c * 64), _MM_HINT_T0);
+        for (int c = 0; c < C; c++) wv[c] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + c * K + k)));
+        for (int r = 0; r < R; r++) {
+            __m512i xv = _mm512_loadu_si512((const void *)(x + r * K + k));
+            for (int c = 0; c < C; c++) wide[r][c] = _mm512_dpwssd_epi32(wide[r][c], wv[c], xv);
+        }
+    }
+    __m256i dot[8][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            dot[r][c] = _mm256_add_epi32(_mm512_castsi512_si256(wide[r][c]), _mm512_extracti64x4_epi64(wide[r][c], 1));
+    for (; j + 16 <= len; j += 16)
+        for (int c = 0; c < C; c++) {
+            __m256i wc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + c * K + k0 + j)));
+            for (int r = 0; r < R; r++)
+                dot[r][c] = _mm256_add_epi32(
+                    dot[r][c], _mm256_madd_epi16(wc, _mm256_loadu_si256((const __m256i *)(x + r * K + k0 + j))));
+        }
+    if (j < len)
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) {
+                int32_t tail = 0;
+                for (int64_t t = k0 + j; t < k0 + len; t++) tail += (int32_t)w[c * K + t] * x[r * K + t];
+                dot[r][c] = _mm256_add_epi32(dot[r][c], _mm256_setr_epi32(tail, 0, 0, 0, 0, 0, 0, 0));
+            }
+    for (int r = 0; r < R; r++) {
+        __m256 s = _mm256_set1_ps(xs[r * nb + b]);
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][c]), s, acc[r][c]);
+    }
+}
+
+static inline __attribute__((always_inline)) void tile512(int R, int C, const int16_t *x, const float *xs,
+                                                           int64_t nb, const int8_t *w, const float *scale,
+                                                           int64_t K, float *y, int64_t ldy) {
+    __m256 acc[8][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    int64_t whole = K / KB;
+    for (int64_t b = 0; b < whole; b++) block512(R, C, x, xs, nb, b, w, K, b * KB, KB, acc);
+    if (whole < nb) block512(R, C, x, xs, nb, whole, w, K, whole * KB, K - whole * KB, acc);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r][c]), _mm256_extractf128_ps(acc[r][c], 1));
+            s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            y[r * ldy + c] = _mm_cvtss_f32(s) * scale[c];  // hsum(), in this target
+        }
+}
+
+static inline __attribute__((always_inline)) void rows512(int R, int C, const int16_t *x, const float *xs,
+                                                           int64_t nb, const int8_t *w, const float *scale,
+                                                           int64_t K, int64_t N, float *y, int64_t m0,
+                                                           int64_t n0, int64_t n1) {
+    int64_t n = n0;
+    const int16_t *xr = x + m0 * K;
+    const float *sr = xs + m0 * nb;
+    for (; n + C <= n1; n += C) tile512(R, C, xr, sr, nb, w + n * K, scale + n, K, y + m0 * N + n, N);
+    for (; n < n1; n++) tile512(R, 1, xr, sr, nb, w + n * K, scale + n, K, y + m0 * N + n, N);
+}
+
+static void mm512(const int16_t *xq, const float *xs, int64_t nb, const int8_t *w, const float *scale, float *y,
+                  int64_t M, int64_t K, int64_t N, int threads) {
+    int64_t blocks = (N + NB - 1) / NB;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t n0 = b * NB, n1 = n0 + NB < N ? n0 + NB : N;
+        int64_t m = 0;
+        for (; m + 8 <= M; m += 8) rows512(8, 1, xq, xs, nb, w, scale, K, N, y, m, n0, n1);
+        for (; m + 4 <= M; m += 4) rows512(4, 2, xq, xs, nb, w, scale, K, N, y, m, n0, n1);
+        for (; m + 2 <= M; m += 2) rows512(2, 4, xq, xs, nb, w, scale, K, N, y, m, n0, n1);
+        for (; m < M; m++) rows512(1, 4, xq, xs, nb, w, scale, K, N, y, m, n0, n1);
+    }
+}
+#pragma GCC pop_options
+
+// 1: the int32 sums run on AVX512-VNNI (mm512). cpu_kernel sets it only where the CPU has it.
+int completiond_a16_avx512 = 0;
+
 void completiond_int8_mm_a16(const float *x, const int8_t *w, const float *scale, float *y, int64_t M,
                              int64_t K, int64_t N, int threads) {
     int64_t nb = (K + KB - 1) / KB;
@@ -115,6 +212,12 @@ void completiond_int8_mm_a16(const float *x, const int8_t *w, const float *scale
     float *xs = malloc(sizeof(float) * M * nb);
 #pragma omp parallel for schedule(static) num_threads(threads) if (M * K >= 32768)
     for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, xq + m * K, xs + m * nb);
+    if (completiond_a16_avx512) {
+        mm512(xq, xs, nb, w, scale, y, M, K, N, threads);
+        free(xq);
+        free(xs);
+        return;
+    }
     int64_t blocks = (N + NB - 1) / NB;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t b = 0; b < blocks; b++) {

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..models.device import cpu_key
+from . import cpu_kernel
 from ..paths import cache_root
 
 if TYPE_CHECKING:
@@ -144,6 +145,8 @@ def calibration_path(target: LoadedModel) -> Path:
     if target.device.type == "cuda":
         cpu = torch.cuda.get_device_name(target.device)
     key = f"{cpu}|{target.name}|{target.dtype}|{target.device}|{torch.get_num_threads()}|{target.meta.get('quant', '')}"
+    if target.device.type == "cpu" and target.meta.get("quant") in ("int8", "int4"):
+        key += f"|{cpu_kernel.name()}"  # a pass costs what its kernel makes it
     digest = hashlib.sha1(key.encode()).hexdigest()[:16]
     return cache_root() / "calibration" / f"{digest}.json"
 
