@@ -10,7 +10,8 @@ activations, completiond.core.quant), plus the lean int8/int4 target with the ex
 and where completiond's int8 kernel runs, the lean int8 target on torch's kernel (before/after);
 where the native Qwen2 layer runs (lean/int8 then uses it), the same target as torch ops around
 completiond's kernel (before/after); where int8 matmuls round activations to int16, the same
-target with float32 activations (before/after).
+target with float32 activations (before/after), and where those sum on AVX512-VNNI, on the AVX2
+loop (before/after, the same bits).
 
     python benchmarks/pass_cost.py --random-0.5b --threads 1 --clock cpu \
         --json benchmarks/results/pass-cost-random-0.5b.json --plot benchmarks/results/pass-cost-random-0.5b.png
@@ -42,6 +43,7 @@ SIZES = [1, 2, 4, 8, 16, 32, 64]
 TORCH_KERNEL = "lean/int8 (torch kernel)"  # int8 on aten._weight_int8pack_mm where completiond's kernel runs
 TORCH_OPS = "lean/int8 (torch ops)"  # completiond's kernel inside torch ops, where the native Qwen2 layer runs
 FLOAT_ACT = "lean/int8 (float32 activations)"  # int8_mm.c where int8 matmuls run a16_mm.c
+AVX2_SUMS = "lean/int8 (AVX2 int16 sums)"  # a16_mm.c's AVX2 loop where its AVX512-VNNI one runs
 
 
 @contextlib.contextmanager
@@ -57,6 +59,20 @@ def float_activations(on: bool):
         yield
     finally:
         cpu_kernel.int16_activations = saved
+
+
+@contextlib.contextmanager
+def avx2_sums(on: bool):
+    """Run int16-activation matmuls on a16_mm.c's AVX2 loop inside (the same bits as its AVX512-VNNI
+    one: this side-by-side measures time alone)."""
+    if not on:
+        yield
+        return
+    cpu_kernel.use_avx512_vnni(False)
+    try:
+        yield
+    finally:
+        cpu_kernel.use_avx512_vnni(True)
 
 
 @contextlib.contextmanager
@@ -183,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             runners[TORCH_OPS].base.native = None  # each layer as torch ops around the same kernel
         if weights == "int8" and cpu_kernel.int16_activations():  # float32 activations around its passes
             runners[FLOAT_ACT] = Runner(lm, capacity=args.context + 256, backend="lean")
+        if weights == "int8" and cpu_kernel.int16_activations() and cpu_kernel.avx512_vnni():
+            runners[AVX2_SUMS] = Runner(lm, capacity=args.context + 256, backend="lean")
     for r in runners.values():
         fill_cache(r, args.context)
 
@@ -195,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in sizes:
             ids = torch.randint(0, bf16.config.vocab_size, (n,), generator=g).tolist()
             for v, r in runners.items():
-                with torch_kernel(v == TORCH_KERNEL), float_activations(v == FLOAT_ACT):
+                with torch_kernel(v == TORCH_KERNEL), float_activations(v == FLOAT_ACT), avx2_sums(v == AVX2_SUMS):
                     t0 = clock()
                     logits = r.forward(ids, tree(n), range(n))
                     times[v][n].append((clock() - t0) * 1000)
@@ -232,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         "context": args.context, "sizes": sizes, "tree": "node i under node (i-1)//2, logits at every node",
         "cache": "random K/V for the context (pass cost does not depend on the values)",
         "int8_kernel": cpu_kernel.name(), "torch_kernel_variant": TORCH_KERNEL, "torch_ops_variant": TORCH_OPS,
-        "float_activations_variant": FLOAT_ACT,
+        "float_activations_variant": FLOAT_ACT, "avx2_sums_variant": AVX2_SUMS,
         "native_layer": "lean/int8 runs each Qwen2 layer in one C call (core/qwen2_layer.c) where "
                         f"{TORCH_OPS} is listed",
         "quantization": {"int8": f"per-output-channel symmetric, {cpu_kernel.name()} kernel",

@@ -11,7 +11,8 @@ plain decoding). On the 2-core AVX2 EPYC a pass's int8 matmuls take 0.50-0.58x t
 faster; `int16_activations()` measures that once per CPU, and where it wins every int8 matmul on
 completiond's kernel uses it (a slightly different model, the same in every pass). On CPUs with
 AVX512-VNNI its integer sums run 32 activations per instruction (`avx512_vnni()`), the same bits as
-its AVX2 loop: on the 2-core Zen 5 EPYC a tree of 4 rows costs 0.77x the AVX2 loop's time.
+its AVX2 loop: on a 2-core Zen 5 EPYC a 4-node pass of the 0.5B costs 0.84x the AVX2 loop's
+(benchmarks/results/pass-cost-qwen2.5-coder-0.5b-avx512-vnni.json).
 
 `qwen2_layer.c`, in the same library, runs a whole int8 Qwen2 decoder layer of a decode or verify pass
 on it (lean.LeanQwen2's native path), with the same property.
