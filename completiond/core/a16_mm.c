@@ -49,6 +49,32 @@ static void quantize_row(const float *x, int64_t K, int16_t *xq, float *xs) {
     }
 }
 
+// The end of a block from k (the 8-lane int32 sums dot [R, C] so far): 16-activation steps, then
+// the rest (K not a multiple of 16), exact in int32 too, into lane 0; then acc += float(dot) * xs.
+static inline __attribute__((always_inline)) void end_block(int R, int C, const int16_t *x, const float *xs,
+                                                             int64_t nb, int64_t b, const int8_t *w, int64_t K,
+                                                             int64_t k, int64_t k1, __m256i dot[8][4],
+                                                             __m256 acc[8][4]) {
+    for (; k + 16 <= k1; k += 16)
+        for (int c = 0; c < C; c++) {
+            __m256i wc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + c * K + k)));
+            for (int r = 0; r < R; r++)
+                dot[r][c] = _mm256_add_epi32(dot[r][c],
+                                             _mm256_madd_epi16(wc, _mm256_loadu_si256((const __m256i *)(x + r * K + k))));
+        }
+    if (k < k1)
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) {
+                int32_t tail = 0;
+                for (int64_t t = k; t < k1; t++) tail += (int32_t)w[c * K + t] * x[r * K + t];
+                dot[r][c] = _mm256_add_epi32(dot[r][c], _mm256_setr_epi32(tail, 0, 0, 0, 0, 0, 0, 0));
+            }
+    for (int r = 0; r < R; r++) {
+        __m256 s = _mm256_set1_ps(xs[r * nb + b]);
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][c]), s, acc[r][c]);
+    }
+}
+
 // One block of `len` activations from k0 (len = KB, a constant, for all but a last short block:
 // a constant trip count lets the compiler keep the R x C int32 sums in registers), for R rows x C
 // channels, added to acc as float(block sums) * xs.
@@ -72,17 +98,7 @@ static inline __attribute__((always_inline)) void block(int R, int C, const int1
             for (int c = 0; c < C; c++) dot[r][c] = _mm256_add_epi32(dot[r][c], _mm256_madd_epi16(wv[c], xv));
         }
     }
-    if (j < len)  // K not a multiple of 16: the rest, exact in int32 too, into lane 0
-        for (int r = 0; r < R; r++)
-            for (int c = 0; c < C; c++) {
-                int32_t tail = 0;
-                for (int64_t t = k0 + j; t < k0 + len; t++) tail += (int32_t)w[c * K + t] * x[r * K + t];
-                dot[r][c] = _mm256_add_epi32(dot[r][c], _mm256_setr_epi32(tail, 0, 0, 0, 0, 0, 0, 0));
-            }
-    for (int r = 0; r < R; r++) {
-        __m256 s = _mm256_set1_ps(xs[r * nb + b]);
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][c]), s, acc[r][c]);
-    }
+    end_block(R, C, x, xs, nb, b, w, K, k0 + j, k0 + len, dot, acc);
 }
 
 // R rows x C channels: xq rows (stride K) with block scales xs (stride nb), weight rows at w
@@ -114,8 +130,8 @@ static inline __attribute__((always_inline)) void rows(int R, int C, const int16
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vnni")
-// block() with 512-bit sums: dot [R, C] of 16 int32 lanes over 32 activations per step, folded to
-// the AVX2 loop's 8 lanes (lane i + lane i + 8) before a 16-activation step and the scalar tail.
+// block() with 512-bit sums: [R, C] of 16 int32 lanes over 32 activations per step, folded to the
+// AVX2 loop's 8 lanes (lane i + lane i + 8) for the block's end (the AVX2 code, inlined here).
 static inline __attribute__((always_inline)) void block512(int R, int C, const int16_t *x, const float *xs,
                                                             int64_t nb, int64_t b, const int8_t *w, int64_t K,
                                                             int64_t k0, int64_t len, __m256 acc[8][4]) {
@@ -138,24 +154,7 @@ static inline __attribute__((always_inline)) void block512(int R, int C, const i
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++)
             dot[r][c] = _mm256_add_epi32(_mm512_castsi512_si256(wide[r][c]), _mm512_extracti64x4_epi64(wide[r][c], 1));
-    for (; j + 16 <= len; j += 16)
-        for (int c = 0; c < C; c++) {
-            __m256i wc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + c * K + k0 + j)));
-            for (int r = 0; r < R; r++)
-                dot[r][c] = _mm256_add_epi32(
-                    dot[r][c], _mm256_madd_epi16(wc, _mm256_loadu_si256((const __m256i *)(x + r * K + k0 + j))));
-        }
-    if (j < len)
-        for (int r = 0; r < R; r++)
-            for (int c = 0; c < C; c++) {
-                int32_t tail = 0;
-                for (int64_t t = k0 + j; t < k0 + len; t++) tail += (int32_t)w[c * K + t] * x[r * K + t];
-                dot[r][c] = _mm256_add_epi32(dot[r][c], _mm256_setr_epi32(tail, 0, 0, 0, 0, 0, 0, 0));
-            }
-    for (int r = 0; r < R; r++) {
-        __m256 s = _mm256_set1_ps(xs[r * nb + b]);
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][c]), s, acc[r][c]);
-    }
+    end_block(R, C, x, xs, nb, b, w, K, k0 + j, k0 + len, dot, acc);
 }
 
 static inline __attribute__((always_inline)) void tile512(int R, int C, const int16_t *x, const float *xs,
@@ -168,12 +167,7 @@ static inline __attribute__((always_inline)) void tile512(int R, int C, const in
     for (int64_t b = 0; b < whole; b++) block512(R, C, x, xs, nb, b, w, K, b * KB, KB, acc);
     if (whole < nb) block512(R, C, x, xs, nb, whole, w, K, whole * KB, K - whole * KB, acc);
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) {
-            __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r][c]), _mm256_extractf128_ps(acc[r][c], 1));
-            s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            y[r * ldy + c] = _mm_cvtss_f32(s) * scale[c];  // hsum(), in this target
-        }
+        for (int c = 0; c < C; c++) y[r * ldy + c] = hsum(acc[r][c]) * scale[c];
 }
 
 static inline __attribute__((always_inline)) void rows512(int R, int C, const int16_t *x, const float *xs,
