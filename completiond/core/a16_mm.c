@@ -101,32 +101,11 @@ static inline __attribute__((always_inline)) void block(int R, int C, const int1
     end_block(R, C, x, xs, nb, b, w, K, k0 + j, k0 + len, dot, acc);
 }
 
-// R rows x C channels: xq rows (stride K) with block scales xs (stride nb), weight rows at w
-// (stride K), results at y (stride ldy).
-static inline __attribute__((always_inline)) void tile(int R, int C, const int16_t *x, const float *xs,
-                                                        int64_t nb, const int8_t *w, const float *scale,
-                                                        int64_t K, float *y, int64_t ldy) {
-    __m256 acc[8][4];
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
-    int64_t whole = K / KB;
-    for (int64_t b = 0; b < whole; b++) block(R, C, x, xs, nb, b, w, K, b * KB, KB, acc);
-    if (whole < nb) block(R, C, x, xs, nb, whole, w, K, whole * KB, K - whole * KB, acc);
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y[r * ldy + c] = hsum(acc[r][c]) * scale[c];
-}
-
-// Channels [n0, n1) for rows [m0, m0 + R): tiles of C channels, then single channels.
-static inline __attribute__((always_inline)) void rows(int R, int C, const int16_t *x, const float *xs,
-                                                        int64_t nb, const int8_t *w, const float *scale,
-                                                        int64_t K, int64_t N, float *y, int64_t m0,
-                                                        int64_t n0, int64_t n1) {
-    int64_t n = n0;
-    const int16_t *xr = x + m0 * K;
-    const float *sr = xs + m0 * nb;
-    for (; n + C <= n1; n += C) tile(R, C, xr, sr, nb, w + n * K, scale + n, K, y + m0 * N + n, N);
-    for (; n < n1; n++) tile(R, 1, xr, sr, nb, w + n * K, scale + n, K, y + m0 * N + n, N);
-}
+#define BLOCK block
+#define SUFFIX 256
+#include "a16_tiles.h"  // tile256, rows256, mm256
+#undef BLOCK
+#undef SUFFIX
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vnni")
@@ -157,43 +136,11 @@ static inline __attribute__((always_inline)) void block512(int R, int C, const i
     end_block(R, C, x, xs, nb, b, w, K, k0 + j, k0 + len, dot, acc);
 }
 
-static inline __attribute__((always_inline)) void tile512(int R, int C, const int16_t *x, const float *xs,
-                                                           int64_t nb, const int8_t *w, const float *scale,
-                                                           int64_t K, float *y, int64_t ldy) {
-    __m256 acc[8][4];
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
-    int64_t whole = K / KB;
-    for (int64_t b = 0; b < whole; b++) block512(R, C, x, xs, nb, b, w, K, b * KB, KB, acc);
-    if (whole < nb) block512(R, C, x, xs, nb, whole, w, K, whole * KB, K - whole * KB, acc);
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y[r * ldy + c] = hsum(acc[r][c]) * scale[c];
-}
-
-static inline __attribute__((always_inline)) void rows512(int R, int C, const int16_t *x, const float *xs,
-                                                           int64_t nb, const int8_t *w, const float *scale,
-                                                           int64_t K, int64_t N, float *y, int64_t m0,
-                                                           int64_t n0, int64_t n1) {
-    int64_t n = n0;
-    const int16_t *xr = x + m0 * K;
-    const float *sr = xs + m0 * nb;
-    for (; n + C <= n1; n += C) tile512(R, C, xr, sr, nb, w + n * K, scale + n, K, y + m0 * N + n, N);
-    for (; n < n1; n++) tile512(R, 1, xr, sr, nb, w + n * K, scale + n, K, y + m0 * N + n, N);
-}
-
-static void mm512(const int16_t *xq, const float *xs, int64_t nb, const int8_t *w, const float *scale, float *y,
-                  int64_t M, int64_t K, int64_t N, int threads) {
-    int64_t blocks = (N + NB - 1) / NB;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t b = 0; b < blocks; b++) {
-        int64_t n0 = b * NB, n1 = n0 + NB < N ? n0 + NB : N;
-        int64_t m = 0;
-        for (; m + 8 <= M; m += 8) rows512(8, 1, xq, xs, nb, w, scale, K, N, y, m, n0, n1);
-        for (; m + 4 <= M; m += 4) rows512(4, 2, xq, xs, nb, w, scale, K, N, y, m, n0, n1);
-        for (; m + 2 <= M; m += 2) rows512(2, 4, xq, xs, nb, w, scale, K, N, y, m, n0, n1);
-        for (; m < M; m++) rows512(1, 4, xq, xs, nb, w, scale, K, N, y, m, n0, n1);
-    }
-}
+#define BLOCK block512
+#define SUFFIX 512
+#include "a16_tiles.h"  // tile512, rows512, mm512
+#undef BLOCK
+#undef SUFFIX
 #pragma GCC pop_options
 
 // 1: the int32 sums run on AVX512-VNNI (mm512). cpu_kernel sets it only where the CPU has it.
@@ -206,24 +153,7 @@ void completiond_int8_mm_a16(const float *x, const int8_t *w, const float *scale
     float *xs = malloc(sizeof(float) * M * nb);
 #pragma omp parallel for schedule(static) num_threads(threads) if (M * K >= 32768)
     for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, xq + m * K, xs + m * nb);
-    if (completiond_a16_avx512) {
-        mm512(xq, xs, nb, w, scale, y, M, K, N, threads);
-        free(xq);
-        free(xs);
-        return;
-    }
-    int64_t blocks = (N + NB - 1) / NB;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t b = 0; b < blocks; b++) {
-        int64_t n0 = b * NB, n1 = n0 + NB < N ? n0 + NB : N;
-        int64_t m = 0;
-        // the block's weights (NB x K bytes) stay in cache while every row block reads them
-        // tiles of 8 x 1, 4 x 2, 2 x 4, 1 x 4: 8 int32 accumulators, within AVX2's 16 registers
-        for (; m + 8 <= M; m += 8) rows(8, 1, xq, xs, nb, w, scale, K, N, y, m, n0, n1);
-        for (; m + 4 <= M; m += 4) rows(4, 2, xq, xs, nb, w, scale, K, N, y, m, n0, n1);
-        for (; m + 2 <= M; m += 2) rows(2, 4, xq, xs, nb, w, scale, K, N, y, m, n0, n1);
-        for (; m < M; m++) rows(1, 4, xq, xs, nb, w, scale, K, N, y, m, n0, n1);
-    }
+    (completiond_a16_avx512 ? mm512 : mm256)(xq, xs, nb, w, scale, y, M, K, N, threads);
     free(xq);
     free(xs);
 }

@@ -50,6 +50,7 @@ from ..paths import cache_root
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(n) for n in ("int8_mm.c", "a16_mm.c", "qwen2_layer.c")]
+HEADERS = [Path(__file__).with_name("a16_tiles.h")]  # included by a16_mm.c: part of the build's key
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 # completiond_qwen2_layer(h, n, H, in_norm, post_norm, eps, wqkv, sqkv, bqkv, wo, so, wgu, sgu, inter,
@@ -82,7 +83,8 @@ def build(out_dir: Path | None = None) -> Path:
     if cc is None:
         raise RuntimeError("no C compiler (gcc or cc) on PATH")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha1("\0".join([*(src.read_text() for src in SOURCES), *FLAGS, version]).encode()).hexdigest()[:16]
+    texts = (src.read_text() for src in SOURCES + HEADERS)
+    key = hashlib.sha1("\0".join([*texts, *FLAGS, version]).encode()).hexdigest()[:16]
     folder = out_dir or cache_root() / "kernels"
     so = folder / f"int8_mm-{key}.so"
     if so.exists():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import hashlib
 import json
 import logging
@@ -97,15 +98,16 @@ def calibrated(kind: str, measure: Callable[[], dict], decisions: tuple[str, ...
 VECTOR_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "avx_vnni")
 
 
-def cpu_flags() -> set[str]:
-    """Every feature flag /proc/cpuinfo lists for the first CPU (empty where there is none)."""
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """Every feature flag /proc/cpuinfo lists for the first CPU (empty where there is none); read once."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 def cpu_features() -> list[str]:
