@@ -28,7 +28,10 @@ from completiond.core.engine import Engine  # noqa: E402
 from completiond.models import load, load_draft  # noqa: E402
 from completiond.models.device import cpu_name  # noqa: E402
 
-ARMS = {"none": ["ar", "pld"], "eagle": ["ar", "draft", "combined"], "medusa": ["ar", "draft", "combined"]}
+
+
+def arm_modes(draft: str) -> list[str]:
+    return ["ar", "pld"] if draft == "none" else ["ar", "draft", "combined"]
 
 
 def main() -> int:
@@ -38,6 +41,8 @@ def main() -> int:
     ap.add_argument("--positions", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--drafts", default="none,eagle,medusa",
+                    help="comma list of --draft specs, one engine each (medusa:PATH / eagle:PATH: a heads file)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     a = ap.parse_args()
@@ -45,7 +50,8 @@ def main() -> int:
     target = load(a.target, "target", "auto", "auto", "auto")
     positions = sample_positions(root, a.positions, "both", a.seed)  # as `completiond bench`
     arms = {}
-    for name, modes in ARMS.items():
+    for name in a.drafts.split(","):
+        modes = arm_modes(name)
         engine = Engine(target, load_draft(name, target))
         engine.calibrate()
         prepared = run_modes(engine, root, positions, modes, a.max_tokens)

@@ -91,3 +91,16 @@ def test_head_labels_stay_inside_a_window():
     # head 1 at t learns g[t+1]; 8 is not in the sub-vocabulary; across windows: -100
     assert y[0].tolist() == [1, 2, -100, 3, 4, -100]
     assert y[1].tolist() == [2, -100, -100, 4, -100, -100]
+
+
+def test_heldout_agreement_counts_labels_outside_the_sub_vocabulary():
+    # one window of 6 positions; Medusa's single head at t guesses g_{t+1}: labels 0, 1, 5, 2, 0 (5 is
+    # outside the sub-vocabulary {0, 1, 2}); zero weights read h out as it is, so h picks the guess
+    guesses = [0, 1, 0, 0, 0, 0]  # hits at t = 0, 1, 4; a miss at t = 3; t = 2 has no label it can say
+    part = {"h": torch.eye(4)[guesses].to(torch.bfloat16), "ids": torch.zeros(6, dtype=torch.int64),
+            "greedy": torch.tensor([0, 0, 1, 5, 2, 0]), "window": torch.zeros(6, dtype=torch.int64)}
+    vocab = torch.tensor([0, 1, 2])
+    task = train_mod.Task("medusa", part, vocab, 6, 1, torch.eye(3, 4).to(torch.bfloat16), torch.zeros(6, 4))
+    got = task.agreement(MedusaHeads(4, 1, vocab))
+    assert got["positions"] == 5 and got["label_in_vocab"] == 0.8
+    assert got["top1_agreement"] == [0.75] and got["top1_all"] == [0.6]

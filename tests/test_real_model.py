@@ -114,6 +114,28 @@ def test_coder_greedy_identical_fp32_fim(coder_fp32):
             assert res.token_ids == ar.token_ids, mode
 
 
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_shipped_heads_on_the_real_coder(coder_fp32, kind):
+    """The shipped heads (trained on this target's bf16 hidden states) load onto the real 0.5B, keep
+    every mode identical to ar in fp32, and their guesses are accepted: weights read out over the
+    wrong rows or a scrambled vocabulary would leave only prompt lookup's tokens."""
+    target = coder_fp32
+    engine = Engine(target, load_draft(kind, target))
+    assert engine.heads is not None and engine.heads.name == kind
+    engine.calibrate(sizes=(1, 8, 32))  # unmeasured costs: no tree is worth its pass
+    text = SOURCE.read_text()
+    accepted = 0.0
+    for name in ("def py_scanstring", "    def decode(self"):
+        p = build_prompt(target.tokenizer, text, text.index(name), multiline=True, path="json/decoder.py",
+                         repo="json", max_tokens=1024)
+        ar = engine.complete(Request(prompt=p.ids, mode="ar", max_tokens=16, stops=p.stops))
+        for mode in ("draft", "combined"):
+            res = engine.complete(Request(prompt=p.ids, mode=mode, max_tokens=16, stops=p.stops))
+            assert res.token_ids == ar.token_ids, mode
+            accepted += res.mean_accepted * res.target_passes if mode == "draft" else 0.0
+    assert accepted >= 2, f"{kind}: {accepted} draft tokens accepted over two completions"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on the CI machines)")
 def test_cuda_default_pairing_is_coder_15b_with_05b_draft():
     target = load("default", "target", "cuda", "auto")

@@ -121,7 +121,8 @@ class Task:
         ok = torch.ones(len(w), dtype=torch.bool)
         ok[-self.steps:] = False
         ok[:-self.steps] = w[self.steps:] == w[:-self.steps]  # t .. t+steps in one window
-        self.valid = ok.nonzero()[:, 0] if kind == "eagle" else (self.y[0] >= 0).nonzero()[:, 0]
+        self.whole = ok.nonzero()[:, 0]  # every position with its next `steps` tokens in its window
+        self.valid = self.whole if kind == "eagle" else (self.y[0] >= 0).nonzero()[:, 0]
 
     def logits(self, heads: nn.Module, idx: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Per step: logits [B, V'] over the sub-vocabulary; and the feature loss (eagle; else 0)."""
@@ -147,14 +148,18 @@ class Task:
 
     @torch.no_grad()
     def agreement(self, heads: nn.Module) -> dict:
-        idx = self.valid
+        """top1_agreement: over the positions whose label the sub-vocabulary holds; top1_all: over
+        every position (a label outside it is a miss), what compares sub-vocabularies of two sizes."""
+        idx = self.whole
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits, _ = self.logits(heads, idx)
-        top1 = []
+        top1, top1_all = [], []
         for j, lg in enumerate(logits):
             ok = self.y[j, idx] >= 0
-            top1.append(round(float((lg.float().argmax(-1)[ok] == self.y[j, idx][ok]).float().mean()), 4))
-        return {"top1_agreement": top1, "positions": len(idx),
+            hit = lg.float().argmax(-1)[ok] == self.y[j, idx][ok]
+            top1.append(round(float(hit.float().mean()), 4))
+            top1_all.append(round(float(hit.sum()) / len(idx), 4))
+        return {"top1_agreement": top1, "top1_all": top1_all, "positions": len(idx),
                 "label_in_vocab": round(float((self.y[0, idx] >= 0).float().mean()), 4)}
 
 
