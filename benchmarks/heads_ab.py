@@ -29,7 +29,6 @@ from completiond.models import load, load_draft  # noqa: E402
 from completiond.models.device import cpu_name  # noqa: E402
 
 
-
 def arm_modes(draft: str) -> list[str]:
     return ["ar", "pld"] if draft == "none" else ["ar", "draft", "combined"]
 

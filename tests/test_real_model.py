@@ -117,8 +117,8 @@ def test_coder_greedy_identical_fp32_fim(coder_fp32):
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 def test_shipped_heads_on_the_real_coder(coder_fp32, kind):
     """The shipped heads (trained on this target's bf16 hidden states) load onto the real 0.5B, keep
-    every mode identical to ar in fp32, and their guesses are accepted: weights read out over the
-    wrong rows or a scrambled vocabulary would leave only prompt lookup's tokens."""
+    every mode identical to ar in fp32, and their own guesses (`draft`: no prompt lookup) are
+    accepted; zeroed or random weights of the same shapes get none accepted here."""
     target = coder_fp32
     engine = Engine(target, load_draft(kind, target))
     assert engine.heads is not None and engine.heads.name == kind
@@ -132,7 +132,8 @@ def test_shipped_heads_on_the_real_coder(coder_fp32, kind):
         for mode in ("draft", "combined"):
             res = engine.complete(Request(prompt=p.ids, mode=mode, max_tokens=16, stops=p.stops))
             assert res.token_ids == ar.token_ids, mode
-            accepted += res.mean_accepted * res.target_passes if mode == "draft" else 0.0
+            if mode == "draft":
+                accepted += res.mean_accepted * res.target_passes
     assert accepted >= 2, f"{kind}: {accepted} draft tokens accepted over two completions"
 
 
