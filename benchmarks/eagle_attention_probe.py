@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from tqdm import tqdm
 
 from completiond.core.heads import load_heads, shipped_path
 from completiond.core.quant import full_weight
-from completiond.draft.heads import sub_index
+from completiond.draft.heads import sub_index, warmup_cosine
 from completiond.models import load
 from completiond.models.device import cpu_name
 
@@ -128,7 +127,7 @@ def main() -> int:
     with tqdm(total=a.steps, desc="attention head", unit="step") as bar:
         for step in range(a.steps):
             for group in opt.param_groups:
-                group["lr"] = a.lr * min(1.0, (step + 1) / (a.steps // 20)) * 0.5 * (1 + math.cos(math.pi * step / a.steps))
+                group["lr"] = warmup_cosine(step, a.steps, a.lr)  # as train-draft heads
             pick = torch.randint(0, len(train), (a.windows,), generator=gen).tolist()
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 s, h_next, y = run(data["train"], [train[i] for i in pick])

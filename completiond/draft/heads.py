@@ -163,6 +163,11 @@ class Task:
                 "label_in_vocab": round(float((self.y[0, idx] >= 0).float().mean()), 4)}
 
 
+def warmup_cosine(step: int, steps: int, peak: float) -> float:
+    """The learning rate at `step` of `steps`: linear warm-up over the first 5%, then cosine decay."""
+    return peak * min(1.0, (step + 1) / max(1, steps // 20)) * 0.5 * (1 + math.cos(math.pi * step / steps))
+
+
 def train_heads(target: LoadedModel, out: Path, kind: str = "eagle", tokens: int = 60_000, k: int = 3,
                 vocab_size: int = 16384, steps: int = 800, batch: int = 256, lr: float = 1e-3, seed: int = 0,
                 source: str = "stdlib", inner: int = 1024, ce_weight: float = 0.1) -> tuple[nn.Module, dict]:
@@ -185,8 +190,8 @@ def train_heads(target: LoadedModel, out: Path, kind: str = "eagle", tokens: int
     gen = torch.Generator().manual_seed(seed + step)
     with tqdm(total=steps, initial=step, desc=f"{kind} heads", unit="step") as bar:
         while step < steps:
-            for group in opt.param_groups:  # cosine decay after 5% warm-up
-                group["lr"] = lr * min(1.0, (step + 1) / max(1, steps // 20)) * 0.5 * (1 + math.cos(math.pi * step / steps))
+            for group in opt.param_groups:
+                group["lr"] = warmup_cosine(step, steps, lr)
             idx = train.valid[torch.randint(0, len(train.valid), (batch,), generator=gen)]
             loss = train.loss(heads, idx)
             opt.zero_grad()
