@@ -5,8 +5,10 @@ import importlib.util
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import threading
 import venv
 import zipfile
@@ -81,11 +83,44 @@ def read_response(stream, id_: int) -> dict:
             return msg
 
 
+def running_site_packages() -> list[str]:
+    """Where the interpreter running the tests finds its packages: a venv's own site-packages inside
+    a venv, the system's otherwise (a venv's "system site packages" would be the base interpreter's,
+    which inside a user's venv has none of lsprotocol, torch, ...)."""
+    paths = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()]
+    return list(dict.fromkeys(p for p in paths if Path(p).is_dir()))
+
+
+def see_running_packages(py: Path) -> None:
+    """The new venv sees the running environment's packages after its own (a .pth file of their
+    folders), so torch and the rest come from there and the wheel from the venv itself. A .pth line
+    adds a folder without running that folder's own .pth files: the checkout's editable install
+    stays out of the venv."""
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    (Path(purelib) / "completiond-test-running-env.pth").write_text("\n".join(running_site_packages()) + "\n")
+
+
+def test_venv_for_the_wheel_sees_the_running_environment(tmp_path):
+    """The packages the installed wheel needs resolve in the new venv from the environment running the
+    tests (a venv or the system interpreter), not from the base interpreter's site-packages."""
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    see_running_packages(py)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = "import lsprotocol, pygls, msgpack, torch; print(lsprotocol.__file__); print(torch.__file__)"
+    done = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    running = running_site_packages()
+    assert all(any(line.startswith(p) for p in running) for line in done.stdout.split()), (done.stdout, running)
+
+
 def test_installed_wheel_lsp_answers_initialize(wheel, tmp_path):
     env_dir = tmp_path / "venv"
-    # system site packages: torch and the rest come from here; the wheel itself is installed into the venv
-    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
+    venv.EnvBuilder(with_pip=True).create(env_dir)
     py = env_dir / "bin" / "python"
+    see_running_packages(py)
     done = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall",
                            "--disable-pip-version-check", "-q", str(wheel)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -57,8 +57,13 @@ machine_socket() {  # completiond.socket as configured for this run
 }
 cleanup() {
   local rc=$?
-  if [ -n "$CS_PID" ] && kill -0 "$CS_PID" 2>/dev/null; then
-    kill "$CS_PID" 2>/dev/null || true
+  set +e  # the clean-up runs to its end; its own failures are warnings
+  # code-server runs in a process group of its own (setsid below): stop all of it (extension host,
+  # language server) and wait until none of it is left, so nothing writes into $TMP as it goes
+  if [ -n "$CS_PID" ]; then
+    kill -TERM -- "-$CS_PID" 2>/dev/null || true
+    for _ in $(seq 1 40); do pgrep -g "$CS_PID" >/dev/null 2>&1 || break; sleep 0.25; done
+    kill -KILL -- "-$CS_PID" 2>/dev/null || true
     wait "$CS_PID" 2>/dev/null || true
   fi
   # the daemon the server autostarted outlives the editor by design: stop it (our socket only)
@@ -78,8 +83,14 @@ cleanup() {
       echo "---- $f (tail) ----"; tail -n 40 "$f"
     done
   fi
-  if [ "${E2E_KEEP:-0}" = 1 ]; then say "kept $TMP"; else rm -rf "$TMP"; fi
+  # a failing clean-up only warns: it never turns a passing run red
+  if [ "${E2E_KEEP:-0}" = 1 ]; then say "kept $TMP"
+  else
+    for _ in 1 2 3 4 5; do rm -rf "$TMP" 2>/dev/null && break; sleep 1; done
+    [ -e "$TMP" ] && say "warning: could not remove $TMP"
+  fi
   say "done (exit $rc)"
+  exit "$rc"
 }
 trap cleanup EXIT
 
@@ -135,7 +146,7 @@ say "installed the extension: $("$CODE_SERVER" "${CS_ARGS[@]}" --list-extensions
 PORT="$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
 # test/e2e/fake-lsp.py (if used as COMPLETIOND_LSP) records what it receives here
 export FAKE_LSP_LOG="$TMP/fake-lsp.jsonl"
-"$CODE_SERVER" "${CS_ARGS[@]}" --bind-addr "127.0.0.1:$PORT" --auth none \
+setsid "$CODE_SERVER" "${CS_ARGS[@]}" --bind-addr "127.0.0.1:$PORT" --auth none \
   --disable-telemetry --disable-update-check --disable-workspace-trust \
   --disable-getting-started-override --ignore-last-opened "$WORKSPACE" \
   >"$TMP/code-server.log" 2>&1 &
