@@ -1,6 +1,7 @@
 """The tree-size controller (core/budget.py): costs per exact tree size that follow this machine both
 ways (issue 44). Synthetic timings: deterministic."""
 
+import itertools
 import json
 import time
 
@@ -9,6 +10,13 @@ from completiond.core.budget import PRIOR_WEIGHT, PROBE_AFTER, PROBE_SHARE, Tree
 
 # a pass's true cost by tree size (ms): flat to 4 nodes, then growing (the shape of a calibrated CPU table)
 TRUE = {1: 20.0, 2: 21.0, 3: 24.0, 4: 25.0, 8: 42.0, 16: 98.0, 64: 400.0}
+
+
+CLOCK = itertools.count(1_000_000, 2)  # synthetic time: a pass every 2 s (no two share a horizon)
+
+
+def observe(b: TreeBudget, n: int, ms: float) -> None:
+    b.observe_pass(n, ms, now=next(CLOCK))
 
 
 def true_cost(n: int) -> float:
@@ -31,7 +39,7 @@ def run(b: TreeBudget, trees: int, cost=true_cost, values=VALUES) -> list[tuple[
     for _ in range(trees):
         n = b.best_size(values) + 1
         probe = b._probing is not None
-        b.observe_pass(n, cost(n))
+        observe(b, n, cost(n))
         sizes.append((n, probe))
     return sizes
 
@@ -40,9 +48,9 @@ def test_an_observed_size_is_used_exactly_not_interpolated():
     # the AVX2 kernel's shape: 3 nodes cost what 4 do (calibrated at powers of two only)
     b = budget({1: 40.0, 2: 40.0, 4: 58.0, 8: 95.0})
     assert b.cost(3) == 49.0  # interpolated until 3-node passes are seen
-    b.observe_pass(3, 58.0)
+    observe(b, 3, 58.0)
     assert b.cost(3) == 49.0  # the interpolation counts as one pass: the faster of the two
-    b.observe_pass(3, 58.0)
+    observe(b, 3, 58.0)
     assert b.cost(3) == 58.0 and b.cost(4) == 58.0 and b.cost(2) == 40.0
     assert b.cost(6) == 58.0 + (95.0 - 58.0) / 2  # sizes not seen still interpolate between neighbours
 
@@ -51,26 +59,26 @@ def test_the_controller_does_not_pay_for_a_node_that_costs_like_two():
     values = [1.0, 0.9, 0.5, 0.3]  # root, then the best-first candidates' path probabilities
     b = budget({1: 40.0, 2: 40.0, 4: 58.0})
     assert b.best_size(values) == 2  # believes 3 nodes cost 49: (1 + 0.9 + 0.5) / 49 beats 1.9 / 40
-    b.observe_pass(3, 58.0)
-    b.observe_pass(3, 58.0)
+    observe(b, 3, 58.0)
+    observe(b, 3, 58.0)
     assert b.best_size(values) == 1  # 2.4 / 58 and 2.7 / 58 both lose to 1.9 / 40
 
 
 def test_one_slow_pass_moves_nothing_a_bad_minute_is_followed_both_ways():
     b = budget({1: 40.0, 2: 40.0, 4: 58.0, 8: 95.0})
-    b.observe_pass(2, 10_000.0)  # one pass hit by a burst of load elsewhere
+    observe(b, 2, 10_000.0)  # one pass hit by a burst of load elsewhere
     assert b.cost(2) == 40.0
     for _ in range(3):
-        b.observe_pass(2, 40.0)
-    b.observe_pass(2, 10_000.0)
+        observe(b, 2, 40.0)
+    observe(b, 2, 10_000.0)
     assert b.cost(2) == 40.0
-    for _ in range(B.WINDOW):  # a bad minute: every pass 3x
-        b.observe_pass(2, 120.0)
+    for _ in range(B.WINDOW):  # a bad minute: every pass 3x (a pass every 2 s)
+        observe(b, 2, 120.0)
     assert b.cost(2) == 120.0  # the machine is slower now: the estimate says so
     for i in range(1, 5):  # ... and back: a few quiet passes bring it down again
-        b.observe_pass(2, 40.0)
+        observe(b, 2, 40.0)
         assert b.cost(2) == (40.0 if i == 4 else 120.0)
-    b.observe_pass(5, 10_000.0)  # first sight of a size: a slow pass does not set it
+    observe(b, 5, 10_000.0)  # first sight of a size: a slow pass does not set it
     assert b.cost(5) == 58.0 + (95.0 - 58.0) / 4
 
 
@@ -79,7 +87,7 @@ def test_a_prior_gives_way_to_real_passes_both_ways():
         b = budget({n: ms * factor for n, ms in TRUE.items()}, "cached")
         assert b.table_status()["sizes"]["4"]["source"] == "cached"
         for i in range(PRIOR_WEIGHT):
-            b.observe_pass(4, TRUE[4])
+            observe(b, 4, TRUE[4])
         assert b.cost(4) == TRUE[4]
         st = b.table_status()["sizes"]["4"]
         assert st["source"] == "observed" and st["passes"] == PRIOR_WEIGHT and st["prior_ms"] == round(TRUE[4] * factor, 2)
@@ -141,7 +149,7 @@ def test_no_probe_without_candidates_or_when_always():
     b = budget(TRUE)
     for _ in range(500):
         assert b.best_size([1.0]) == 0
-        b.observe_pass(1, 20.0)
+        observe(b, 1, 20.0)
     b.always = True
     assert b.best_size([1.0, 0.1, 0.1]) == 2
 
@@ -174,3 +182,15 @@ def test_the_cache_keeps_when_and_under_what_load_a_table_was_measured(tmp_path)
 def test_others_busy_is_a_share():
     share = B.quiet_now(0.05)
     assert share is None or 0.0 <= share <= 1.0
+
+
+def test_a_burst_of_slow_passes_in_one_second_does_not_flush_the_window():
+    b = budget({2: 40.0})
+    for i in range(B.WINDOW):
+        b.observe_pass(2, 40.0, now=100.0 + i * 0.1)
+    for i in range(3 * B.WINDOW):  # a busy second: many passes, all slow
+        b.observe_pass(2, 400.0, now=104.0 + i * 0.01)
+    assert b.cost(2) == 40.0
+    for i in range(B.WINDOW):  # the machine stays slow past the horizon: the estimate follows
+        b.observe_pass(2, 400.0, now=104.0 + B.HORIZON_S + i)
+    assert b.cost(2) == 400.0

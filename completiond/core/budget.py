@@ -8,8 +8,9 @@ two sees). A tree node is worth the probability that its whole path is accepted 
 decoding, so speculation never costs much more than `ar`.
 
 The costs are estimates that follow this machine both ways (issue 44). Per size: a low quantile of
-its last WINDOW real passes (a slow pass under load elsewhere moves it little; a sustained change
-moves it within a few passes, up or down), and until there are PRIOR_WEIGHT of them a prior (a
+its last WINDOW real passes, or of all its passes in the last HORIZON_S when there were more (a slow
+pass under load elsewhere, or a busy second of them, moves it little; a sustained change moves it
+within a few passes down, within HORIZON_S up), and until there are PRIOR_WEIGHT of them a prior (a
 calibration, the cached table of an earlier run, or the interpolation of its neighbours) counts as
 that many passes. A size the controller stopped choosing, because its estimate is too high (a bad
 minute) or because it was only ever calibrated, is probed: a tree is verified at that size now and
@@ -40,8 +41,11 @@ if TYPE_CHECKING:
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # the sizes reported side by side (bench, pass-cost benchmarks)
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64)  # `Engine.calibrate` (bench): odd sizes too
 QUICK_SIZES = (1, 2, 3, 4, 8, 16, 64)  # a daemon's first start (then cached, and real passes fill in)
-WINDOW = 16  # real passes kept per size
-QUANTILE = 0.25  # the estimate: this quantile of them (low: load elsewhere only ever slows a pass down)
+WINDOW = 32  # real passes per size the estimate looks at, at least ...
+HORIZON_S = 30.0  # ... and all of the last this many seconds (up to KEPT): a burst of passes in a busy
+KEPT = 256  # second does not flush what the passes before it showed
+QUANTILE = 0.1  # the estimate: this quantile of them (low: load elsewhere only ever slows a pass down; the
+# 4th fastest of 32 moves down after 4 faster passes, up only when 29 of the last 32 were slower)
 PRIOR_WEIGHT = 4  # a calibrated or cached cost counts as this many passes until real ones replace it
 PROBE_SHARE = 0.03  # at most this share of pass time is spent verifying at a size the controller did not pick
 PROBE_AFTER = 64  # passes: a size not run for this long may be probed
@@ -74,19 +78,21 @@ class SizeCost:
         self.prior = prior
         self.source = source  # of the prior: calibrated, cached or interpolated
         self.weight = weight
-        self.samples: deque[float] = deque(maxlen=WINDOW)
+        self.samples: deque[tuple[float, float]] = deque(maxlen=KEPT)  # (time, ms)
         self.value = prior
         self.passes = 0  # real passes seen at this size (probes included)
         self.probes = 0  # of which were probes
         self.last = -1  # the budget's pass count at the last real pass (-1: none yet)
         self.last_time: float | None = None  # time.time() of the last real pass
 
-    def add(self, ms: float, at: int) -> None:
-        self.samples.append(ms)
+    def add(self, ms: float, at: int, now: float) -> None:
+        self.samples.append((now, ms))
         self.passes += 1
-        self.last, self.last_time = at, time.time()
+        self.last, self.last_time = at, now
+        recent = [x for t, x in self.samples if t >= now - HORIZON_S]
+        xs = recent if len(recent) > WINDOW else [x for _, x in list(self.samples)[-WINDOW:]]
         left = max(0, self.weight - len(self.samples))
-        self.value = quantile(list(self.samples) + [self.prior] * left, QUANTILE)
+        self.value = quantile(xs + [self.prior] * left, QUANTILE)
 
     @property
     def origin(self) -> str:
@@ -117,7 +123,7 @@ class TreeBudget:
         for n, ms in costs.items():
             self._cost[int(n)] = SizeCost(float(ms), source)
 
-    def observe_pass(self, n: int, ms: float) -> None:
+    def observe_pass(self, n: int, ms: float, now: float | None = None) -> None:
         """A real pass over n nodes took ms: its size's estimate follows (a size seen for the first
         time starts from the interpolation of its neighbours, counted as one pass until a second
         real pass replaces it)."""
@@ -128,7 +134,7 @@ class TreeBudget:
         if self._probing == n:
             e.probes += 1
         self._probing = None
-        e.add(ms, self._passes)
+        e.add(ms, self._passes, time.time() if now is None else now)
         # probes get a share of what passes cost, capped: an idle hour does not buy a burst of probes
         top = max(x.value for x in self._cost.copy().values())
         self._credit = min(self._credit + PROBE_SHARE * ms, 2 * top)
