@@ -52,6 +52,7 @@ async def type_lines(sock: Path, positions, pause_s: float, max_tokens: int, cur
                      pid: int) -> dict:
     client = await Client.connect(sock)
     await client.request("initialize", {"client": "keystroke-bench", "protocol": 1})
+    table_start = (await client.request("status", {})).get("pass_costs")  # the pass-cost table it starts with
     ttft, final, accepted, served, requests, first_answer, lanes, served_ms = [], [], [], 0, 0, [], [], []
     accept_served = accept_passes = 0
     first_detail: list[dict] = []  # per file: which keystroke answered first, what the pause had warmed
@@ -81,6 +82,8 @@ async def type_lines(sock: Path, positions, pause_s: float, max_tokens: int, cur
            "answered_with_tokens": len(ttft), "served_from_memory": served,
            "daemon_cpu_s": round(cpu, 1), "cpu_ms_per_keystroke": round(cpu * 1000 / max(requests, 1), 1),
            "stale_work": stale, "pass_cost_ms": status.get("pass_cost_ms"),
+           # the tree budget's table at the start and the end (per size: ms, source, passes, probes)
+           "pass_costs_start": table_start, "pass_costs": status.get("pass_costs"),
            # from a line's first keystroke to the first ghost text in that file (typing starts --pause s
            # after opening it): the cold-file wait
            "p50_first_answer_ms": p(first_answer, 50), "p95_first_answer_ms": p(first_answer, 95),

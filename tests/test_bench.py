@@ -60,6 +60,12 @@ def test_bench_json_shape(tmp_path, capsys, tiny_dir):
             assert 0.0 <= row[rate] <= 1.0
         assert row["identical_rate"] == 1.0  # fp32: speculation is lossless
     assert res["modes"]["ar"]["speedup_vs_ar"] == 1.0
+    # the table the modes ran with (calibrated now), and after them (the daemon's estimator: real passes)
+    start, end = res["pass_costs_start"], res["pass_costs"]
+    assert start["origin"] == "calibrated" and start["measured_at"] and start["passes"] == 0
+    assert {e["source"] for e in start["sizes"].values()} == {"calibrated"}
+    assert end["passes"] > 0 and "observed" in {e["source"] for e in end["sizes"].values()}
+    assert res["pass_cost_ms"] == {n: round(e["ms"], 2) for n, e in start["sizes"].items()}
     assert set(res["peers"]) == {"hf-plain", "hf-prompt-lookup"}
     assert res["peers"]["hf-plain"]["identical_rate"] == 1.0  # transformers' greedy agrees with ours
     assert res["edits"]["pld"]["identical_rate"] == 1.0

@@ -1,19 +1,56 @@
-"""The tree-size controller (core/budget.py): costs per exact tree size, robust to outliers."""
+"""The tree-size controller (core/budget.py): costs per exact tree size that follow this machine both
+ways (issue 44). Synthetic timings: deterministic."""
 
-from completiond.core.budget import OUTLIER, TreeBudget
+import itertools
+import json
+import time
+
+from completiond.core import budget as B
+from completiond.core.budget import PRIOR_WEIGHT, PROBE_AFTER, PROBE_SHARE, TreeBudget
+
+# a pass's true cost by tree size (ms): flat to 4 nodes, then growing (the shape of a calibrated CPU table)
+TRUE = {1: 20.0, 2: 21.0, 3: 24.0, 4: 25.0, 8: 42.0, 16: 98.0, 64: 400.0}
 
 
-def budget(costs: dict[int, float]) -> TreeBudget:
+CLOCK = itertools.count(1_000_000, 2)  # synthetic time: a pass every 2 s (no two share a horizon)
+
+
+def observe(b: TreeBudget, n: int, ms: float) -> None:
+    b.observe_pass(n, ms, now=next(CLOCK))
+
+
+def true_cost(n: int) -> float:
+    return B._interpolate(sorted(TRUE.items()), n)
+
+
+def budget(costs: dict[int, float], source: str = "calibrated") -> TreeBudget:
     b = TreeBudget()
-    b.load_costs(costs)
+    b.load_costs(costs, source)
     return b
+
+
+# a best-first tree's path values: good guesses, worth verifying 4-8 nodes at the true costs
+VALUES = [1.0, 0.95, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 0.01, 0.01]
+
+
+def run(b: TreeBudget, trees: int, cost=true_cost, values=VALUES) -> list[tuple[int, bool]]:
+    """The controller on `trees` trees whose passes take `cost(n)`: (size run, was it a probe)."""
+    sizes = []
+    for _ in range(trees):
+        n = b.best_size(values) + 1
+        probe = b._probing is not None
+        observe(b, n, cost(n))
+        sizes.append((n, probe))
+    return sizes
 
 
 def test_an_observed_size_is_used_exactly_not_interpolated():
     # the AVX2 kernel's shape: 3 nodes cost what 4 do (calibrated at powers of two only)
     b = budget({1: 40.0, 2: 40.0, 4: 58.0, 8: 95.0})
-    assert b.cost(3) == 49.0  # interpolated until a 3-node pass is seen
-    b.observe_pass(3, 58.0)
+    assert b.cost(3) == 49.0  # interpolated until 3-node passes are seen
+    observe(b, 3, 58.0)
+    assert b.cost(3) == 49.0  # the interpolation counts as one pass: the faster of the two
+    observe(b, 3, 58.0)
     assert b.cost(3) == 58.0 and b.cost(4) == 58.0 and b.cost(2) == 40.0
     assert b.cost(6) == 58.0 + (95.0 - 58.0) / 2  # sizes not seen still interpolate between neighbours
 
@@ -22,18 +59,138 @@ def test_the_controller_does_not_pay_for_a_node_that_costs_like_two():
     values = [1.0, 0.9, 0.5, 0.3]  # root, then the best-first candidates' path probabilities
     b = budget({1: 40.0, 2: 40.0, 4: 58.0})
     assert b.best_size(values) == 2  # believes 3 nodes cost 49: (1 + 0.9 + 0.5) / 49 beats 1.9 / 40
-    b.observe_pass(3, 58.0)
+    observe(b, 3, 58.0)
+    observe(b, 3, 58.0)
     assert b.best_size(values) == 1  # 2.4 / 58 and 2.7 / 58 both lose to 1.9 / 40
 
 
-def test_outliers_move_an_estimate_only_so_far():
+def test_one_slow_pass_moves_nothing_a_bad_minute_is_followed_both_ways():
     b = budget({1: 40.0, 2: 40.0, 4: 58.0, 8: 95.0})
-    b.observe_pass(2, 10_000.0)  # a burst of load elsewhere
-    assert b.cost(2) == 40.0 + 0.1 * (OUTLIER - 1) * 40.0
-    b.observe_pass(3, 10_000.0)  # first sight of a size: within OUTLIER x its interpolation
-    assert b.cost(3) == OUTLIER * (b.cost(2) + 58.0) / 2
-    b.observe_pass(5, 0.001)
-    assert b.cost(5) == (58.0 + (95.0 - 58.0) / 4) / OUTLIER
-    for _ in range(60):  # a size that really got dearer (a longer context) is still learned
-        b.observe_pass(4, 90.0)
-    assert 85.0 < b.cost(4) <= 90.0
+    observe(b, 2, 10_000.0)  # one pass hit by a burst of load elsewhere
+    assert b.cost(2) == 40.0
+    for _ in range(3):
+        observe(b, 2, 40.0)
+    observe(b, 2, 10_000.0)
+    assert b.cost(2) == 40.0
+    for _ in range(B.WINDOW):  # a bad minute: every pass 3x (a pass every 2 s)
+        observe(b, 2, 120.0)
+    assert b.cost(2) == 120.0  # the machine is slower now: the estimate says so
+    for i in range(1, 5):  # ... and back: a few quiet passes bring it down again
+        observe(b, 2, 40.0)
+        assert b.cost(2) == (40.0 if i == 4 else 120.0)
+    observe(b, 5, 10_000.0)  # first sight of a size: a slow pass does not set it
+    assert b.cost(5) == 58.0 + (95.0 - 58.0) / 4
+
+
+def test_a_prior_gives_way_to_real_passes_both_ways():
+    for factor in (3.0, 1 / 3):
+        b = budget({n: ms * factor for n, ms in TRUE.items()}, "cached")
+        assert b.table_status()["sizes"]["4"]["source"] == "cached"
+        for i in range(PRIOR_WEIGHT):
+            observe(b, 4, TRUE[4])
+        assert b.cost(4) == TRUE[4]
+        st = b.table_status()["sizes"]["4"]
+        assert st["source"] == "observed" and st["passes"] == PRIOR_WEIGHT and st["prior_ms"] == round(TRUE[4] * factor, 2)
+
+
+def test_inflated_and_deflated_tables_heal_and_big_trees_come_back():
+    """The issue's table: sizes above 2 priced at 3x (a bad minute), or everything at 3x or 1/3x:
+    within a few hundred trees every size the controller runs costs what it truly does, and trees
+    above 2 nodes are chosen again (not only probed)."""
+    fresh = run(budget(TRUE), 400)
+    fresh_sizes = {n for n, probe in fresh[200:] if not probe}
+    assert max(fresh_sizes) > 2
+    tables = {"3x above 2": {n: ms * (3 if n > 2 else 1) for n, ms in TRUE.items()},
+              "3x": {n: ms * 3 for n, ms in TRUE.items()}, "1/3x": {n: ms / 3 for n, ms in TRUE.items()}}
+    for name, table in tables.items():
+        b = budget(table, "cached")
+        ran = run(b, 400)
+        used = {n for n, _ in ran}
+        for n in used:
+            assert abs(b.cost(n) / true_cost(n) - 1) < 1e-9, (name, n, b.cost(n))
+        chosen = {n for n, probe in ran[300:] if not probe}
+        assert chosen == fresh_sizes, (name, chosen, fresh_sizes)
+
+
+def test_the_issues_table_stops_switching_speculation_off():
+    # the daemon's cached 0.5B table from issue 44 against the quiet calibration of the same machine
+    cached = {1: 36.5, 2: 39.4, 3: 80.6, 4: 93.0, 8: 137.4, 16: 305.3}
+    quiet = {1: 19.5, 2: 21.2, 3: 24.7, 4: 24.7, 8: 41.8, 16: 97.7}
+    cost = lambda n: B._interpolate(sorted(quiet.items()), n)  # noqa: E731
+    values = [1.0, 0.8, 0.6, 0.45, 0.3, 0.2, 0.1, 0.05]
+    b = budget(cached, "cached")
+    assert b.best_size(values) + 1 <= 2  # priced out: as the issue found
+    ran = run(b, 600, cost, values)
+    assert max(n for n, probe in ran[-100:] if not probe) > 2
+    for n in {n for n, _ in ran}:
+        assert b.cost(n) == cost(n)
+
+
+def test_probes_reach_priced_out_sizes_within_their_share_of_time():
+    b = budget({n: ms * (3 if n > 2 else 1) for n, ms in TRUE.items()}, "cached")
+    values = [1.0] + [0.9 ** i for i in range(1, 64)]  # trees that reach every size
+    ran = run(b, 3000, true_cost, values)
+    probes = [n for n, probe in ran if probe]
+    assert {16, 64} <= set(probes)  # not only 2 or 4
+    # what the probes cost beyond the size the controller would have run, at most their share
+    plain = TreeBudget()
+    plain.load_costs(TRUE)
+    best = plain.best_size(values) + 1
+    extra = sum(max(0.0, true_cost(n) - true_cost(best)) for n in probes)
+    total = sum(true_cost(n) for n, _ in ran)
+    assert extra <= 2 * PROBE_SHARE * total
+    # a size run within the last PROBE_AFTER passes is not probed again
+    for i, (n, probe) in enumerate(ran):
+        if probe:
+            assert all(m != n for m, _ in ran[max(0, i - PROBE_AFTER):i]), (i, n)
+
+
+def test_no_probe_without_candidates_or_when_always():
+    b = budget(TRUE)
+    for _ in range(500):
+        assert b.best_size([1.0]) == 0
+        observe(b, 1, 20.0)
+    b.always = True
+    assert b.best_size([1.0, 0.1, 0.1]) == 2
+
+
+def test_a_cached_table_is_measured_again_when_old_or_measured_under_load():
+    now = time.time()
+    fresh = {"measured_at": now - 60, "loadavg": 0.3, "others_busy": 0.02}
+    assert B.stale_reason(fresh, 0.0, now) is None
+    old = {**fresh, "measured_at": now - B.MAX_AGE_S - 1}
+    assert "days old" in B.stale_reason(old, 0.05, now)
+    loaded = {**fresh, "others_busy": 0.9}
+    assert "busy elsewhere" in B.stale_reason(loaded, 0.05, now)
+    assert B.stale_reason(loaded, 0.8, now) is None  # still loaded: measuring would measure the load
+    assert B.stale_reason({"measured_at": None}, 0.0, now) == "the cached table has no date"
+
+
+def test_the_cache_keeps_when_and_under_what_load_a_table_was_measured(tmp_path):
+    path = tmp_path / "c.json"
+    meta = {"measured_at": 123.0, "loadavg": 1.5, "others_busy": 0.4, "origin": "x"}
+    B.save_costs(path, {1: 20.0, 4: 25.0}, meta, {"1": "observed", "4": "calibrated"})
+    costs, got = B.load_table(path)
+    assert costs == {1: 20.0, 4: 25.0} and got == {"measured_at": 123.0, "loadavg": 1.5, "others_busy": 0.4}
+    assert json.loads(path.read_text())["sources"] == {"1": "observed", "4": "calibrated"}
+    path.write_text(json.dumps({"costs": {"1": 36.5, "2": 39.4}}))  # a file from before issue 44
+    assert B.load_table(path) == ({1: 36.5, 2: 39.4}, {"measured_at": None, "loadavg": None, "others_busy": None})
+    path.write_text("{not json")
+    assert B.load_table(path) is None
+
+
+def test_others_busy_is_a_share():
+    share = B.quiet_now(0.05)
+    assert share is None or 0.0 <= share <= 1.0
+
+
+def test_a_burst_of_slow_passes_in_one_second_does_not_flush_the_window():
+    b = budget({2: 40.0})
+    for i in range(B.WINDOW):
+        b.observe_pass(2, 40.0, now=100.0 + i * 0.1)
+    for i in range(3 * B.WINDOW):  # a busy second: many passes, all slow
+        b.observe_pass(2, 400.0, now=104.0 + i * 0.01)
+    assert b.cost(2) == 40.0
+    for i in range(B.WINDOW):  # the machine stays slow past the horizon: the estimate follows
+        b.observe_pass(2, 400.0, now=104.0 + B.HORIZON_S + i)
+    assert b.cost(2) == 400.0

@@ -38,6 +38,9 @@ def add_parser(sub) -> None:
     b.add_argument("--repo-context", action="store_true",
                    help="prompts with the workspace files the document imports, as `serve --repo-context` builds them")
     b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    b.add_argument("--calibration", default="fresh", choices=["fresh", "cached"],
+                   help="pass costs to start from: measured now (fresh), or the daemon's cached table "
+                        "(cached: what a daemon started now would use; real passes refine both alike)")
     b.add_argument("--json", default=None, metavar="OUT", help="also write the full result as JSON to OUT")
     b.add_argument("--plot", default=None, metavar="OUT.png", help="write a latency plot to OUT.png")
     model_flags(b)
@@ -76,7 +79,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if not positions:
         raise UsageError(f"no code positions found in {root}")
     engine = Engine(target, draft, backend=a.backend)
-    costs = engine.calibrate()
+    if a.calibration == "cached":
+        engine.calibrate_cached()
+    else:
+        engine.calibrate()
+    costs = engine.budget.costs()
+    table_start = engine.budget.table_status()  # the table the modes start from (then real passes refine it)
     prepared = run_modes(engine, root, positions, modes, a.max_tokens, multiline=not a.single_line,
                          max_prompt=a.prompt_tokens, context=a.repo_context)
     peer_rows = run_transformers(engine, prepared, [p for p in peers if p.startswith("hf-")]) if peers else {}
@@ -96,6 +104,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
         "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
         "prefill_dtype": prefill_dtype(target), "int8_kernel": target.meta.get("int8_kernel"),
         "max_tokens": a.max_tokens, "repo_context": a.repo_context, "pass_cost_ms": {str(k): round(v, 2) for k, v in costs.items()},
+        # the tree budget's table at the start and after the modes ran (per size: ms, source, passes,
+        # probes; the daemon's estimator), so a run says which tree sizes it priced how
+        "pass_costs_start": table_start, "pass_costs": engine.budget.table_status(),
         # what one proposal of the draft costs (a draft model's pass, or the heads' steps), ms, recent average
         "draft_step_ms": round(p.step_ms.value, 3) if (p := engine.draft or engine.heads) is not None else None,
         "modes": summarize_modes(prepared, modes), "peers": summarize_peers(prepared, peer_rows),

@@ -125,7 +125,11 @@ def _p(xs: list[float], q: float) -> float | None:
 async def _replay(sock: Path, positions: list[Position], max_tokens: int) -> dict:
     client = await Client.connect(sock)
     await client.request("initialize", {"client": "bench", "protocol": 1})
-    out = {"char_interval_ms": CHAR_INTERVAL_S * 1000, "lines": len(positions)}
+    deadline = time.time() + 600
+    while (st := await client.request("status", {}))["state"] == "loading" and time.time() < deadline:
+        await asyncio.sleep(0.2)  # the pass-cost table it starts with is known once the models are in
+    out = {"char_interval_ms": CHAR_INTERVAL_S * 1000, "lines": len(positions),
+           "pass_costs_start": st.get("pass_costs")}
     for reuse in (True, False):
         ttft, final, superseded, requests = [], [], 0, 0
         for i, pos in enumerate(positions):
@@ -141,5 +145,6 @@ async def _replay(sock: Path, positions: list[Position], max_tokens: int) -> dic
                     "p95_final_keystroke_first_token_ms": _p(final, 95),
                     "requests": requests, "answered_with_tokens": len(ttft),
                     "cancelled_before_first_token": superseded}
+    out["pass_costs"] = (await client.request("status", {})).get("pass_costs")  # the table it ended with
     await client.close()
     return out

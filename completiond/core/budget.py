@@ -1,12 +1,21 @@
 """How much to speculate: measured pass costs against measured acceptance.
 
-A target pass over n nodes costs `cost(n)` ms (measured on this device at start-up, then kept fresh
-with every pass, per exact size: on AVX2 the int8 kernel's row tiles make an odd size cost about as
-much as the next even one, 3 nodes 1.4x 2 nodes and as much as 4, which no interpolation between
-powers of two sees). A tree node is worth the probability that its whole path is accepted (the tree's
+A target pass over n nodes costs `cost(n)` ms, per exact size (on AVX2 the int8 kernel's row tiles
+make an odd size cost about as much as the next even one, which no interpolation between powers of
+two sees). A tree node is worth the probability that its whole path is accepted (the tree's
 `value`). The controller keeps the n best nodes that maximise expected tokens per millisecond,
 (1 + sum of their values) / cost(n + 1); with no good guesses that is the root alone, i.e. plain
 decoding, so speculation never costs much more than `ar`.
+
+The costs are estimates that follow this machine both ways (issue 44). Per size: a low quantile of
+its last WINDOW real passes, or of all its passes in the last HORIZON_S when there were more (a slow
+pass under load elsewhere, or a busy second of them, moves it little; a sustained change moves it
+within a few passes down, within HORIZON_S up), and until there are PRIOR_WEIGHT of them a prior (a
+calibration, the cached table of an earlier run, or the interpolation of its neighbours) counts as
+that many passes. A size the controller stopped choosing, because its estimate is too high (a bad
+minute) or because it was only ever calibrated, is probed: a tree is verified at that size now and
+then, at most PROBE_SHARE of the pass time, so no estimate is kept that real passes would not
+confirm. No clamp: a bound that only lets costs in one way keeps a bad minute for good.
 """
 
 from __future__ import annotations
@@ -14,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
+from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +41,18 @@ if TYPE_CHECKING:
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # the sizes reported side by side (bench, pass-cost benchmarks)
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64)  # `Engine.calibrate` (bench): odd sizes too
 QUICK_SIZES = (1, 2, 3, 4, 8, 16, 64)  # a daemon's first start (then cached, and real passes fill in)
-OUTLIER = 2.0  # a pass counts at most this many times the estimate for its size (a burst of load elsewhere)
+WINDOW = 32  # real passes per size the estimate looks at, at least ...
+HORIZON_S = 30.0  # ... and all of the last this many seconds (up to KEPT): a burst of passes in a busy
+KEPT = 256  # second does not flush what the passes before it showed
+QUANTILE = 0.1  # the estimate: this quantile of them (low: load elsewhere only ever slows a pass down; the
+# 4th fastest of 32 moves down after 4 faster passes, up only when 29 of the last 32 were slower)
+PRIOR_WEIGHT = 4  # a calibrated or cached cost counts as this many passes until real ones replace it
+PROBE_SHARE = 0.03  # at most this share of pass time is spent verifying at a size the controller did not pick
+PROBE_AFTER = 64  # passes: a size not run for this long may be probed
+MAX_AGE_S = 7 * 86400.0  # a cached table older than this is measured again (at start-up, when quiet)
+LOADED = 0.25  # a table measured while other processes kept this share of the CPUs busy was measured under load
+SOURCES = ("calibrated", "cached", "interpolated", "observed")  # where an estimate came from (`status`)
+OUTLIER = 2.0  # kept for older benchmarks (budget_ab.py): the bound the estimator had before issue 44
 
 
 class Ewma:
@@ -42,40 +64,80 @@ class Ewma:
         self.value += self.alpha * (x - self.value)
 
 
+def quantile(xs: list[float], q: float) -> float:
+    """The q-quantile of xs, the order statistic below (not interpolated: of up to 4 passes that is
+    the fastest, so one slow pass among few moves nothing; a pass is never spuriously fast)."""
+    return sorted(xs)[int(q * (len(xs) - 1))]
+
+
+class SizeCost:
+    """The cost of one tree size: a low quantile of its recent real passes, with a prior that counts
+    as `weight` passes until that many real ones replace it."""
+
+    def __init__(self, prior: float, source: str, weight: int = PRIOR_WEIGHT):
+        self.prior = prior
+        self.source = source  # of the prior: calibrated, cached or interpolated
+        self.weight = weight
+        self.samples: deque[tuple[float, float]] = deque(maxlen=KEPT)  # (time, ms)
+        self.value = prior
+        self.passes = 0  # real passes seen at this size (probes included)
+        self.probes = 0  # of which were probes
+        self.last = -1  # the budget's pass count at the last real pass (-1: none yet)
+        self.last_time: float | None = None  # time.time() of the last real pass
+
+    def add(self, ms: float, at: int, now: float) -> None:
+        self.samples.append((now, ms))
+        self.passes += 1
+        self.last, self.last_time = at, now
+        recent = [x for t, x in self.samples if t >= now - HORIZON_S]
+        xs = recent if len(recent) > WINDOW else [x for _, x in list(self.samples)[-WINDOW:]]
+        left = max(0, self.weight - len(self.samples))
+        self.value = quantile(xs + [self.prior] * left, QUANTILE)
+
+    @property
+    def origin(self) -> str:
+        """Where the estimate comes from now: `observed` once real passes replaced the prior."""
+        return "observed" if len(self.samples) >= self.weight else self.source
+
+
 class TreeBudget:
     def __init__(self, max_nodes: int = 64, always: bool = False):
         self.max_nodes = max_nodes
         self.always = always  # verify every proposed node and always run the draft (tests, experiments)
-        self._cost: dict[int, Ewma] = {}
-        self._trees = 0  # trees with candidates seen (for the periodic probe in best_size)
+        self._cost: dict[int, SizeCost] = {}
+        self._passes = 0  # real passes observed
+        self._credit = 0.0  # ms of pass time the probes may still spend (PROBE_SHARE of every pass)
+        self._probing: int | None = None  # the size best_size chose as a probe (counted when it runs)
+        # the table the costs started from: how it was made (calibrated / cached / re-measured), when,
+        # and the load it was measured under (`status`, bench and keystroke JSON)
+        self.table: dict = {"origin": "none", "measured_at": None, "loadavg": None, "others_busy": None}
 
     def costs(self) -> dict[int, float]:
-        """Measured ms per pass by tree size (what a calibration cache stores)."""
+        """Estimated ms per pass by tree size (what a calibration cache stores)."""
         return {s: e.value for s, e in sorted(self._cost.copy().items())}  # copy: atomic, any thread
 
-    def load_costs(self, costs: dict[int, float]) -> None:
-        """Install measured costs, made consistent: a bigger tree never costs less than a smaller
-        one, and n nodes never more than n one-node passes (a noisy outlier otherwise switches
-        speculation off for good: the controller would never run that size again to correct it)."""
-        known = sorted((int(n), float(ms)) for n, ms in costs.items())
-        one = known[0][1] / known[0][0] if known else 0.0
-        prev = 0.0
-        for n, ms in known:
-            ms = max(prev, min(ms, one * n)) if one else ms
-            self._cost[n] = Ewma(ms)
-            prev = ms
+    def load_costs(self, costs: dict[int, float], source: str = "calibrated") -> None:
+        """Install a table as priors (`calibrated`: measured now; `cached`: an earlier run's). Each
+        size's real passes replace its prior after PRIOR_WEIGHT of them; the sizes it lacks are
+        interpolated until they are run."""
+        for n, ms in costs.items():
+            self._cost[int(n)] = SizeCost(float(ms), source)
 
-    def observe_pass(self, n: int, ms: float) -> None:
-        """A real pass over n nodes took ms: the estimate for exactly n moves toward it. A size seen
-        for the first time starts from it, within [1/OUTLIER, OUTLIER] x the interpolated estimate;
-        later passes count at most OUTLIER x the estimate (one slow pass must not make a size look
-        too dear to be tried again)."""
-        if n not in self._cost:
-            guess = self.cost(n) if self._cost else ms
-            self._cost[n] = Ewma(min(max(ms, guess / OUTLIER), guess * OUTLIER))
-        else:
-            e = self._cost[n]
-            e.add(min(ms, e.value * OUTLIER))
+    def observe_pass(self, n: int, ms: float, now: float | None = None) -> None:
+        """A real pass over n nodes took ms: its size's estimate follows (a size seen for the first
+        time starts from the interpolation of its neighbours, counted as one pass until a second
+        real pass replaces it)."""
+        e = self._cost.get(n)
+        if e is None:
+            e = self._cost[n] = SizeCost(self.cost(n) if self._cost else ms, "interpolated", weight=2)
+        self._passes += 1
+        if self._probing == n:
+            e.probes += 1
+        self._probing = None
+        e.add(ms, self._passes, time.time() if now is None else now)
+        # probes get a share of what passes cost, capped: an idle hour does not buy a burst of probes
+        top = max(x.value for x in self._cost.copy().values())
+        self._credit = min(self._credit + PROBE_SHARE * ms, 2 * top)
 
     def cost(self, n: int) -> float:
         """Estimated ms of a target pass over n nodes (linear between measured sizes)."""
@@ -88,14 +150,13 @@ class TreeBudget:
     def best_size(self, values: list[float]) -> int:
         """How many nodes (beyond the root) of a best-first tree to verify; values[0] is the root.
 
-        Every 64th tree that has candidates is verified at 2 or 4 nodes whatever the estimate says,
-        so a cost that was measured too high is corrected by a real pass.
+        Now and then a tree is verified at a size the controller did not pick (a probe): the size
+        of the table this tree reaches that has gone longest without a real pass, when the probe
+        credit pays for its extra cost. So an estimate that is too high (a bad minute, a table
+        measured under load) is corrected by real passes, not kept because it is never run.
         """
         if self.always:
             return min(len(values) - 1, self.max_nodes)
-        self._trees += len(values) > 1
-        if len(values) > 1 and self._trees % 64 == 0:
-            return min(len(values) - 1, 3 if self._trees % 128 == 0 else 1)
         known = self._known()  # once per tree: this runs before every verify pass
         best_n, best_rate, gain = 0, 1.0 / _interpolate(known, 1), 1.0
         for n in range(1, min(len(values), self.max_nodes + 1)):
@@ -103,7 +164,45 @@ class TreeBudget:
             rate = gain / _interpolate(known, n + 1)
             if rate > best_rate:
                 best_n, best_rate = n, rate
+        if len(values) > 1:
+            probe = self._probe(known, min(len(values) - 1, self.max_nodes) + 1, best_n + 1)
+            if probe is not None:
+                self._probing = probe
+                return probe - 1
         return best_n
+
+    def _probe(self, known: list[tuple[int, float]], reach: int, chosen: int) -> int | None:
+        """The size to probe instead of `chosen` (None: no probe now): among the table's sizes up to
+        `reach`, the one longest without a real pass, if that is over PROBE_AFTER passes ago and
+        the credit covers its extra cost (a smaller size pays a tenth of a one-node pass: the
+        tokens it may lose)."""
+        stale, stalest = None, None
+        for s, e in self._cost.copy().items():
+            if s <= reach and s != chosen and self._passes - e.last > PROBE_AFTER and (
+                    stalest is None or e.last < stalest.last or (e.last == stalest.last and s < stale)):
+                stale, stalest = s, e
+        if stale is None:
+            return None
+        extra = max(0.0, _interpolate(known, stale) - _interpolate(known, chosen)) + 0.1 * _interpolate(known, 1)
+        if self._credit < extra:
+            return None
+        self._credit -= extra
+        return stale
+
+    def table_status(self) -> dict:
+        """The table for `status` and the benchmarks' JSON: per size its estimate, where it came from
+        (calibrated / cached / interpolated / observed), real passes and probes at that size, and
+        seconds since its last real pass; with the table's origin, age and the load it was measured under."""
+        now = time.time()
+        sizes = {}
+        for s, e in sorted(self._cost.copy().items()):
+            sizes[str(s)] = {"ms": round(e.value, 2), "source": getattr(e, "origin", "observed"),
+                             "prior_ms": round(getattr(e, "prior", e.value), 2), "passes": getattr(e, "passes", 0),
+                             "probes": getattr(e, "probes", 0),
+                             "last_pass_s": round(now - e.last_time, 1) if getattr(e, "last_time", None) else None}
+        t = self.table
+        return {**t, "age_s": round(now - t["measured_at"], 1) if t.get("measured_at") else None,
+                "passes": self._passes, "sizes": sizes}
 
 
 def _interpolate(known: list[tuple[int, float]], n: int) -> float:
@@ -117,26 +216,27 @@ def _interpolate(known: list[tuple[int, float]], n: int) -> float:
         if n <= s1:
             return c0 + (c1 - c0) * (n - s0) / (s1 - s0)
     (s0, c0), (s1, c1) = known[-2:] if len(known) > 1 else (known[0], (known[0][0] * 2, known[0][1] * 2))
-    return c1 + (c1 - c0) * (n - s1) / max(1, s1 - s0)
+    return c1 + max(0.0, c1 - c0) * (n - s1) / max(1, s1 - s0)  # never cheaper past the last size
 
 
 def measure_costs(runner: Runner, sizes: tuple[int, ...], context: int = 64, rounds: int = 3) -> dict[int, float]:
     """Target pass cost (ms) by tree size on this device, on a `context`-token cache.
 
     Sizes are interleaved over `rounds` (a burst of load elsewhere then hits every size alike) and
-    each keeps its fastest pass; a warm-up pass per size pays one-time kernel set-up. The runner's
-    cache is reset before and after."""
+    each gives the QUANTILE of its passes, as real passes do in TreeBudget (the bench and the daemon
+    price trees alike); a warm-up pass per size pays one-time kernel set-up. The runner's cache is
+    reset before and after."""
     runner.reset()
     v = runner.lm.vocab_size
     runner.extend([i * 7919 % v for i in range(context)])
-    best = {n: float("inf") for n in sizes}
+    seen: dict[int, list[float]] = {n: [] for n in sizes}
     for r in range(rounds + 1):
         for n in sizes:
             runner.forward([i * 104729 % v for i in range(n)], [-1] + list(range(n - 1)), range(n))
             if r:
-                best[n] = min(best[n], runner.last_pass_ms)
+                seen[n].append(runner.last_pass_ms)
     runner.reset()
-    return best
+    return {n: quantile(ms, QUANTILE) for n, ms in seen.items()}
 
 
 def calibration_path(target: LoadedModel) -> Path:
@@ -151,20 +251,98 @@ def calibration_path(target: LoadedModel) -> Path:
     return cache_root() / "calibration" / f"{digest}.json"
 
 
-def load_costs(path: Path) -> dict[int, float] | None:
-    """Cached pass costs, or None when there are none (or the file is unreadable)."""
+class OthersBusy:
+    """The share of this machine's CPU time that other processes used between two readings (0..1;
+    None where /proc/stat is missing): the load a measurement ran under, without this process's own
+    work (a 2-core machine's load average counts the daemon's own model load and calibration)."""
+
+    def __init__(self) -> None:
+        self.start = _cpu_times()
+
+    def share(self) -> float | None:
+        end = _cpu_times()
+        if self.start is None or end is None:
+            return None
+        (busy0, total0, own0), (busy1, total1, own1) = self.start, end
+        if total1 <= total0:
+            return None
+        return round(min(1.0, max(0.0, (busy1 - busy0 - (own1 - own0)) / (total1 - total0))), 3)
+
+
+def _cpu_times() -> tuple[float, float, float] | None:
+    """(busy, total) seconds of all CPUs from /proc/stat, and this process's CPU seconds."""
     try:
-        costs = json.loads(path.read_text())["costs"]
-        return {int(n): float(ms) for n, ms in costs.items()}
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is already counted in user
+    t = os.times()
+    return (total - idle) / hz, total / hz, t.user + t.system
+
+
+def quiet_now(seconds: float = 0.5) -> float | None:
+    """Others' share of the CPUs over the next `seconds` (see OthersBusy)."""
+    probe = OthersBusy()
+    time.sleep(seconds)
+    return probe.share()
+
+
+def loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def stale_reason(table: dict, now_busy: float | None, now: float | None = None) -> str | None:
+    """Why a cached table should be measured again now (None: keep it, real passes refine it): it
+    is older than MAX_AGE_S, or it was measured while others kept LOADED of the CPUs busy and the
+    machine is quieter now. A table measured under load while the machine is still loaded is kept:
+    measuring again would measure the load again."""
+    now = time.time() if now is None else now
+    at = table.get("measured_at")
+    quiet = now_busy is not None and now_busy < LOADED
+    if at is None:
+        return "the cached table has no date" if quiet else None
+    if now - at > MAX_AGE_S and (quiet or now_busy is None):
+        return f"the cached table is {(now - at) / 86400:.0f} days old"
+    busy = table.get("others_busy")
+    if busy is not None and busy >= LOADED and quiet and now_busy < busy / 2:
+        return f"the cached table was measured with {busy:.0%} of the CPUs busy elsewhere (now {now_busy:.0%})"
+    return None
+
+
+def load_table(path: Path) -> tuple[dict[int, float], dict] | None:
+    """Cached pass costs and their metadata (measured_at, loadavg, others_busy), or None when there
+    are none (or the file is unreadable). Files of older versions hold costs only (no date)."""
+    try:
+        data = json.loads(path.read_text())
+        costs = {int(n): float(ms) for n, ms in data["costs"].items()}
+        meta = {k: data.get(k) for k in ("measured_at", "loadavg", "others_busy")}
+        if not all(v is None or isinstance(v, (int, float)) for v in meta.values()):
+            meta = {"measured_at": None, "loadavg": None, "others_busy": None}
+        return (costs, meta) if costs else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def save_costs(path: Path, costs: dict[int, float]) -> None:
+def load_costs(path: Path) -> dict[int, float] | None:
+    """Cached pass costs, or None when there are none (or the file is unreadable)."""
+    got = load_table(path)
+    return got[0] if got else None
+
+
+def save_costs(path: Path, costs: dict[int, float], meta: dict | None = None, sources: dict | None = None) -> None:
+    """Write the table (atomically: several daemons may share the cache) with when and under what
+    load it was last measured, and where each entry came from."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"costs": costs}))
+        data = {"costs": costs, **{k: v for k, v in (meta or {}).items() if k in ("measured_at", "loadavg", "others_busy")},
+                "saved_at": time.time(), **({"sources": sources} if sources else {})}
+        tmp.write_text(json.dumps(data))
         os.replace(tmp, path)
     except OSError:
         pass  # a read-only cache only costs a calibration next time

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Generator, Hashable, Iterator
@@ -21,8 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .budget import (CALIBRATION_SIZES, QUICK_SIZES, TreeBudget, calibration_path, load_costs, measure_costs,
-                     save_costs)
+from .budget import (CALIBRATION_SIZES, LOADED, MAX_AGE_S, QUICK_SIZES, OthersBusy, TreeBudget, calibration_path,
+                     load_table, loadavg, measure_costs, quiet_now, save_costs, stale_reason)
 from .index import TokenIndex
 from .heads import EagleHead, MedusaHeads, head_proposer
 from ..models import LoadedModel
@@ -110,26 +111,47 @@ class Engine:
 
     # ---- set-up -------------------------------------------------------------------------------
     def calibrate(self, sizes: tuple[int, ...] = CALIBRATION_SIZES, context: int = 64,
-                  rounds: int = 3) -> dict[int, float]:
-        """Measure target pass cost by tree size on this device (feeds the tree-size budget)."""
+                  rounds: int = 3, origin: str = "calibrated") -> dict[int, float]:
+        """Measure target pass cost by tree size on this device (feeds the tree-size budget), with
+        the load it ran under (others' share of the CPUs, and the load average)."""
         with self.lock:
-            self.budget.load_costs(measure_costs(self.runner, sizes, context, rounds))
+            busy = OthersBusy()
+            costs = measure_costs(self.runner, sizes, context, rounds)
+            self.budget.load_costs(costs, "calibrated")
+            self.budget.table = {"origin": origin, "measured_at": time.time(), "loadavg": loadavg(),
+                                 "others_busy": busy.share()}
             return self.budget.costs()
 
     def calibrate_cached(self, sizes: tuple[int, ...] = QUICK_SIZES) -> str:
         """Pass costs from the calibration cache of this machine, model and dtype ("cached"), else a
-        short measurement that is then cached ("measured"). Real passes keep the costs fresh, and
-        `save_calibration` writes them back, so later starts never wait for a full calibration."""
-        costs = load_costs(calibration_path(self.target))
-        if costs is not None:
-            self.budget.load_costs(costs)
-            return "cached"
-        self.calibrate(sizes)
-        self.save_calibration()
-        return "measured"
+        short measurement that is then cached ("measured"). A cached table that is old, or was
+        measured under load while the machine is quiet now, is measured again ("re-measured";
+        COMPLETIOND_RECALIBRATE=0 keeps it). Either way the table is only a starting point: real
+        passes and probes correct every size the controller may use, and `save_calibration`
+        writes them back."""
+        got = load_table(calibration_path(self.target))
+        if got is None:
+            self.calibrate(sizes, origin="measured")
+            self.save_calibration()
+            return "measured"
+        costs, meta = got
+        suspect = (meta["measured_at"] is None or time.time() - meta["measured_at"] > MAX_AGE_S
+                   or (meta["others_busy"] or 0.0) >= LOADED)
+        reason = None
+        if suspect and os.environ.get("COMPLETIOND_RECALIBRATE", "1") != "0":
+            reason = stale_reason(meta, quiet_now())
+        if reason is not None:
+            self.calibrate(sizes, origin=f"re-measured: {reason}")
+            self.save_calibration()
+            return "re-measured"
+        self.budget.load_costs(costs, "cached")
+        self.budget.table = {"origin": "cached", **meta}
+        return "cached"
 
     def save_calibration(self) -> None:
-        save_costs(calibration_path(self.target), self.budget.costs())
+        b = self.budget
+        save_costs(calibration_path(self.target), b.costs(), b.table,
+                   {str(n): e["source"] for n, e in b.table_status()["sizes"].items()})
 
     @torch.inference_mode()
     def warm(self, prompt: list[int], cancel: threading.Event | None = None, slot: Hashable = None) -> int:

@@ -127,6 +127,9 @@ async def status(d: Daemon, s: Session, p: P.Empty, msgid) -> dict:
         "stale": {k: round(st[k], 1) for k in ("cancelled", "cancelled_ms", "warms", "warms_preempted", "warm_ms",
                                                "served_tokens") if k in st},
         "pass_cost_ms": {str(n): round(ms, 1) for n, ms in d.engine.budget.costs().items()},  # by tree size
+        # the same table with where each entry came from (calibrated / cached / interpolated / observed),
+        # its passes and probes, and the table's origin, age and the load it was measured under
+        "pass_costs": d.engine.budget.table_status(),
         "warm": d.warmer.status(s),  # per document of the asker: is its next completion's prompt cached?
         # the engine thread's turns: jobs queued or paused now, prefill chunks stopped for a new
         # request, documents with a cached sequence
