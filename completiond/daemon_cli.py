@@ -24,7 +24,11 @@ def add_parsers(sub) -> None:
     s = sub.add_parser("serve", help="run the daemon: resident models behind a Unix socket")
     s.add_argument("--socket", default=None, help="socket path (default: $COMPLETIOND_SOCKET or the per-user one)")
     s.add_argument("--tcp", default=None, metavar="127.0.0.1:PORT", help="also listen on loopback TCP (needs a token)")
-    s.add_argument("--token-file", default=None, help="file holding the TCP token (created 0600 if missing)")
+    s.add_argument("--http", default=None, metavar="127.0.0.1:PORT",
+                   help="also serve llama.cpp's /infill and OpenAI's /v1/completions over loopback HTTP "
+                        "(needs a token: clients send 'Authorization: Bearer <token>')")
+    s.add_argument("--token-file", default=None,
+                   help="file holding the TCP / HTTP token (created 0600 if missing)")
     s.add_argument("--mode", default="combined", choices=list(P.MODES), help="default mode")
     s.add_argument("--workspace", action="append", default=[],
                    help="index this directory (repeatable); the only roots a TCP client may use")
@@ -83,6 +87,7 @@ def read_token(path: Path) -> str:
 def cmd_serve(a: argparse.Namespace) -> int:
     from .flags import UsageError
     from .service.daemon import Daemon
+    from .service.http import StartError as HttpStartError, parse_http
     from .service.transport import StartError, claim, parse_tcp
 
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -92,12 +97,15 @@ def cmd_serve(a: argparse.Namespace) -> int:
         tcp = parse_tcp(a.tcp) if a.tcp else None
         if tcp and not a.token_file:
             raise StartError("--tcp needs --token-file (clients send that token in initialize)")
-        token = read_token(Path(a.token_file)) if tcp else None
+        http = parse_http(a.http) if a.http else None
+        if http and not a.token_file:
+            raise StartError("--http needs --token-file (clients send that token as 'Authorization: Bearer')")
+        token = read_token(Path(a.token_file)) if tcp or http else None
         for root in a.workspace:
             if not Path(root).is_dir():
                 raise StartError(f"--workspace {root}: not a directory")
         lock = claim(sock)  # before the slow model load: a second `serve` on this path stops here
-    except (StartError, ValueError, OSError) as e:
+    except (StartError, HttpStartError, ValueError, OSError) as e:
         raise UsageError(str(e)) from None
 
     def load_models(index, phase) -> tuple[Engine, dict]:
@@ -134,6 +142,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
         daemon = Daemon(load_models, info, token=token, default_mode=a.mode,
                         roots=[Path(r) for r in a.workspace], auth_timeout=a.auth_timeout, warm=a.warm,
                         quick_prompt_ms=a.quick_prompt_ms, repo_context=a.repo_context)
+        if http:
+            from .service.http import start_http
+            await start_http(daemon, *http, token)
         await daemon.serve(sock, tcp)
 
     try:
