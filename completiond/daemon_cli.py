@@ -42,6 +42,10 @@ def add_parsers(sub) -> None:
     s.add_argument("--repo-context", action="store_true",
                    help="show the model the other open buffers and the workspace modules the file imports, in "
                         "Qwen's repository format (off: on 64 bench positions it cost the 0.5B exact lines)")
+    s.add_argument("--remote-timeout", type=float, default=30.0, metavar="S",
+                   help="with --target openai:URL / llamacpp:URL: seconds a silent server is waited on")
+    s.add_argument("--remote-token-file", default=None, metavar="F",
+                   help="with a remote --target: the server's API key / token, sent as 'Authorization: Bearer'")
     s.add_argument("--log-level", default="INFO")
     model_flags(s)
     s.set_defaults(func=cmd_serve)
@@ -87,6 +91,7 @@ def read_token(path: Path) -> str:
 def cmd_serve(a: argparse.Namespace) -> int:
     from .flags import UsageError
     from .service.daemon import Daemon
+    from .core.remote import RemoteError, is_remote, parse_remote
     from .service.http import StartError as HttpStartError, parse_http
     from .service.transport import StartError, claim, parse_tcp
 
@@ -104,14 +109,26 @@ def cmd_serve(a: argparse.Namespace) -> int:
         for root in a.workspace:
             if not Path(root).is_dir():
                 raise StartError(f"--workspace {root}: not a directory")
+        if is_remote(a.target):
+            parse_remote(a.target)  # a malformed spec stops here, before the socket
+        remote_token = Path(a.remote_token_file).read_text().strip() if a.remote_token_file else None
         lock = claim(sock)  # before the slow model load: a second `serve` on this path stops here
-    except (StartError, HttpStartError, ValueError, OSError) as e:
+    except (StartError, HttpStartError, RemoteError, ValueError, OSError) as e:
         raise UsageError(str(e)) from None
 
     def load_models(index, phase) -> tuple[Engine, dict]:
         """On a loader thread, after the socket is up: `status` meanwhile reports each phase."""
         t0 = time.perf_counter()
         phase("importing torch")
+        from .core.remote import load_remote
+
+        if is_remote(a.target):  # the model runs on a server: only its tokenizer is loaded here
+            phase(f"loading the tokenizer for {a.target}")
+            try:
+                engine = load_remote(a.target, index, a.remote_timeout, remote_token)
+            except RemoteError as e:
+                raise RuntimeError(str(e)) from None
+            return engine, {**P.model_info(engine.target, None), "draft": None}
         from .core.engine import Engine
         from .models import draft_label, load, load_draft
         from .core.prompt import prepare_tokenizer

@@ -10,6 +10,8 @@ import asyncio
 import copy
 import http.client
 import json
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -126,6 +128,20 @@ async def test_llama_vscode_request_gets_n_cmpl_answers_and_the_wire_completion(
     wire = await wire_complete(srv, text, cursor, req["n_predict"])
     cut = client_cut(Ask(text, cursor, 128, None, 1.0, 0, None, [], n_indent=req["n_indent"]), wire)[0]
     assert out[0]["content"] == wire[:cut] and out[0]["content"]  # greedy: one text, three times
+
+
+@pytest.mark.skipif(not shutil.which("curl"), reason="no curl")
+def test_llama_vims_curl_command_line(srv):
+    """The request through curl with llama.vim's own arguments (body on stdin: `--data @-`)."""
+    req = fixture("llama_vim_fim")
+    cmd = ["curl", "--silent", "--no-buffer", "--request", "POST", "--url", f"http://127.0.0.1:{srv['port']}/infill",
+           "--header", "Content-Type: application/json", "--data", "@-",
+           "--header", f"Authorization: Bearer {srv['token']}"]
+    r = subprocess.run(cmd, input=json.dumps(req), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0
+    out = json.loads(r.stdout)  # llama.vim checks '^\s*{' and '"content"\s*:"' before json_decode
+    assert re.match(r"^\s*\{", r.stdout) and re.search(r'"content"\s*:"', r.stdout)
+    assert out["content"] and "timings/predicted_ms" in out
 
 
 def test_context_updates_answer_at_once(srv):

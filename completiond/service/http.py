@@ -527,7 +527,7 @@ class Conn:
         return self.gone or self.reader.at_eof() or self.writer.is_closing()
 
     async def send(self, status: int, body: dict | list, keep: bool) -> None:
-        data = json.dumps(body, ensure_ascii=False).encode()
+        data = _dumps(body).encode("utf-8", "replace")
         head = (f"HTTP/1.1 {status} {REASONS.get(status, '')}\r\nContent-Type: application/json; charset=utf-8\r\n"
                 f"Content-Length: {len(data)}\r\nConnection: {'keep-alive' if keep else 'close'}\r\n")
         if status == 401:
@@ -541,7 +541,7 @@ class Conn:
         await self._write(head.encode() + b"\r\n")
 
     async def event(self, payload: str) -> None:
-        data = f"data: {payload}\n\n".encode()
+        data = f"data: {payload}\n\n".encode("utf-8", "replace")
         await self._write(f"{len(data):x}\r\n".encode() + data + b"\r\n" if self.chunked else data)
 
     async def end_stream(self) -> None:
@@ -675,10 +675,10 @@ class HttpServer:
                 return {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": 0,
                         "tokens_predicted": 0, "tokens_evaluated": 0}
 
-            done = await self.run(ask, uri, conn, 0, lambda t: conn.event(json.dumps(partial(t), ensure_ascii=False)))
+            done = await self.run(ask, uri, conn, 0, lambda t: conn.event(_dumps(partial(t))))
             if done is not None:
                 out = infill_json(self.d, ask, done, 0, True, False)
-                await conn.event(json.dumps(pick_fields(out, fields) if fields else out, ensure_ascii=False))
+                await conn.event(_dumps(pick_fields(out, fields) if fields else out))
             await conn.end_stream()
             return
         outs = []
@@ -703,7 +703,7 @@ class HttpServer:
                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
             if usage is not None:
                 out["usage"] = usage
-            return json.dumps(out, ensure_ascii=False)
+            return _dumps(out)
 
         if ask.stream:
             await conn.start_stream(req.version == "HTTP/1.0")
@@ -790,6 +790,11 @@ class HttpServer:
         if emit is not None and len(text) > sent:
             await emit(text[sent:])
         return Done(text, res, stop_type, word)
+
+
+def _dumps(obj: Any) -> str:
+    """Compact, as llama.cpp writes it: llama.vim accepts an answer only if it matches '"content"\\s*:"'."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def _usage(done: Done) -> dict:
