@@ -24,7 +24,11 @@ def add_parsers(sub) -> None:
     s = sub.add_parser("serve", help="run the daemon: resident models behind a Unix socket")
     s.add_argument("--socket", default=None, help="socket path (default: $COMPLETIOND_SOCKET or the per-user one)")
     s.add_argument("--tcp", default=None, metavar="127.0.0.1:PORT", help="also listen on loopback TCP (needs a token)")
-    s.add_argument("--token-file", default=None, help="file holding the TCP token (created 0600 if missing)")
+    s.add_argument("--http", default=None, metavar="127.0.0.1:PORT",
+                   help="also serve llama.cpp's /infill and OpenAI's /v1/completions over loopback HTTP "
+                        "(needs a token: clients send 'Authorization: Bearer <token>')")
+    s.add_argument("--token-file", default=None,
+                   help="file holding the TCP / HTTP token (created 0600 if missing)")
     s.add_argument("--mode", default="combined", choices=list(P.MODES), help="default mode")
     s.add_argument("--workspace", action="append", default=[],
                    help="index this directory (repeatable); the only roots a TCP client may use")
@@ -38,6 +42,10 @@ def add_parsers(sub) -> None:
     s.add_argument("--repo-context", action="store_true",
                    help="show the model the other open buffers and the workspace modules the file imports, in "
                         "Qwen's repository format (off: on 64 bench positions it cost the 0.5B exact lines)")
+    s.add_argument("--remote-timeout", type=float, default=30.0, metavar="S",
+                   help="with --target openai:URL / llamacpp:URL: seconds a silent server is waited on")
+    s.add_argument("--remote-token-file", default=None, metavar="F",
+                   help="with a remote --target: the server's API key / token, sent as 'Authorization: Bearer'")
     s.add_argument("--log-level", default="INFO")
     model_flags(s)
     s.set_defaults(func=cmd_serve)
@@ -83,6 +91,8 @@ def read_token(path: Path) -> str:
 def cmd_serve(a: argparse.Namespace) -> int:
     from .flags import UsageError
     from .service.daemon import Daemon
+    from .core.remote import RemoteError, is_remote, parse_remote
+    from .service.http import StartError as HttpStartError, parse_http
     from .service.transport import StartError, claim, parse_tcp
 
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -92,18 +102,33 @@ def cmd_serve(a: argparse.Namespace) -> int:
         tcp = parse_tcp(a.tcp) if a.tcp else None
         if tcp and not a.token_file:
             raise StartError("--tcp needs --token-file (clients send that token in initialize)")
-        token = read_token(Path(a.token_file)) if tcp else None
+        http = parse_http(a.http) if a.http else None
+        if http and not a.token_file:
+            raise StartError("--http needs --token-file (clients send that token as 'Authorization: Bearer')")
+        token = read_token(Path(a.token_file)) if tcp or http else None
         for root in a.workspace:
             if not Path(root).is_dir():
                 raise StartError(f"--workspace {root}: not a directory")
+        if is_remote(a.target):
+            parse_remote(a.target)  # a malformed spec stops here, before the socket
+        remote_token = Path(a.remote_token_file).read_text().strip() if a.remote_token_file else None
         lock = claim(sock)  # before the slow model load: a second `serve` on this path stops here
-    except (StartError, ValueError, OSError) as e:
+    except (StartError, HttpStartError, RemoteError, ValueError, OSError) as e:
         raise UsageError(str(e)) from None
 
     def load_models(index, phase) -> tuple[Engine, dict]:
         """On a loader thread, after the socket is up: `status` meanwhile reports each phase."""
         t0 = time.perf_counter()
         phase("importing torch")
+        from .core.remote import load_remote
+
+        if is_remote(a.target):  # the model runs on a server: only its tokenizer is loaded here
+            phase(f"loading the tokenizer for {a.target}")
+            try:
+                engine = load_remote(a.target, index, a.remote_timeout, remote_token)
+            except RemoteError as e:
+                raise RuntimeError(str(e)) from None
+            return engine, {**P.model_info(engine.target, None), "draft": None}
         from .core.engine import Engine
         from .models import draft_label, load, load_draft
         from .core.prompt import prepare_tokenizer
@@ -134,6 +159,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
         daemon = Daemon(load_models, info, token=token, default_mode=a.mode,
                         roots=[Path(r) for r in a.workspace], auth_timeout=a.auth_timeout, warm=a.warm,
                         quick_prompt_ms=a.quick_prompt_ms, repo_context=a.repo_context)
+        if http:
+            from .service.http import start_http
+            await start_http(daemon, *http, token)
         await daemon.serve(sock, tcp)
 
     try:
