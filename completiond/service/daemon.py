@@ -261,11 +261,11 @@ class Daemon:
             return res
 
         try:
-            res = await asyncio.wrap_future(self.scheduler.submit(work, (s.id, prep.uri), job.cancel))
+            res = await asyncio.wrap_future(self.scheduler.submit(work, (s.id, prep.uri), job.cancel, low=prep.low))
         finally:
             s.finish(job)
         if res is None:
-            return P.Completion.superseded(prep.mode).to_wire()
+            return prep.superseded() if prep.superseded else P.Completion.superseded(prep.mode).to_wire()
         self.served += 1
         return prep.result(res)
 

@@ -23,6 +23,7 @@ from ..core.context import locate, related_files
 from .documents import Document, DocumentError
 from ..core.prompt import Heal, build_prompt, extend_middle, fim_tokens, stops_at
 from ..core.rewrite import TooLarge, check_selection, finish, rewrite_prompt
+from .history import job_key
 from .session import Session
 
 if TYPE_CHECKING:  # torch stays unimported until the models load (the socket is up before)
@@ -41,6 +42,8 @@ class Prepared:
     partial: str  # the notification that streams text while it runs
     result: Callable[[Result], dict]
     lanes: dict = field(default_factory=dict)  # complete: the prompts make() chose between (Lane by name)
+    low: bool = False  # after every request, like a warm-up (next_edit)
+    superseded: Callable[[], dict] | None = None  # the answer when cancelled before it ran (else a Completion's)
 
 
 @dataclass(frozen=True)
@@ -84,11 +87,20 @@ async def doc_open(d: Daemon, s: Session, p: P.DocumentOpen, msgid) -> None:
 
 async def doc_change(d: Daemon, s: Session, p: P.DocumentChange, msgid) -> None:
     doc = s.doc(p.uri)
+    before = doc.text
     room = min(P.MAX_DOCUMENT_CHARS, P.MAX_SESSION_CHARS - s.chars() + len(doc.text))
     try:
         doc.apply(p.changes, doc.version + 1 if p.version is None else p.version, s.encoding, room)
     except DocumentError as e:
         raise P.RpcError(P.INVALID_PARAMS, str(e)) from None
+    edited(s, doc, before)
+
+
+def edited(s: Session, doc: Document, before: str) -> None:
+    """After a change: into the edit history (next_edit reads it); a next edit of the older text is stale."""
+    s.history.record(doc.uri, before, doc.text, doc.version)
+    if (job := s.latest.get(job_key(doc.uri))) is not None:
+        job.cancel.set()
 
 
 async def doc_close(d: Daemon, s: Session, p: P.DocumentClose, msgid) -> None:
@@ -311,6 +323,12 @@ def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> Prepared:
     return Prepared(doc.uri, mode, make, "rewrite/partial", result)
 
 
+def next_edit(d: Daemon, s: Session, p: P.NextEdit) -> Prepared:
+    from .next_edit import prepare  # it builds on Prepared (this module)
+
+    return prepare(d, s, p)
+
+
 METHODS: dict[str, Method] = {
     "initialize": Method(P.Initialize, initialize), "document/open": Method(P.DocumentOpen, doc_open),
     "document/change": Method(P.DocumentChange, doc_change), "document/close": Method(P.DocumentClose, doc_close),
@@ -318,4 +336,5 @@ METHODS: dict[str, Method] = {
     "complete": Method(P.Complete, complete, job=True), "rewrite": Method(P.Rewrite, rewrite, job=True),
     "cancel": Method(P.Cancel, cancel), "status": Method(P.Empty, status), "shutdown": Method(P.Empty, shutdown),
     "debug/lookup": Method(P.Lookup, lookup),
+    "next_edit": Method(P.NextEdit, next_edit, job=True),
 }

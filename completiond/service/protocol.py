@@ -340,6 +340,16 @@ class Rewrite(Params):
 
 
 @dataclass(frozen=True)
+class NextEdit(Params):
+    """`next_edit`: the edit the user likely makes next, near the last edit or `position`."""
+    uri: str = param(str)
+    version: int = param(int)  # the document version the client sees; -32801 if the daemon's moved on
+    position: Position | None = param(Position, None)  # None: the document's last edit
+    max_tokens: int | None = between(int, None, 1, MAX_REWRITE_TOKENS)  # None: twice the region + 64
+    mode: str | None = one_of(MODES, None)
+
+
+@dataclass(frozen=True)
 class Lookup(Params):
     uri: str = param(str)
     position: Position = param(Position)

@@ -15,6 +15,7 @@ from typing import Any
 
 from . import protocol as P
 from .documents import Document, IndexView
+from .history import History
 from ..core.prompt import PositionError
 
 MAX_INDEXED_BUFFERS = 16  # stale open buffers re-tokenized for prompt lookup per request, most recent first
@@ -41,6 +42,7 @@ class Session:
     # uri -> handlers.Anchor: the last prompt built from scratch, which typing at its cursor extends
     # (set on the engine thread by the request that built it; a plain dict store)
     anchors: dict[str, Any] = field(default_factory=dict)
+    history: History = field(default_factory=History)  # recent edits of its documents (next_edit)
     closed: bool = False
     received: int = 0  # bytes read so far (bounded before authentication)
 

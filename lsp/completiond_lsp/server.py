@@ -7,6 +7,7 @@ LSP methods:
   workspace/executeCommand completiond.rewrite   rewrite a range, applied with workspace/applyEdit
   textDocument/codeAction         offers that rewrite for a selection
   workspace/didChangeConfiguration   settings apply live
+  completiond/nextEdit            the predicted next edit, from the daemon's `next_edit` (next_edit.py)
 Custom notifications to the client: `completiond/status` (loading / ready / error, last latency,
 mean accepted tokens per pass) and, for clients that set `streaming` in initializationOptions,
 `completiond/partial` {uri, version, position, text} with the text so far while it streams.
@@ -31,6 +32,7 @@ from completiond.paths import socket_path
 from completiond.service import protocol as P
 from completiond.service.client import DaemonError
 
+from . import next_edit as _next_edit
 from .daemon_link import DaemonLink, DaemonUnavailable
 from .settings import Settings
 
@@ -281,6 +283,9 @@ def code_action(ls: CompletiondServer, params: types.CodeActionParams) -> list[t
            "instruction": "Rewrite this code to be clearer and simpler, keeping its behaviour"}
     return [types.CodeAction(title="Rewrite selection with completiond", kind=types.CodeActionKind.RefactorRewrite,
                              command=types.Command(title="Rewrite selection", command=REWRITE, arguments=[arg]))]
+
+
+_next_edit.register(server, daemon_request)  # completiond/nextEdit (next_edit.py)
 
 
 def main() -> None:

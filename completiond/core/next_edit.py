@@ -1,0 +1,177 @@
+"""Next-edit suggestions: the target rewrites a window of code given the user's recent edits.
+
+The prompt follows the open next-edit models (Zeta, Sweep): the recent edits as unified diffs, then
+the code around the cursor with an editable region between markers; the model answers with the
+region rewritten. The answer mostly copies the region, which sits in the prompt token for token, so
+prompt lookup (which searches the prompt itself) proposes long runs of it and a verify pass accepts
+them: a speculative edit whose draft is the window. Greedy output is the target's own (lossless);
+`edits` then diffs it against the window and offers only what changed, as the smallest spans.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from .prompt import bos_ids
+from .stops import StopRules
+
+FENCE = "```"
+START, END = "<|editable_region_start|>", "<|editable_region_end|>"
+SYSTEM = ("You predict a programmer's next edit. You are shown their recent edits as unified diffs and the code "
+          f"around their cursor, in which the editable region lies between {START} and {END}. Reply with the "
+          "editable region rewritten with the edit they will most likely make next (for example: a name they renamed, "
+          "renamed at its other uses; a changed signature followed through; a pattern they applied, applied again), "
+          "in one fenced code block, nothing else. Copy every line that needs no change exactly; if nothing needs "
+          "to change, reply with the region unchanged.")
+LINES_BEFORE, LINES_AFTER = 4, 12  # the editable region around the anchor line: most next edits are below
+MAX_WINDOW_CHARS = 2400  # a region of long lines is cut to this (whole lines)
+CONTEXT_CHARS = 3000  # unchanged code shown before and after the region (shrunk to fit the budget)
+MIN_SIMILARITY = 0.5  # an answer that changes more than half the region is not an edit but a new text: none
+
+
+@dataclass(frozen=True)
+class Window:
+    start: int  # offsets in the document: whole lines
+    end: int
+
+
+@dataclass(frozen=True)
+class TextEdit:
+    start: int  # offsets in the document
+    end: int
+    text: str
+
+
+def window_at(text: str, offset: int, before: int = LINES_BEFORE, after: int = LINES_AFTER,
+              max_chars: int = MAX_WINDOW_CHARS) -> Window:
+    """Whole lines around the line of `offset`: `before` lines above it, `after` below, at most
+    `max_chars` (lines are dropped from the far end below first, then above)."""
+    line_start = text.rfind("\n", 0, offset) + 1
+    a = line_start
+    for _ in range(before):
+        if a == 0:
+            break
+        a = text.rfind("\n", 0, a - 1) + 1
+    b = line_start
+    for _ in range(after + 1):
+        nl = text.find("\n", b)
+        if nl < 0:
+            b = len(text)
+            break
+        b = nl + 1
+    while b - a > max_chars and b > line_start:  # too long: drop lines below, then above
+        cut = text.rfind("\n", line_start, b - 1)
+        if cut < line_start:
+            break
+        b = cut + 1
+    while b - a > max_chars and a < line_start:
+        a = text.find("\n", a, line_start) + 1
+    if b - a > max_chars:  # one line longer than the region: its part around the offset
+        a, b = max(a, offset - max_chars // 2), min(b, max(a, offset - max_chars // 2) + max_chars)
+    return Window(a, b)
+
+
+def next_edit_prompt(tokenizer, text: str, window: Window, diffs: list[str], path: str = "", language: str = "",
+                     max_tokens: int = 3072) -> tuple[list[int], StopRules]:
+    """Prompt ids and stop rules for rewriting `text[window]` as the next edit after `diffs`.
+
+    The context around the region shrinks until the prompt holds at most `max_tokens` (then the
+    oldest diffs are dropped); ValueError if the region alone does not fit."""
+    region = text[window.start:window.end]
+    lang = language or ""
+
+    def build(before: str, after: str, shown: list[str]) -> list[int]:
+        edits = "".join(shown) or "(none yet)\n"
+        code = f"{before}{START}\n{region}{'' if region.endswith(chr(10)) or not region else chr(10)}{END}\n{after}"
+        if not code.endswith("\n"):
+            code += "\n"
+        name = f" ({path})" if path else ""
+        if getattr(tokenizer, "chat_template", None):
+            user = (f"Recent edits, oldest first:\n{FENCE}diff\n{edits}{FENCE}\n\n"
+                    f"Code around the cursor{name}:\n{FENCE}{lang}\n{code}{FENCE}\n\n"
+                    "Rewrite the editable region with the next edit.")
+            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+            doc = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return tokenizer.encode(doc + f"{FENCE}{lang}\n", add_special_tokens=False)
+        doc = (f"Recent edits, oldest first:\n{FENCE}diff\n{edits}{FENCE}\n\n"
+               f"Code{name}, editable region between {START} and {END}:\n{FENCE}{lang}\n{code}{FENCE}\n\n"
+               f"Editable region after the next edit:\n{FENCE}{lang}\n")
+        return bos_ids(tokenizer) + tokenizer.encode(doc, add_special_tokens=False)
+
+    chars, shown = CONTEXT_CHARS, list(diffs)
+    while True:
+        before = text[max(0, window.start - chars):window.start]
+        if window.start > chars and "\n" in before:  # a cut context starts at a line
+            before = before[before.index("\n") + 1:]
+        after = text[window.end:window.end + chars]
+        if window.end + chars < len(text) and "\n" in after:
+            after = after[:after.rindex("\n") + 1]
+        ids = build(before, after, shown)
+        if len(ids) <= max_tokens:
+            break
+        if chars > 64:
+            chars = int(chars * 0.6)
+        elif shown:
+            shown = shown[1:]  # then the oldest edits
+            chars = CONTEXT_CHARS
+        else:
+            raise ValueError(f"next-edit prompt too large: {len(ids):,} tokens for a {region.count(chr(10)):,}-line "
+                             f"region; a prompt holds at most {max_tokens:,} tokens")
+    return ids, StopRules(line_rules=False, stop_strings=("\n" + FENCE, FENCE, END))
+
+
+def answer_text(generated: str, region: str) -> str:
+    """The region as the model rewrote it: markers it may have copied dropped, the trailing newline kept."""
+    out = generated
+    if out.startswith(START):
+        out = out[len(START):].lstrip("\n")
+    out = out.replace(END, "")
+    if region.endswith("\n") and not out.endswith("\n"):
+        out += "\n"
+    return out
+
+
+def edits(region: str, answer: str, offset: int = 0, finished: bool = True) -> list[TextEdit]:
+    """The smallest edits that turn `region` into `answer` (offsets + `offset`), by lines, then each
+    changed block trimmed to the characters that differ. An answer that did not finish (max tokens)
+    keeps only the edits before its last line; one that changes over half the region gives none."""
+    if answer == region:
+        return []
+    a, b = region.splitlines(keepends=True), answer.splitlines(keepends=True)
+    if not finished:
+        b = b[:-1]  # its last line may be cut: compare only what is whole
+    sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    starts = [0]
+    for line in a:
+        starts.append(starts[-1] + len(line))
+    ops = sm.get_opcodes()
+    if not finished and ops and ops[-1][0] != "equal":
+        # the region's lines after the cut are not deleted: a trailing delete is dropped, a trailing
+        # replace keeps only as many old lines as it has new ones (the answer stopped there)
+        tag, i1, i2, j1, j2 = ops.pop()
+        if tag == "replace":
+            ops.append(("replace", i1, min(i2, i1 + j2 - j1), j1, j2))
+        elif tag == "insert":
+            ops.append((tag, i1, i2, j1, j2))
+    out = []
+    for tag, i1, i2, j1, j2 in ops:
+        if tag == "equal":
+            continue
+        # as many lines changed as replaced: one edit per line, each trimmed to what differs in it
+        pairs = [(i, i + 1, j, j + 1) for i, j in zip(range(i1, i2), range(j1, j2))] \
+            if tag == "replace" and i2 - i1 == j2 - j1 else [(i1, i2, j1, j2)]
+        for k1, k2, l1, l2 in pairs:
+            old, new = "".join(a[k1:k2]), "".join(b[l1:l2])
+            p = 0
+            while p < min(len(old), len(new)) and old[p] == new[p]:
+                p += 1
+            q = 0
+            while q < min(len(old), len(new)) - p and old[len(old) - 1 - q] == new[len(new) - 1 - q]:
+                q += 1
+            if old != new:
+                out.append(TextEdit(offset + starts[k1] + p, offset + starts[k2] - q, new[p:len(new) - q]))
+    changed = sum(max(e.end - e.start, len(e.text)) for e in out)
+    if finished and changed > (1 - MIN_SIMILARITY) * max(len(region), len(answer)):
+        return []  # most of the region changed: a new text, not an edit
+    return out

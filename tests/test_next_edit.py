@@ -1,0 +1,153 @@
+"""Next edits: the edit history, the window, the prompt, the smallest edits, and greedy identity."""
+
+import pytest
+
+import tiny
+from completiond.core.engine import Engine, Request
+from completiond.core.next_edit import END, START, Window, answer_text, edits, next_edit_prompt, window_at
+from completiond.service.history import History, common_span
+
+SRC = "def area(w, h):\n    return w * h\n\n\ndef scale(x, k):\n    y = x * k\n    return y + x\n"
+
+
+def type_chars(h: History, uri: str, text: str, at: int, typed: str, t0: float = 100.0) -> str:
+    """Type `typed` at `at` one keystroke at a time, recording each change; returns the new text."""
+    for i, ch in enumerate(typed):
+        new = text[:at + i] + ch + text[at + i:]
+        h.record(uri, text, new, now=t0 + 0.1 * i)
+        text = new
+    return text
+
+
+def test_common_span_finds_the_replaced_text():
+    assert common_span("abcdef", "abXYef") == (2, 4, 4)
+    assert common_span("aaa", "aaaa") == (3, 3, 4)  # an insert at the end of a run: after it, not inside
+    assert common_span("", "x") == (0, 0, 1)
+    big = "x = 1\n" * 200_000
+    edited = big[:600_000] + "y" + big[600_001:]
+    assert common_span(big, edited) == (600_000, 600_001, 600_001)
+
+
+def test_keystrokes_merge_into_one_edit_with_a_diff():
+    h = History()
+    at = SRC.index("x, k")
+    text = SRC[:at] + SRC[at + 1:]  # delete the parameter name `x`
+    h.record("file:///a.py", SRC, text, now=100.0)
+    text = type_chars(h, "file:///a.py", text, at, "value", t0=100.5)
+    assert len(h.edits) == 1
+    e = h.edits[0]
+    assert (e.old, e.new) == ("x", "value")
+    assert e.line == 4 and text[e.start:e.start + 5] == "value"
+    diff = e.diff("a.py")
+    assert "-def scale(x, k):\n" in diff and "+def scale(value, k):\n" in diff
+    assert "@@ -3," in diff  # the hunk starts at its line in the document (1-based), with 2 lines of context
+    assert "     y = x * k\n" in diff  # unchanged context after it
+
+
+def test_typed_and_deleted_again_leaves_no_edit_and_pauses_split_edits():
+    h = History()
+    text = type_chars(h, "u", SRC, 3, "ab")
+    h.record("u", text, SRC, now=100.2)  # both deleted at once: back to the original
+    assert len(h.edits) == 0
+    text = type_chars(h, "u", SRC, 3, "a", t0=200.0)
+    type_chars(h, "u", text, 4, "b", t0=210.0)  # after a pause: a new edit
+    assert [e.new for e in h.edits] == ["a", "b"]
+
+
+def test_history_is_bounded_and_spans_documents():
+    h = History(max_edits=4)
+    text = SRC
+    for i in range(6):
+        new = text.replace("w * h", f"w * h + {i}") if i % 2 == 0 else text + f"# {i}\n"
+        h.record(f"file:///{i % 2}.py", text, new, now=100.0 + 10 * i)
+        text = new
+    assert len(h.edits) == 4
+    assert {e.uri for e in h.recent(4)} == {"file:///0.py", "file:///1.py"}
+    assert all(e.uri == "file:///1.py" for e in h.recent(4, "file:///1.py"))
+    assert h.last("file:///0.py") is h.edits[-2]
+
+
+def test_window_is_whole_lines_around_the_anchor():
+    text = "".join(f"line {i}\n" for i in range(40))
+    w = window_at(text, text.index("line 20"))
+    region = text[w.start:w.end]
+    assert region.startswith("line 16\n") and region.endswith("line 32\n")
+    w = window_at(text, 0)
+    assert w.start == 0
+    w = window_at(text, len(text))
+    assert w.end == len(text)
+    w = window_at(text, text.index("line 20"), max_chars=40)
+    assert w.end - w.start <= 40 and "line 20" in text[w.start:w.end]
+
+
+def test_edits_are_the_smallest_spans():
+    region = "def scale(value, k):\n    y = x * k\n    return y + x\n"
+    answer = "def scale(value, k):\n    y = value * k\n    return y + value\n"
+    found = edits(region, answer, offset=100)
+    assert [(e.start - 100, e.end - 100, e.text) for e in found] == [
+        (region.index("x *"), region.index("x *") + 1, "value"),
+        (region.index("y + x") + 4, region.index("y + x") + 5, "value")] or \
+        [(e.start - 100, e.end - 100, e.text) for e in found] == [
+        (region.index("x *"), region.rindex("x") + 1, answer[region.index("x *"):-2])]
+    assert edits(region, region) == []
+    assert edits(region, "something else entirely\n") == []  # not an edit: a new text
+    # an answer cut by max tokens: its last line may be cut, so nothing from it and after it is an edit
+    region += "    print(y)\n"
+    answer += "    print(y)\n"
+    assert edits(region, answer[:answer.index("print(") + 3], finished=False) == edits(region, answer)
+    assert edits(region, answer[:answer.index("y + ")], finished=False) == edits(region, answer)[:1]
+    assert len(edits(region, answer)) == 2
+
+
+def test_edits_apply_to_give_the_answer():
+    region = "a = 1\nb = 2\nc = 3\n"
+    for answer in ("a = 1\nb = 20\nc = 3\n", "a = 1\nc = 3\n", "a = 1\nb = 2\nb2 = 2\nc = 3\n", "x = 1\nb = 2\nc = 4\n"):
+        out = region
+        for e in sorted(edits(region, answer), key=lambda e: -e.start):
+            out = out[:e.start] + e.text + out[e.end:]
+        assert out == answer
+
+
+def test_answer_text_drops_markers_and_keeps_the_newline():
+    assert answer_text(f"{START}\nx = 1{END}", "x = 0\n") == "x = 1\n"
+    assert answer_text("x = 1\n", "x = 0\n") == "x = 1\n"
+
+
+def test_prompt_shows_diffs_and_the_region_and_fits_the_budget():
+    tok = tiny.qwen_tokenizer()
+    text = SRC * 40
+    w = window_at(text, text.index("scale"))
+    ids, stops = next_edit_prompt(tok, text, w, ["--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-x\n+y\n"], "a.py", "python")
+    doc = tok.decode(ids)
+    assert "-x\n+y\n" in doc and f"{START}\n{text[w.start:w.end]}{END}\n" in doc
+    assert "```" in stops.stop_strings
+    small, _ = next_edit_prompt(tok, text, w, ["-x\n+y\n"] * 50, "a.py", "python", max_tokens=600)
+    assert len(small) <= 600
+    with pytest.raises(ValueError, match="too large"):
+        next_edit_prompt(tok, text, Window(0, len(text)), [], max_tokens=100)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    target = tiny.loaded(tiny.gemma_config(window=16, layers=4), seed=1, scale=4.0)
+    return Engine(target, always_speculate=True)
+
+
+def test_speculative_next_edit_is_identical_to_plain_decoding(engine):
+    """Copy speculation (the window in the prompt as the draft) changes speed, never the edit (fp32)."""
+    tok = engine.target.tokenizer
+    h = History()
+    at = SRC.index("x, k")
+    text = SRC[:at] + "value" + SRC[at + 1:]
+    h.record("file:///a.py", SRC, text, now=1.0)
+    for anchor in (at, len(text) - 1, 0):
+        w = window_at(text, anchor)
+        ids, stops = next_edit_prompt(tok, text, w, [e.diff("a.py") for e in h.recent()], "a.py", "python")
+        region = text[w.start:w.end]
+        results = {}
+        for mode in ("ar", "pld", "combined"):
+            res = engine.complete(Request(prompt=ids, mode=mode, max_tokens=48, stops=stops, reuse_prefix=False))
+            found = edits(region, answer_text(res.text, region), w.start, res.stopped_by != "max_tokens")
+            results[mode] = (res.token_ids, [(e.start, e.end, e.text) for e in found], res.target_passes)
+        assert results["pld"][:2] == results["ar"][:2] == results["combined"][:2]
+        assert results["ar"][2] == len(results["ar"][0]) - 1  # plain decoding: one pass per token after the first
