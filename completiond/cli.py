@@ -38,6 +38,10 @@ def build_parser() -> Parser:
     model_flags(c)
     c.add_argument("--workspace", default=None, help="directory whose files feed prompt lookup")
     c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.add_argument("--no-daemon", dest="daemon", action="store_false",
+                   help="load the models here even when a daemon runs (default: a running daemon answers, "
+                        "warm, when it serves what the flags ask for)")
+    c.add_argument("--socket", default=None, help="the daemon's socket (default: $COMPLETIOND_SOCKET or the per-user one)")
 
     daemon_cli.add_parsers(sub)  # serve / status / stop
     draft_cli.add_parser(sub)
@@ -85,6 +89,13 @@ def cmd_complete(a: argparse.Namespace) -> int:
             why = f"column {a.col} is past the end of line {a.line} (last column: {width + 1})"
         raise UsageError(f"{a.file}:{a.line}:{a.col}: position out of range: {why}") from None
 
+    if a.daemon:
+        answered = complete_via_daemon(a, text, offset, Path(a.file).resolve())
+        if answered is not None:
+            print(json.dumps(answered, ensure_ascii=False) if a.json else
+                  answered["text"] + ("\n" if not answered["text"].endswith("\n") else ""), end="")
+            return 0
+
     from .core.engine import Engine, Request
     from .models import ModelError, draft_label, load, load_draft
     from .core.prompt import build_prompt
@@ -127,6 +138,71 @@ def cmd_complete(a: argparse.Namespace) -> int:
     else:
         sys.stdout.write(res.text + ("\n" if not res.text.endswith("\n") else ""))
     return 0
+
+
+def daemon_mismatch(a: argparse.Namespace, info: dict) -> str | None:
+    """Why the running daemon (its `status`) would not answer as a local load with these flags
+    would; None when it would. Flags left at their defaults take what the daemon runs (its target is
+    the one its owner chose); the draft changes only the speed of greedy text, so it must match only
+    when sampling."""
+    for flag in ("dtype", "quant", "device"):
+        asked, runs = getattr(a, flag), str(info.get(flag))
+        if asked != "auto" and not runs.startswith(asked):
+            return f"--{flag} {asked}: it runs {runs}"
+    if a.target != "default" and not _same_model(a.target, str(info.get("target"))):
+        return f"--target {a.target}: it serves {info.get('target')}"
+    if a.backend != "auto":
+        return f"--backend {a.backend}: the daemon chooses its own"
+    daemon_draft = str(info.get("draft") or "none").split(" (")[0]
+    if a.temperature > 0 and a.draft != "default" and a.mode in ("draft", "combined") and daemon_draft != a.draft:
+        return f"--draft {a.draft} with sampling: it drafts with {info.get('draft')}"
+    return None
+
+
+def _same_model(spec: str, served: str) -> bool:
+    if spec == served:
+        return True
+    try:
+        return Path(spec).expanduser().resolve() == Path(served).expanduser().resolve() and Path(spec).exists()
+    except (OSError, ValueError):
+        return False
+
+
+def complete_via_daemon(a: argparse.Namespace, text: str, offset: int, path: Path) -> dict | None:
+    """The completion from a running daemon (warm models and caches), or None: no daemon (quietly),
+    or one that cannot answer as asked (one line saying why; the caller loads the models itself)."""
+    import asyncio
+
+    from .paths import socket_path
+    from .service.client import DaemonError, Mismatch, complete_once
+
+    sock = Path(a.socket) if a.socket else socket_path()
+    if not sock.exists():
+        return None
+    line = text.count("\n", 0, offset)
+    character = offset - (text.rfind("\n", 0, offset) + 1)
+    params = {"mode": a.mode, "max_tokens": a.max_tokens, "temperature": a.temperature, "top_p": a.top_p,
+              "top_k": a.top_k, "seed": a.seed, "multiline": a.multiline, "quick": False}
+    roots = [str(Path(a.workspace).resolve())] if a.workspace else []
+
+    def waiting(st: dict) -> None:
+        print(f"completiond: waiting for the daemon on {sock} to load its models ({st.get('phase', 'loading')})",
+              file=sys.stderr)
+
+    try:
+        info, res = asyncio.run(complete_once(sock, path.as_uri(), text, line, character, params,
+                                              lambda st: daemon_mismatch(a, st), roots, waiting))
+    except (FileNotFoundError, ConnectionRefusedError):
+        return None  # a socket file with no daemon behind it
+    except Mismatch as e:
+        print(f"completiond: not asking the daemon on {sock} ({e}); loading the models here", file=sys.stderr)
+        return None
+    except (DaemonError, OSError, TimeoutError, asyncio.TimeoutError) as e:
+        print(f"completiond: the daemon on {sock} did not answer ({e or type(e).__name__}); loading the models "
+              "here", file=sys.stderr)
+        return None
+    keys = ("target", "draft", "dtype", "device", "quant", "prefill_dtype", "int8_kernel")
+    return {**res, **{k: info.get(k) for k in keys}, "daemon": str(sock)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -184,7 +184,11 @@ class QuantLinear(nn.Module):
         bias = None
         if any(p.bias is not None for p in parts):
             bias = torch.cat([p.bias if p.bias is not None else p.scales.new_zeros(p.out_features) for p in parts])
-        out = QuantLinear(scheme, torch.cat([p.packed for p in parts]),
+        # parts that already lie back to back (a runtime cache stores siblings so) are viewed, not copied
+        packed = _joined([p.packed for p in parts])
+        scales = _joined([p.scales for p in parts]) if scheme == "int8" else None
+        out = QuantLinear(scheme, torch.cat([p.packed for p in parts]) if packed is None else packed,
+                          scales if scales is not None else
                           torch.cat([p.scales for p in parts], 0 if scheme == "int8" else 1),
                           sum(p.out_features for p in parts), parts[0].in_features, bias, group)
         # the parts (what transformers' forward runs) keep views of the fused weights, not a second copy
@@ -196,6 +200,23 @@ class QuantLinear(nn.Module):
                 p.scales = out.scales[at:at + rows]
             at += rows
         return out
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """The parts concatenated along dim 0 as a view, when they are contiguous and lie back to back
+    in one storage (models/runtime.py writes fused siblings so: a mapped file is not copied);
+    else None."""
+    first = parts[0]
+    storage = first.untyped_storage().data_ptr()
+    for a, b in zip(parts, parts[1:] + [None]):
+        if (not a.is_contiguous() or a.dtype != first.dtype or a.shape[1:] != first.shape[1:]
+                or a.untyped_storage().data_ptr() != storage):
+            return None
+        if b is not None and a.data_ptr() + a.numel() * a.element_size() != b.data_ptr():
+            return None
+    rows = sum(p.shape[0] for p in parts)
+    return first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(), (rows, *first.shape[1:]),
+                                   first.stride())
 
 
 def dequantized_mm(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:

@@ -3,8 +3,10 @@
 A loaded model is a `LoadedModel`: the HF module, its tokenizer, where it runs and, for drafts with a
 pruned output vocabulary, the id maps between the draft's ids and the target's.
 
-GGUF files are dequantized by transformers once (slow: ~45 s on 2 cores) and cached as safetensors
-under the user cache dir, so later loads take seconds.
+GGUF files are dequantized by transformers once (slow: ~45 s on 2 cores), loaded and quantized as
+they will run, and cached in that runtime form under the user cache dir (runtime.py: int8 weights
+and scales, the embedding, norms, tokenizer; every file with a digest, integrity.py). Later starts
+map those files: no float copy, no quantization, no from_pretrained (docs/startup.md).
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from . import integrity, runtime
 from .catalog import GEMMA_270M, NAMED, ModelError, assemble, default_models, file_lock, installed
 from .device import cpu_has_fast_bf16, pick_bulk_dtype, pick_device, pick_dtype, pick_quant  # noqa: F401 (re-exported)
 from ..paths import cache_root  # torch-free, shared with the LSP
@@ -99,36 +101,93 @@ def _file_key(path: Path) -> str:
     return hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
 
 
-def convert_gguf(gguf: Path, out_dir: Path) -> Path:
-    """Dequantize a GGUF file once into a safetensors directory (with its tokenizer).
+def runtime_dir(cache_name: str) -> Path:
+    """Where a converted GGUF's runtime form lives (runtime.py); `models/<name>` held the float32
+    safetensors of older versions."""
+    return cache_root() / "runtime" / cache_name
 
-    Two processes converting at once: a lock file serialises them and the second finds the first's
-    result; the work goes to a unique temp directory renamed into place, removed on any failure.
+
+def ensure_runtime(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progress: bool = True) -> None:
+    """Make `folder` hold the runtime form of `gguf` for (dtype, scheme), intact: converted once,
+    later only stat-checked (integrity.py); a missing, partial or damaged file is rebuilt from the
+    (hash-checked) GGUF with one line saying why.
+
+    Two processes at once: a lock file serialises them and the second finds the first's result;
+    the work goes to a partial folder named for its process (removed on failure, or by a later
+    process once that one is gone) and its files are renamed into place.
     """
-    done = lambda: (out_dir / "config.json").exists() and (out_dir / "model.safetensors").exists()  # noqa: E731
-    if done():
-        return out_dir
-    with file_lock(out_dir.with_name(out_dir.name + ".lock")):
-        if done():
-            return out_dir
-        print(f"completiond: converting {gguf.name} to safetensors once (a minute or more on 2 cores); "
-              f"cached in {out_dir}", file=sys.stderr)
-        tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", suffix=".partial", dir=out_dir.parent))
-        try:
-            _dequantize(gguf, tmp)
-            if out_dir.exists():  # a stale, incomplete directory from an older version
-                shutil.rmtree(out_dir)
-            os.replace(tmp, out_dir)
-        except OSError as e:
-            raise ModelError(f"cannot convert {gguf.name} into {out_dir.parent}: {e.strerror or e}") from None
-        except Exception as e:  # transformers' loaders raise many types; one line for the user
-            if isinstance(e, ModelError):
-                raise
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ModelError(f"cannot convert {gguf.name}: {first}") from e
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+    with file_lock(folder.with_name(folder.name + ".lock")):
+        for p in integrity.remove_stale_partials(folder.parent, folder.name, locked=True):
+            print(f"completiond: removed {p}, left by a conversion that did not finish", file=sys.stderr)
+        bad = integrity.check(folder, _needed(folder, dtype, scheme))
+        if not bad:
+            return
+        old = cache_root() / "models" / folder.name
+        form = f"{runtime.dtype_name(dtype)}, {'no quantization' if scheme == 'none' else scheme}"
+        damaged = {n: why for n, why in bad.items() if why == "damaged"}
+        if damaged:
+            why = f"{', '.join(damaged)} in {folder} {'is' if len(damaged) == 1 else 'are'} damaged (digest mismatch)"
+        elif any(why == "unrecorded" for why in bad.values()) and folder.exists():
+            why = f"{folder} has files without digests (an interrupted or older conversion)"
+        elif (old / "model.safetensors").exists():
+            why = f"the cache {old} is in the old float32 form (no digests)"
+        else:
+            why = f"no runtime form ({form}) in {folder} yet"
+        print(f"completiond: {why}: converting {gguf.name} ({form}) once, a minute or more on 2 cores",
+              file=sys.stderr)
+        _convert(gguf, folder, dtype, scheme, progress)
+        if (old / "model.safetensors").exists():
+            size = sum(f.stat().st_size for f in old.iterdir() if f.is_file()) / 1e9
+            shutil.rmtree(old, ignore_errors=True)
+            old.with_name(old.name + ".lock").unlink(missing_ok=True)
+            print(f"completiond: removed the old float32 cache {old} ({size:.1f} GB); the model now loads "
+                  f"from {folder}", file=sys.stderr)
+
+
+def _needed(folder: Path, dtype: torch.dtype, scheme: str) -> list[str]:
+    """The files a form needs: its weights and embedding, config.json and every other shared file
+    the conversion recorded (tokenizer, generation config)."""
+    forms = ("weights.", "embed_tokens.")
+    shared = [n for n in integrity.read_manifest(folder) if not n.startswith(forms)]
+    return sorted({"config.json", *shared}) + runtime.form_files(dtype, scheme)
+
+
+def _convert(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progress: bool) -> None:
+    """GGUF -> float32 checkpoint (transformers, in a partial folder) -> loaded in `dtype` and
+    quantized exactly as a float checkpoint was at every start before -> runtime form; the float
+    copy is deleted. Files are renamed into `folder`, then their digests recorded."""
+    from transformers import AutoModelForCausalLM
+
+    tmp = integrity.make_partial_dir(folder.parent, folder.name)
+    try:
+        dense = tmp / "float32"
+        _dequantize(gguf, dense)
+        model = AutoModelForCausalLM.from_pretrained(str(dense), dtype=dtype, attn_implementation="sdpa",
+                                                     local_files_only=True).eval()
+        if scheme != "none":
+            from ..core.quant import quantize
+
+            quantize(model, scheme)
+        digests = runtime.save(model, tmp, dtype, scheme, progress)
+        del model
+        for f in dense.iterdir():
+            if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json")):
+                os.replace(f, tmp / f.name)
+                digests[f.name] = integrity.sha256_file(tmp / f.name)
+        shutil.rmtree(dense)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for name in digests:
+            os.replace(tmp / name, folder / name)
+        integrity.record(folder, digests)
+    except OSError as e:
+        raise ModelError(f"cannot convert {gguf.name} into {folder.parent}: {e.strerror or e}") from None
+    except Exception as e:  # transformers' loaders raise many types; one line for the user
+        if isinstance(e, ModelError):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"cannot convert {gguf.name}: {first}") from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _dequantize(gguf: Path, out: Path) -> None:
@@ -148,11 +207,34 @@ def _dequantize(gguf: Path, out: Path) -> None:
     tok.save_pretrained(str(out))
 
 
-def resolve(spec: str, role: str = "target", device: str = "cpu") -> tuple[Path | str, str, Path | None]:
-    """A model spec -> (what from_pretrained takes, the name to report, the GGUF file if any).
+def open_runtime(folder: Path, gguf: Path, dtype: torch.dtype, scheme: str) -> tuple[torch.nn.Module, object]:
+    """(model, tokenizer) from the runtime form in folder, converted or repaired first if needed."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    "default" is the device's default pairing (catalog.DEFAULTS); named models are assembled and
-    converted into the cache; `.gguf` files are converted once; anything else is a directory or an HF id.
+    for attempt in (1, 2):
+        ensure_runtime(gguf, folder, dtype, scheme)
+        try:
+            config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+            model = runtime.open_model(folder, config, dtype, scheme)
+            if (folder / "generation_config.json").exists():
+                model.generation_config = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            return model, tokenizer
+        except (runtime.RuntimeFormError, OSError, ValueError, KeyError) as e:
+            # intact by digest but unusable (written by another version?): rebuild once
+            if attempt == 2:
+                raise ModelError(f"cannot load the converted {gguf.name} from {folder}: {e}") from None
+            print(f"completiond: the runtime form in {folder} cannot be used ({e}): rebuilding it", file=sys.stderr)
+            integrity.forget(folder, runtime.form_files(dtype, scheme))
+    raise AssertionError("unreachable")
+
+
+def resolve(spec: str, role: str = "target", device: str = "cpu") -> tuple[Path | str, str, Path | None]:
+    """A model spec -> (where it loads from, the name to report, the GGUF file if any).
+
+    "default" is the device's default pairing (catalog.DEFAULTS); named models are assembled (hash
+    checked) and `.gguf` files found: they load from their runtime form's folder in the cache
+    (converted by `load` when needed); anything else is a directory or an HF id (from_pretrained).
     """
     if spec == "default" and role == "target":
         spec = default_models(device)[0]
@@ -168,12 +250,12 @@ def resolve(spec: str, role: str = "target", device: str = "cpu") -> tuple[Path 
     if spec in NAMED:
         gguf = named_gguf(spec)
         cache_name = GEMMA_CACHE_NAME if spec == GEMMA_270M else spec
-        return convert_gguf(gguf, cache_root() / "models" / cache_name), spec, gguf
+        return runtime_dir(cache_name), spec, gguf
     path = Path(spec).expanduser()
     if spec.endswith(".gguf"):
         if not path.is_file():
             raise ModelError(f"GGUF file not found: {spec}")
-        return convert_gguf(path, cache_root() / "models" / f"{path.stem}-{_file_key(path)}"), spec, path
+        return runtime_dir(f"{path.stem}-{_file_key(path)}"), spec, path
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelError(f"{spec} is a directory without config.json: not a model directory")
@@ -221,6 +303,18 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
     dt = pick_dtype(dtype, dev)
     scheme = pick_quant(quant, dev, dt, dtype_asked=dtype != "auto")
     where, name, gguf = resolve(spec, role, dev.type)
+    if gguf is not None:  # the runtime form: mapped, already quantized (no float copy, no from_pretrained)
+        model, tokenizer = open_runtime(where, gguf, dt, scheme)
+        model.to(dev)
+        loaded = LoadedModel(name=name, model=model, tokenizer=tokenizer, device=dev, dtype=dt,
+                             bulk_dtype=pick_bulk_dtype(dt, dev))
+        loaded.meta.update(gguf=str(gguf), quant=scheme, runtime=str(where / runtime.weights_file(dt, scheme)),
+                           embedding="mapped" if dev.type == "cpu" else "in memory")
+        if scheme != "none" and dev.type == "cpu":
+            from ..core import cpu_kernel
+
+            loaded.meta["int8_kernel"] = cpu_kernel.name()
+        return loaded
     hf_logging.disable_progress_bar()  # "Loading weights" on every start is noise; conversion keeps its bars
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     try:
@@ -240,8 +334,6 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
                          bulk_dtype=pick_bulk_dtype(dt, dev))
     if isinstance(where, Path) and (where / VOCAB_MAP_FILE).exists():
         attach_vocab_map(loaded, json.loads((where / VOCAB_MAP_FILE).read_text()))
-    if gguf is not None:
-        loaded.meta["gguf"] = str(gguf)
     if scheme != "none":
         from ..core.quant import quantize
 

@@ -3,8 +3,10 @@
 The Qwen2.5-Coder GGUF files ship as raw split parts inside PyPI wheels from an unknown publisher:
 untrusted bytes. They are pinned to exact versions, located through package metadata (the parts'
 own code is never imported), streamed into the cache in order, and accepted only when the
-assembled file has the published size and sha256. Assembly is atomic (unique temp file, rename)
-and serialised by a lock file, so two processes starting at once never see a half-written file.
+assembled file has the published size and sha256. Assembly is atomic (a partial file named for its
+process, renamed) and serialised by a lock file, so two processes starting at once never see a
+half-written file. The `.verified` stamp records the file's size, mtime, inode and ctime after the
+hash check; when they change the file is hashed again (and reassembled only if that fails).
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import hashlib
 import importlib.metadata as metadata
 import os
 import sys
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..paths import cache_root
+from .integrity import make_partial_file, remove_stale_partials, sha256_file
+from .integrity import stamp as file_stamp
 
 
 class ModelError(Exception):
@@ -118,27 +121,38 @@ def assemble(m: NamedModel, progress: bool = True) -> Path:
     stamp = out.with_suffix(".verified")
     if _verified(out, stamp, m.sha256):
         return out
-    try:
-        paths = [part_path(p) for p in m.parts]
-    except ModelError as e:
-        raise ModelError(f"{m.name}: {e}; install its parts with: {m.install_hint}") from None
     with file_lock(out.with_suffix(".lock")):
         if _verified(out, stamp, m.sha256):  # another process finished while we waited
             return out
+        for p in remove_stale_partials(out.parent, out.name, locked=True):
+            print(f"completiond: removed {p}, left by an assembly that did not finish", file=sys.stderr)
+        if out.exists():  # the stamp no longer describes it (copied, touched, written): hash it again
+            if sha256_file(out) == m.sha256:
+                _write_stamp(out, stamp, m.sha256)
+                return out
+            print(f"completiond: {out} does not have its published sha256 (damaged): assembling it again",
+                  file=sys.stderr)
+        try:
+            paths = [part_path(p) for p in m.parts]
+        except ModelError as e:
+            raise ModelError(f"{m.name}: {e}; install its parts with: {m.install_hint}") from None
         _stream_parts(m, paths, out, progress)
-        st = out.stat()
-        stamp.write_text(f"{m.sha256} {st.st_size} {st.st_mtime_ns}\n")
+        _write_stamp(out, stamp, m.sha256)
     return out
 
 
+def _write_stamp(out: Path, stamp: Path, sha256: str) -> None:
+    stamp.write_text(f"{sha256} {' '.join(map(str, file_stamp(out)))}\n")
+
+
 def _verified(out: Path, stamp: Path, sha256: str) -> bool:
-    """The stamp written after a hash check still describes this file (same hash, size, mtime)."""
+    """The stamp written after a hash check still describes this file: same hash, and the same
+    size, mtime, inode and ctime (integrity.stamp: a write with the mtime set back still shows)."""
     try:
-        sha, size, mtime = stamp.read_text().split()
-        st = out.stat()
+        sha, *fields = stamp.read_text().split()
+        return sha == sha256 and [int(f) for f in fields] == file_stamp(out)
     except (OSError, ValueError):
         return False
-    return sha == sha256 and int(size) == st.st_size and int(mtime) == st.st_mtime_ns
 
 
 def _stream_parts(m: NamedModel, paths: list[Path], out: Path, progress: bool) -> None:
@@ -149,7 +163,7 @@ def _stream_parts(m: NamedModel, paths: list[Path], out: Path, progress: bool) -
     if total != m.size:
         raise ModelError(f"{m.name}: the installed parts hold {total} bytes, expected {m.size}: refusing them")
     digest = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".partial", dir=out.parent)
+    fd, tmp = make_partial_file(out.parent, out.name)  # named for this process: removable once it is gone
     try:
         with os.fdopen(fd, "wb") as dst, tqdm(total=total, unit="B", unit_scale=True, disable=not progress,
                                                desc=f"assembling {m.name}", file=sys.stderr) as bar:

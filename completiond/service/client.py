@@ -99,3 +99,48 @@ class Client:
         except (ConnectionError, OSError):
             pass
         self._task.cancel()
+
+
+class Mismatch(Exception):
+    """The running daemon cannot answer as asked (another model, a flag it does not run with)."""
+
+
+async def complete_once(sock: Path, uri: str, text: str, line: int, character: int, params: dict,
+                        check: Callable[[dict], str | None], roots: list[str] | None = None,
+                        on_wait: Callable[[dict], None] | None = None, connect_timeout: float = 5.0,
+                        load_timeout: float = 300.0) -> tuple[dict, dict]:
+    """One completion from the daemon on `sock` (`completiond complete`): (its model info, the result).
+
+    Opens the document, completes at (line, character) in UTF-32 code points, closes it. `check(info)`
+    returns why this daemon cannot serve the request (Mismatch), or None. A daemon still loading is
+    waited for (`on_wait(status)` once) up to load_timeout seconds. Raises OSError / TimeoutError
+    when there is no daemon or it does not answer, DaemonError when it refuses the request."""
+    client = await asyncio.wait_for(Client.connect(sock), connect_timeout)
+    try:
+        await client.request("initialize", {"client": "completiond-cli", "protocol": P.PROTOCOL_VERSION,
+                                            "position_encoding": "utf-32", "workspace_roots": roots or []},
+                             timeout=connect_timeout)
+        info = await client.request("status", {}, timeout=connect_timeout)  # initialize names the models only
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + load_timeout
+        waited = False
+        while info.get("state") != "ready":
+            if info.get("state") == "failed":
+                raise Mismatch(f"it failed to load its models: {info.get('error')}")
+            if loop.time() > deadline:
+                raise TimeoutError(f"the daemon on {sock} did not finish loading in {load_timeout:g} s")
+            if not waited and on_wait is not None:
+                on_wait(info)
+            waited = True
+            await asyncio.sleep(0.1)
+            info = await client.request("status", {}, timeout=connect_timeout)
+        why = check(info)
+        if why:
+            raise Mismatch(why)
+        await client.request("document/open", {"uri": uri, "text": text, "version": 0}, timeout=connect_timeout)
+        result = await client.request("complete", {"uri": uri, "position": {"line": line, "character": character},
+                                                   **params})
+        await client.request("document/close", {"uri": uri}, timeout=connect_timeout)
+        return info, result
+    finally:
+        await client.close()

@@ -278,7 +278,7 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
                               starts=starts)
         full = Lane(prompt.ids, prompt.heal, slot)
         quick = None
-        if p.reuse_prefix and d.quick_prompt_ms >= 0 and len(full.ids) > QUICK_PROMPT_TOKENS + 64:
+        if p.reuse_prefix and p.quick and d.quick_prompt_ms >= 0 and len(full.ids) > QUICK_PROMPT_TOKENS + 64:
             q = build_prompt(tok, text, offset, multiline=p.multiline, max_tokens=QUICK_PROMPT_TOKENS, path=path,
                              repo=repo, starts=starts)
             quick = Lane(q.ids, q.heal, (*slot, "quick"), QUICK_CAPACITY)

@@ -326,6 +326,9 @@ class Complete(Params):
     multiline: bool = param(bool, True)
     deadline_ms: float | None = param((int, float), None, lambda d: d > 0, "> 0")
     reuse_prefix: bool = param(bool, True)
+    # False: never answer from the short prompt of a cold document (`completiond complete` through a
+    # daemon: the text a local load gives)
+    quick: bool = param(bool, True)
 
 
 @dataclass(frozen=True)
