@@ -75,3 +75,138 @@ def test_undecided_while_the_text_could_still_become_a_repeat():
     assert repeated_head("    def ", "def", final=False) is None
     assert repeated_head("    def ", "de", final=True) == 0  # `de...` may be a name: kept when final
     assert repeated_head("    def ", "x", final=False) == 0
+
+
+# ---- the daemon's copy of a document ------------------------------------------------------------
+def test_document_change_refuses_an_older_version():
+    from completiond.service.documents import Document, DocumentError
+
+    doc = Document("file:///a.py", "x = 1\n", 5)
+    with pytest.raises(DocumentError, match="version 4 is older than the document's 5"):
+        doc.apply([{"text": "y"}], 4)
+    assert (doc.text, doc.version) == ("x = 1\n", 5)
+    doc.apply([{"text": "x = 2\n"}], 5)  # the same version again: allowed (a client with no versions)
+    doc.apply([{"text": "x = 3\n"}], 6)
+    assert (doc.text, doc.version) == ("x = 3\n", 6)
+
+
+# ---- the real completiond-lsp against a real daemon (tiny model) ----------------------------------
+import asyncio  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+from lsp_util import RawLsp, doc_item, position_params  # noqa: E402
+
+URI = "file:///w/truth.py"
+SRC = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    "
+
+
+def options(sock, **kw) -> dict:
+    return {"socket": str(sock), "autostart": False, "debounceMs": 0, "maxTokens": 8, **kw}
+
+
+async def ready_lsp(sock, **kw) -> RawLsp:
+    lsp = await RawLsp.start()
+    await lsp.initialize(options(sock, **kw))
+    for _ in range(600):
+        if any(n["method"] == "completiond/status" and n["params"]["state"] == "ready" for n in lsp.notifications):
+            return lsp
+        await asyncio.sleep(0.05)
+    raise TimeoutError("the LSP never said ready")
+
+
+MALFORMED = [
+    position_params(URI, "x", 0),  # the issue's `line: "x"`
+    position_params(URI, 0, None),
+    {"textDocument": {"uri": URI}},
+    {"textDocument": 5, "position": [], "context": "x"},
+    [1, 2, 3],
+    "params",
+    None,
+]
+
+
+async def test_malformed_params_get_an_error_not_silence(daemon):
+    lsp = await ready_lsp(daemon)
+    try:
+        lsp.notify("textDocument/didOpen", doc_item(URI, SRC))
+        for params in MALFORMED:
+            msg_id = lsp.request("textDocument/inlineCompletion", params)
+            res = await lsp.answer(msg_id, 20)
+            assert res.get("error", {}).get("code") == -32602, (params, res)
+            assert "textDocument/inlineCompletion" in res["error"]["message"]
+        res = await lsp.call("textDocument/codeAction", {"textDocument": {"uri": URI}, "range": "everything"}, 20)
+        assert res["error"]["code"] == -32602
+        # still serving
+        res = await lsp.call("textDocument/inlineCompletion", position_params(URI, 5, 4), 60)
+        assert "result" in res and lsp.alive()
+    finally:
+        await lsp.close()
+
+
+async def test_unopened_document_names_did_open(daemon):
+    lsp = await ready_lsp(daemon)
+    try:
+        res = await lsp.call("textDocument/inlineCompletion", position_params("file:///w/never.py", 0, 0), 20)
+        assert res["error"]["code"] == -32602
+        assert "textDocument/didOpen" in res["error"]["message"] and "document/open" not in \
+            res["error"]["message"].replace("textDocument/didOpen", "")
+    finally:
+        await lsp.close()
+
+
+async def test_a_document_over_the_limit_says_too_large(daemon):
+    from completiond.service.protocol import MAX_DOCUMENT_CHARS
+
+    lsp = await ready_lsp(daemon)
+    try:
+        big = "x = 1\n" * (MAX_DOCUMENT_CHARS // 6 + 1000)
+        lsp.notify("textDocument/didOpen", doc_item(URI, big))
+        res = await lsp.call("textDocument/inlineCompletion", position_params(URI, 3, 0), 60)
+        message = res["error"]["message"]
+        assert "too large" in message and "4.0 MiB" in message and "limit 4 MiB" in message, message
+        shown = [n["params"]["message"] for n in lsp.notifications if n["method"] == "window/showMessage"]
+        assert any("too large" in m for m in shown), shown
+        # cut back under the limit: the daemon gets the whole text and completions work again
+        lsp.notify("textDocument/didChange", {"textDocument": {"uri": URI, "version": 2},
+                                              "contentChanges": [{"text": SRC}]})
+        res = await lsp.call("textDocument/inlineCompletion", position_params(URI, 5, 4), 60)
+        assert "result" in res, res
+    finally:
+        await lsp.close()
+
+
+async def direct(sock, text: str, line: int, char: int) -> str:
+    from completiond.service.client import Client
+
+    rpc = await Client.connect(sock)
+    try:
+        await rpc.request("document/open", {"uri": URI, "text": text, "version": 1})
+        res = await rpc.request("complete", {"uri": URI, "position": {"line": line, "character": char},
+                                             "max_tokens": 8})
+        return res["text"]
+    finally:
+        await rpc.close()
+
+
+async def test_a_refused_edit_resends_the_whole_document(daemon, tmp_path):
+    """An edit at an older version (an editor's bug) is refused by the daemon; the LSP sends its whole
+    text again and says so, and completions come from the editor's text (not an empty answer)."""
+    log = tmp_path / "lsp.log"
+    lsp = await RawLsp.start(log_file=log)
+    await lsp.initialize(options(daemon))
+    try:
+        lsp.notify("textDocument/didOpen", doc_item(URI, "x = 1\n", version=5))
+        edited = SRC
+        lsp.notify("textDocument/didChange", {"textDocument": {"uri": URI, "version": 3},
+                                              "contentChanges": [{"text": edited}]})
+        res = await lsp.call("textDocument/inlineCompletion", position_params(URI, 5, 4), 60)
+        want = await direct(daemon, edited, 5, 4)
+        items = res["result"]["items"]
+        assert (items[0]["insertText"] if items else "") == want and want
+        logged = [n["params"]["message"] for n in lsp.notifications if n["method"] == "window/logMessage"]
+        assert any("refused an edit" in m and "whole document again" in m for m in logged), logged
+        assert "version 3 is older" in log.read_text()
+    finally:
+        await lsp.close()
