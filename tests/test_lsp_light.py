@@ -140,13 +140,17 @@ class StandInDaemon:
         while data := await reader.read(65536):
             unpacker.feed(data)
             for frame in unpacker:
-                if frame[0] == P.NOTIFICATION:
-                    if frame[1] == "document/open":
-                        self.opens.append(frame[2])
-                    elif frame[1] == "document/cursor":
-                        self.cursors.append(frame[2])
-                    elif frame[1] == "document/change" and frame[2].get("version") == self.hold_until:
+                # document updates come as notifications or as requests (whose refusal the LSP sees)
+                method, params = (frame[1], frame[2]) if frame[0] == P.NOTIFICATION else (frame[2], frame[3])
+                if method.startswith("document/"):
+                    if method == "document/open":
+                        self.opens.append(params)
+                    elif method == "document/cursor":
+                        self.cursors.append(params)
+                    elif method == "document/change" and params.get("version") == self.hold_until:
                         self.changed.set()
+                    if frame[0] != P.NOTIFICATION:
+                        writer.write(P.response(frame[1], None, None))
                 elif frame[2] == "initialize":
                     writer.write(P.response(frame[1], None, {"protocol": 1, "target": "stand-in", "device": "cpu"}))
                 elif frame[2] == "complete":

@@ -151,3 +151,52 @@ def _unbalanced_closer(text: str) -> int | None:
             depth.pop()
         i += 1
     return None
+
+
+# Words that are legitimately written twice in a row (C's `long long`): not taken for a repeat.
+DOUBLED_OK = frozenset({"long"})
+
+
+def _head_tails(line_head: str) -> list[str]:
+    """The ends of the cursor line's code that a repeat could copy, longest first: each starts where a
+    word starts (after a blank, or after punctuation before a word character) and holds a word character."""
+    content = line_head.strip()
+    tails = []
+    for i, ch in enumerate(content):
+        prev = content[i - 1] if i else " "
+        starts_word = prev in " \t" or ((ch.isalnum() or ch == "_") and not (prev.isalnum() or prev == "_"))
+        if starts_word and ch not in " \t" and any(c.isalnum() or c == "_" for c in content[i:]):
+            tails.append(content[i:])
+    return [t for t in tails if t not in DOUBLED_OK]
+
+
+def repeated_head(line_head: str, text: str, final: bool = True) -> int | None:
+    """How many characters at the start of `text` (a completion at the end of `line_head`) write the
+    line's last words again; 0 when none, None when the text so far cannot tell yet (`final=False`).
+
+    A model may answer `    def ` with `def make_error(…` or `# x = ` with `x = …` (the prompt's
+    indentation or healing rule hides the cursor's last blank, and a FIM model then writes the whole
+    line): shown as is, the editor gets `def def make_error`. The rule is textual, so it holds
+    whatever prompt rule caused it: after a blank that ends the line's code, a completion that starts
+    with the words before that blank, then a blank (or nothing more, when final), is a repeat."""
+    if not text or not line_head.strip() or not line_head.endswith((" ", "\t")):
+        return 0
+    undecided = False
+    for tail in _head_tails(line_head):
+        if text.startswith(tail):
+            rest = text[len(tail):]
+            if rest[:1] in (" ", "\t"):
+                return len(tail) + len(rest) - len(rest.lstrip(" \t"))
+            if not rest:
+                if final:
+                    return len(tail)
+                undecided = True
+        elif not final and tail.startswith(text):
+            undecided = True
+    return None if undecided else 0
+
+
+def drop_repeated_head(line_head: str, text: str, final: bool = True) -> str | None:
+    """`text` without a repeat of the line's last words (repeated_head); None while undecided."""
+    n = repeated_head(line_head, text, final)
+    return None if n is None else text[n:]

@@ -238,9 +238,15 @@ class Daemon:
         stale = [(key, d, d.text, d.version) for key, d in s.stale_buffers()]
         tok = self.engine.target.tokenizer
 
+        so_far, shown = [""], [0]  # the engine's text, and how much of its cleaned form was streamed
+
         def on_step(step) -> None:
             if step.text and not job.cancel.is_set():
-                loop.call_soon_threadsafe(s.send, P.notification(prep.partial, {"id": job.msgid, "text": step.text}))
+                so_far[0] += step.text
+                text = prep.clean(so_far[0], False)  # None: held back while it may repeat typed text
+                if text and len(text) > shown[0]:
+                    delta, shown[0] = text[shown[0]:], len(text)
+                    loop.call_soon_threadsafe(s.send, P.notification(prep.partial, {"id": job.msgid, "text": delta}))
 
         def work():  # a generator of steps (Engine.run), run by the scheduler
             if job.cancel.is_set():  # superseded while it waited: no tokenizing, no pass

@@ -43,7 +43,11 @@ class Document:
 
     def apply(self, changes: list[dict], version: int, encoding: str = "utf-16",
               max_chars: int = MAX_DOCUMENT_CHARS) -> None:
-        """Apply LSP TextDocumentContentChangeEvents in order; all-or-nothing."""
+        """Apply LSP TextDocumentContentChangeEvents in order; all-or-nothing. A version lower than the
+        document's is refused: an edit that old was made on a text this copy no longer has."""
+        if version < self.version:
+            raise DocumentError(f"version {version} is older than the document's {self.version}: "
+                                f"send document/open with the whole text to resynchronise")
         text, starts, at = self.text, self.starts, self.edited_at
         for ch in changes:
             if not isinstance(ch, dict) or not isinstance(ch.get("text"), str):

@@ -24,6 +24,7 @@ from .documents import Document, DocumentError
 from ..core.prompt import Heal, build_prompt, extend_middle, fim_tokens, stops_at
 from ..core.rewrite import TooLarge, check_selection, finish, rewrite_prompt
 from .history import job_key
+from ..core.stops import drop_repeated_head
 from .session import Session
 
 if TYPE_CHECKING:  # torch stays unimported until the models load (the socket is up before)
@@ -44,6 +45,8 @@ class Prepared:
     lanes: dict = field(default_factory=dict)  # complete: the prompts make() chose between (Lane by name)
     low: bool = False  # after every request, like a warm-up (next_edit)
     superseded: Callable[[], dict] | None = None  # the answer when cancelled before it ran (else a Completion's)
+    # complete: the text so far as the editor may show it (final=False: streaming), None to hold it back
+    clean: Callable[[str, bool], str | None] = lambda text, final: text
 
 
 @dataclass(frozen=True)
@@ -287,11 +290,17 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
         lanes.update(chosen=chosen, full=full)
         return Request(prompt=chosen.ids, stops=prompt.stops, heal=chosen.heal, slot=chosen.slot, **common)
 
+    # a suggestion never writes the line's last words again (`    def ` + `def f(` -> `def def f(`)
+    cursor_head = text[text.rfind("\n", 0, offset) + 1:offset]
+
+    def clean(out: str, final: bool) -> str | None:
+        return drop_repeated_head(cursor_head, out, final)
+
     def result(res: Result) -> dict:
         lane = "quick" if lanes.get("chosen") is not None and lanes["chosen"].slot != slot else "full"
-        return {**P.Completion.of(res).to_wire(), "prompt_lane": lane}
+        return {**P.Completion.of(res, text=clean(res.text, True)).to_wire(), "prompt_lane": lane}
 
-    return Prepared(doc.uri, mode, make, "complete/partial", result, lanes)
+    return Prepared(doc.uri, mode, make, "complete/partial", result, lanes, clean)
 
 
 def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> Prepared:

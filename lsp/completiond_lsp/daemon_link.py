@@ -16,6 +16,7 @@ from completiond.paths import cache_root, socket_path
 
 log = logging.getLogger("completiond.lsp")
 INITIALIZE_TIMEOUT = 60.0  # s: how long the handshake with a daemon whose socket is up may take
+STATUS_TIMEOUT = 2.0  # s: a loading daemon's status; the editor's message keeps counting meanwhile
 
 
 class DaemonUnavailable(Exception):
@@ -44,6 +45,8 @@ class DaemonLink:
         self._lock = asyncio.Lock()
         self._watch: asyncio.Task | None = None  # follows a loading daemon until it is ready
         self._proc: subprocess.Popen | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._closing = False  # set on shutdown: a closed connection is then no lost daemon
 
     @property
     def connected(self) -> bool:
@@ -81,6 +84,7 @@ class DaemonLink:
             why = f"no answer within {INITIALIZE_TIMEOUT:.0f} s" if isinstance(e, asyncio.TimeoutError) else str(e)
             self.on_status("error", f"completiond daemon: initialize failed: {why}", {})
             raise DaemonUnavailable(f"initialize with the daemon on {self.socket} failed: {why}") from None
+        self._watch_closed(client)
         if self.info.get("state") == "loading":  # its socket is up before its models: requests wait for them
             self.on_status("loading", f"completiond: loading {self.info.get('target')}", self.info)
             self._watch = asyncio.create_task(self._until_loaded(client))
@@ -88,24 +92,62 @@ class DaemonLink:
             self._ready(self.info)
 
     def _ready(self, info: dict) -> None:
-        self.on_status("ready", f"completiond: {info.get('target')} on {info.get('device')}", info)
+        self.on_status("ready", f"completiond: ready: {info.get('target')} on {info.get('device')}", info)
+
+    def _watch_closed(self, client: Client) -> None:
+        """Notice a lost daemon at once (`completiond stop`, a crash): say so, and start or reconnect
+        to a new one now rather than on the next keystroke, showing its progress again."""
+        async def watch() -> None:
+            await client.closed.wait()
+            if self.client is not client or self._closing:
+                return  # replaced, or this server is shutting down
+            self.client = None
+            why = f" ({client.close_reason})" if client.close_reason else ""
+            if not self.autostart:
+                self.on_status("error", f"completiond: daemon stopped{why}; autostart is off: run "
+                                        f"`completiond serve`", {})
+                return
+            self.on_status("restarting", f"completiond: daemon stopped{why} — restarting", {})
+            await asyncio.sleep(0.2)  # let a stopping daemon release its socket
+            try:
+                await self.get()
+            except (DaemonUnavailable, OSError, DaemonError, asyncio.TimeoutError) as e:
+                log.warning("restarting the daemon failed: %s", e)
+
+        task = asyncio.create_task(watch())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _until_loaded(self, client: Client) -> None:
-        """While the daemon loads its models: ask its status each half second, say when it is ready
-        (or why it failed), so that the editor's status shows the load and then the model."""
+        """While the daemon loads its models: ask its status each half second and pass its phase on
+        (with the seconds counted here, so that the message moves even while a busy daemon is slow
+        to answer), then the loaded model once it is ready, or why it failed."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        last: dict = dict(self.info)
+        seen_at = t0  # when `last` came: the daemon's uptime then, plus the time since, is its age now
         while not client.closed.is_set():
             try:
-                st = await client.request("status", {}, timeout=INITIALIZE_TIMEOUT)
-            except (DaemonError, asyncio.TimeoutError, ConnectionError, OSError):
-                return
-            if st.get("state") == "ready":
+                st = await client.request("status", {}, timeout=STATUS_TIMEOUT)
+            except asyncio.TimeoutError:
+                st = None  # busy (a conversion holding the interpreter): keep counting, ask again
+            except (DaemonError, ConnectionError, OSError):
+                return  # a closed connection is _watch_closed's to report
+            if st is not None and st.get("state") == "ready":
                 self.info.update({k: st[k] for k in ("target", "draft", "device", "state") if k in st})
                 self._ready(self.info)
                 return
-            if st.get("state") == "failed":
+            if st is not None and st.get("state") == "failed":
                 self.on_status("error", f"completiond daemon: models failed to load: {st.get('error')}", st)
                 return
-            self.on_status("loading", f"completiond: {st.get('phase', 'loading')} ({st.get('phase_s', 0):.0f} s)", st)
+            if st is not None:
+                last, seen_at = st, loop.time()
+            phase = last.get("phase", "loading")
+            elapsed = float(last.get("uptime_s") or 0) + loop.time() - seen_at
+            pct = last.get("progress")
+            detail = f"{pct:.0f} %, " if isinstance(pct, (int, float)) else ""
+            self.on_status("loading", f"completiond: {phase} ({detail}{elapsed:.0f} s)",
+                           {**last, "phase": phase, "elapsed_s": round(elapsed, 1)})
             await asyncio.sleep(0.5)
 
     async def _start(self) -> Client:
@@ -113,14 +155,22 @@ class DaemonLink:
         log_file = cache_root() / "daemon.log"
         log_file.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "completiond", "serve", "--socket", str(self.socket), *self.serve_args]
-        self.on_status("loading", "completiond: starting the daemon and loading models", {})
+        self.on_status("loading", f"completiond: starting the daemon (log: {log_file})",
+                       {"phase": "starting", "elapsed_s": 0.0})
         log.info("starting daemon: %s", " ".join(cmd))
         with open(log_file, "ab") as out:
             self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           start_new_session=True, env=os.environ.copy())
-        deadline = asyncio.get_running_loop().time() + self.start_timeout
+        t0 = asyncio.get_running_loop().time()
+        deadline = t0 + self.start_timeout
+        shown = 0
         while asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.1)
+            waited = asyncio.get_running_loop().time() - t0
+            if int(waited) > shown:  # Python imports before the socket is up: count them
+                shown = int(waited)
+                self.on_status("loading", f"completiond: starting the daemon ({shown} s)",
+                               {"phase": "starting", "elapsed_s": float(shown)})
             try:
                 return await Client.connect(self.socket)
             except (FileNotFoundError, ConnectionRefusedError):
@@ -134,6 +184,25 @@ class DaemonLink:
                 raise DaemonUnavailable(f"daemon exited with {code}: {tail[0]} (log: {log_file})")
         self.on_status("error", "completiond daemon did not start in time", {})
         raise DaemonUnavailable(f"daemon did not open {self.socket} within {self.start_timeout:.0f} s")
+
+    def send(self, message: tuple[str, dict], on_error: Callable[[DaemonError], None] | None) -> None:
+        """Send a document update as a request if connected (a later reconnect re-sends every
+        document); the daemon's refusal goes to `on_error` (a notification's would be lost)."""
+        if not self.connected:
+            return
+        try:
+            _, fut = self.client.send_request(*message)
+        except (ConnectionError, OSError, RuntimeError):
+            return
+
+        def done(f: asyncio.Future) -> None:
+            if f.cancelled():
+                return
+            e = f.exception()
+            if isinstance(e, DaemonError) and on_error is not None:
+                on_error(e)
+
+        fut.add_done_callback(done)
 
     async def notify(self, method: str, params: dict) -> None:
         """Forward a document notification if connected (a later reconnect re-sends every document)."""

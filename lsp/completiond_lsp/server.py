@@ -24,6 +24,7 @@ from lsprotocol import types
 from pygls.exceptions import (JsonRpcContentModified, JsonRpcException, JsonRpcInternalError,
                               JsonRpcInvalidParams)
 from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
 from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
@@ -41,25 +42,103 @@ REWRITE = "completiond.rewrite"
 CURSOR = "completiond/cursor"  # editor -> server notification: the cursor rests here
 
 
+MIB = 1024 * 1024
+
+
+class Malformed:
+    """A request whose params did not fit the method's types: answered with -32602, not dropped."""
+
+    def __init__(self, msg_id: Any, method: str, why: str):
+        self.id, self.method, self.why = msg_id, method, why
+
+
+def describe(e: BaseException) -> str:
+    """cattrs' structuring error as one line naming the fields at fault ("invalid value for type,
+    expected int @ $.params.position.line")."""
+    try:
+        from cattrs import transform_error
+
+        return "; ".join(transform_error(e))[:500]
+    except Exception:
+        return str(e).splitlines()[0][:500]
+
+
+class Protocol(LanguageServerProtocol):
+    """pygls drops a request whose params it cannot structure (logged, never answered: the editor
+    waits forever); here it gets an invalid-params error naming the method."""
+
+    def structure_message(self, data: dict[str, Any]):
+        try:
+            return super().structure_message(data)
+        except JsonRpcException as e:
+            if isinstance(data, dict) and "id" in data and isinstance(data.get("method"), str):
+                msg_id = data["id"] if isinstance(data["id"], (int, str)) and not isinstance(data["id"], bool) else None
+                why = describe(e.__cause__) if e.__cause__ is not None else str(e)
+                return Malformed(msg_id, data["method"], why)
+            raise
+
+    def handle_message(self, message) -> None:
+        if isinstance(message, Malformed):
+            log.info("malformed %s request %r: %s", message.method, message.id, message.why)
+            self._send_response(message.id, error=JsonRpcInvalidParams(
+                f"{message.method}: malformed params ({message.why})").to_response_error())
+            return
+        super().handle_message(message)
+
+
 class CompletiondServer(LanguageServer):
     def __init__(self) -> None:
-        super().__init__("completiond-lsp", __version__)
+        super().__init__("completiond-lsp", __version__, protocol_cls=Protocol)
         self.settings = Settings()
         self.link = DaemonLink(self._open_documents, self._status)
         self.inflight: dict[str, asyncio.Task] = {}  # uri -> the inline-completion task in flight
         self.last_status: dict = {}
+        self.refused: dict[str, str] = {}  # uri -> why the daemon does not hold it (too large...)
+        self._progress: str | None = None  # the $/progress token of the load being shown
 
     def _open_documents(self) -> list[P.DocumentOpen]:
-        return [open_params(d) for d in self.workspace.text_documents.values()]
+        return [open_params(d) for d in self.workspace.text_documents.values() if d.uri not in self.refused]
+
+    def link_open(self, uri: str) -> tuple[str, dict]:
+        """The `document/open` that gives the daemon the editor's whole text of `uri`."""
+        return "document/open", open_params(self.workspace.get_text_document(uri)).to_wire()
 
     def _status(self, state: str, message: str, info: dict) -> None:
+        """`completiond/status` to the client (state loading / restarting / ready / error, with the
+        daemon's phase and the model), a log line, and LSP work-done progress while it loads."""
         self.last_status = {"state": state, "message": message, "target": info.get("target", ""),
                             "draft": info.get("draft"), "device": info.get("device", ""),
+                            "phase": info.get("phase"), "phaseS": info.get("phase_s"),
+                            "elapsedS": info.get("elapsed_s"), "progress": info.get("progress"),
                             "lastLatencyMs": self.last_status.get("lastLatencyMs"),
                             "meanAccepted": self.last_status.get("meanAccepted")}
         self.protocol.notify("completiond/status", self.last_status)
         level = types.MessageType.Error if state == "error" else types.MessageType.Info
         self.window_log_message(types.LogMessageParams(type=level, message=message))
+        self._work_done(state, message, info.get("progress"))
+
+    def _work_done(self, state: str, message: str, progress: Any) -> None:
+        """Standard `$/progress` for clients that take it (VS Code's progress UI, Neovim's
+        vim.lsp.status()): begun on the first loading status, ended on ready or error."""
+        caps = self.client_capabilities
+        if caps is None or caps.window is None or not caps.window.work_done_progress:
+            return
+        pct = int(progress) if isinstance(progress, (int, float)) and not isinstance(progress, bool) else None
+        try:
+            if state in ("loading", "restarting"):
+                if self._progress is None:
+                    self._progress = f"completiond-load-{id(self)}-{asyncio.get_running_loop().time():.3f}"
+                    self.work_done_progress.create(self._progress)
+                    self.work_done_progress.begin(self._progress, types.WorkDoneProgressBegin(
+                        title="completiond", message=message, percentage=pct, cancellable=False))
+                else:
+                    self.work_done_progress.report(self._progress, types.WorkDoneProgressReport(
+                        message=message, percentage=pct))
+            elif self._progress is not None:
+                self.work_done_progress.end(self._progress, types.WorkDoneProgressEnd(message=message))
+                self._progress = None
+        except Exception as e:  # progress is a courtesy: never let it break status
+            log.info("work-done progress: %s", e)
 
     def apply_settings(self, values: Any) -> None:
         """Take initializationOptions / settings.completiond; refused values are shown to the user."""
@@ -123,23 +202,67 @@ def did_change_configuration(ls: CompletiondServer, params: types.DidChangeConfi
         ls.apply_settings(settings.get("completiond", settings))
 
 
+def too_large(uri: str, chars: int) -> str | None:
+    """Why the daemon cannot hold a document of `chars` characters, or None."""
+    if chars <= P.MAX_DOCUMENT_CHARS:
+        return None
+    return (f"{uri} is too large for completiond ({chars / MIB:.1f} MiB, limit "
+            f"{P.MAX_DOCUMENT_CHARS / MIB:.0f} MiB): no suggestions in it")
+
+
+def refuse(ls: CompletiondServer, uri: str, why: str) -> None:
+    """Keep `uri` off the daemon and say why, once (the editor's completions then get this error)."""
+    if ls.refused.get(uri) != why:
+        log.warning("%s", why)
+        ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Warning, message="completiond: " + why))
+    ls.refused[uri] = why
+
+
+def resend(ls: CompletiondServer, uri: str, why: str) -> None:
+    """The daemon refused an edit: its copy and the editor's differ now; send the editor's whole text."""
+    if uri not in ls.workspace.text_documents or uri in ls.refused:
+        return
+    log.warning("daemon refused an edit of %s (%s): sending the whole document again", uri, why)
+    ls.window_log_message(types.LogMessageParams(
+        type=types.MessageType.Warning, message=f"completiond: the daemon refused an edit of {uri} ({why}); "
+                                                f"sent the whole document again"))
+    ls.link.send(ls.link_open(uri), lambda e: log.warning("re-sending %s failed: %s", uri, e))
+
+
 @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
 async def did_open(ls: CompletiondServer, params: types.DidOpenTextDocumentParams) -> None:
     # pygls has put the document in its workspace already: one builder for every document/open
     doc = ls.workspace.get_text_document(params.text_document.uri)
-    await ls.link.notify("document/open", open_params(doc).to_wire())
+    if why := too_large(doc.uri, len(doc.source)):
+        refuse(ls, doc.uri, why)
+        return
+    ls.refused.pop(doc.uri, None)
+    ls.link.send(ls.link_open(doc.uri), lambda e: refuse(ls, doc.uri, f"the daemon refused {doc.uri}: {e.message}"))
 
 
 @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
 async def did_change(ls: CompletiondServer, params: types.DidChangeTextDocumentParams) -> None:
+    uri = params.text_document.uri
+    doc = ls.workspace.get_text_document(uri)  # pygls applied the change already
+    if why := too_large(uri, len(doc.source)):
+        if uri not in ls.refused:
+            ls.link.send(("document/close", P.DocumentClose(uri=uri).to_wire()), None)
+        refuse(ls, uri, why)
+        return
+    if uri in ls.refused:  # small enough again: the daemon gets it whole
+        del ls.refused[uri]
+        ls.link.send(ls.link_open(uri), lambda e: refuse(ls, uri, f"the daemon refused {uri}: {e.message}"))
+        return
     changes = []
     for ch in params.content_changes:
         if isinstance(ch, types.TextDocumentContentChangePartial):
             changes.append({"range": ls.protocol._converter.unstructure(ch.range), "text": ch.text})
         else:
             changes.append({"text": ch.text})
-    await ls.link.notify("document/change", P.DocumentChange(uri=params.text_document.uri, changes=changes,
-                                                             version=params.text_document.version).to_wire())
+    # a request, not a notification: a refused edit comes back, and the whole text is sent again
+    ls.link.send(("document/change", P.DocumentChange(uri=uri, changes=changes,
+                                                      version=params.text_document.version).to_wire()),
+                 lambda e: resend(ls, uri, e.message))
 
 
 @server.feature(CURSOR)
@@ -157,6 +280,8 @@ async def cursor(ls: CompletiondServer, params: Any) -> None:
 
 @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
 async def did_close(ls: CompletiondServer, params: types.DidCloseTextDocumentParams) -> None:
+    if ls.refused.pop(params.text_document.uri, None) is not None:
+        return  # the daemon never had it
     await ls.link.notify("document/close", P.DocumentClose(uri=params.text_document.uri).to_wire())
 
 
@@ -173,7 +298,9 @@ def lsp_error(e: DaemonError) -> JsonRpcException:
     """The daemon's codes are JSON-RPC / LSP ones (-32602 invalid params, -32603 internal, -32800
     cancelled, -32801 content modified): pass them on, so that editors drop cancelled and outdated
     requests quietly and report the rest."""
-    return JsonRpcException(message=e.message, code=e.code or JsonRpcInternalError.CODE)
+    # the editor opens documents with textDocument/didOpen; the daemon's own method means nothing to it
+    message = e.message.replace("send document/open first", "send textDocument/didOpen first")
+    return JsonRpcException(message=message, code=e.code or JsonRpcInternalError.CODE)
 
 
 async def daemon_request(ls: CompletiondServer, method: str, params: dict, partial: str, on_partial) -> dict:
@@ -218,6 +345,10 @@ async def daemon_request(ls: CompletiondServer, method: str, params: dict, parti
 async def inline_completion(ls: CompletiondServer, params: types.InlineCompletionParams
                             ) -> types.InlineCompletionList | None:
     uri, pos = params.text_document.uri, params.position
+    if uri not in ls.workspace.text_documents:
+        raise JsonRpcInvalidParams(f"document not open: {uri}: send textDocument/didOpen first")
+    if uri in ls.refused:
+        raise JsonRpcInvalidParams(ls.refused[uri])
     if (old := ls.inflight.get(uri)) is not None and not old.done():
         old.cancel()  # a newer request for this document: the older one is stale
     me = asyncio.current_task()

@@ -16,5 +16,5 @@ vim.api.nvim_create_user_command('CompletiondStatus', function()
   local c = require('completiond')
   local client = c.client(0)
   local s = client and c.status[client.id]
-  print(s and vim.inspect(s) or 'completiond: no status yet (no server attached to this buffer)')
+  print(c.status_line() .. (s and ('\n' .. vim.inspect(s)) or ''))
 end, { desc = 'Show the completiond server status' })

@@ -32,7 +32,15 @@ import {
   readServerSettings,
   sameSettings,
 } from './settings';
-import { ClientState, StatusView, normalizeStatus, renderStatus } from './status';
+import {
+  ClientState,
+  ServerStatus,
+  StatusView,
+  isStarting,
+  normalizeStatus,
+  progressStep,
+  renderStatus,
+} from './status';
 
 const STATUS_NOTIFICATION = 'completiond/status';
 
@@ -70,6 +78,39 @@ function showStatus(next: Partial<StatusView>): void {
         ? new vscode.ThemeColor('statusBarItem.warningBackground')
         : undefined;
   statusItem.show();
+}
+
+/**
+ * A progress notification while the daemon starts, converts a model or restarts after it was lost:
+ * opened on the first such status, updated with each phase (and percent when known), closed on
+ * ready or error. The status bar says the same in short.
+ */
+let startup: { report: (m: { message?: string; increment?: number }) => void; done: () => void; percent: number } | undefined;
+
+function followStartup(s: ServerStatus): void {
+  if (!startup && isStarting(s)) {
+    let report: (m: { message?: string; increment?: number }) => void = () => undefined;
+    let done: () => void = () => undefined;
+    const finished = new Promise<void>((resolve) => (done = resolve));
+    void vscode.window.withProgress(
+      { location: vscode.ProgressLocation.Notification, title: 'completiond', cancellable: false },
+      (progress) => {
+        report = (m) => progress.report(m);
+        return finished;
+      },
+    );
+    startup = { report: (m) => report(m), done: () => done(), percent: 0 };
+  }
+  if (!startup) return;
+  const step = progressStep(s, startup.percent);
+  startup.percent = step.percent;
+  if (step.done) {
+    startup.done();
+    startup = undefined;
+    if (s.state === 'ready') vscode.window.setStatusBarMessage(`completiond: ${step.message}`, 5000);
+    return;
+  }
+  startup.report({ message: step.message, increment: step.increment });
 }
 
 async function offerFix(message: string): Promise<void> {
@@ -121,7 +162,9 @@ function createClient(command: string, args: string[]): LanguageClient {
   c.onNotification(STATUS_NOTIFICATION, (params: unknown) => {
     const s = normalizeStatus(params);
     if (s.state === 'error') log.error(`server: ${s.message}`);
+    else if (s.state === 'restarting') log.warn(`server: ${s.message}`);
     showStatus({ server: s });
+    followStartup(s);
   });
   c.onDidChangeState((e) => {
     const map: Record<number, ClientState> = {

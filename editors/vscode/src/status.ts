@@ -1,12 +1,13 @@
 /**
  * The status bar item's text and tooltip, from the server's `completiond/status` notification
- * (params: state, message, target, draft, device, lastLatencyMs, meanAccepted) and the client's
- * own state. Pure module: unit-tested without VS Code.
+ * (params: state, message, target, draft, device, phase, phaseS, elapsedS, progress, lastLatencyMs,
+ * meanAccepted) and the client's own state; and what the start-up progress notification says.
+ * Pure module: unit-tested without VS Code.
  */
 
 import { INSTALL_HINT } from './serverPath';
 
-export type ServerState = 'loading' | 'ready' | 'error';
+export type ServerState = 'loading' | 'restarting' | 'ready' | 'error';
 
 export interface ServerStatus {
   state: ServerState;
@@ -16,6 +17,10 @@ export interface ServerStatus {
   device: string;
   lastLatencyMs: number | null;
   meanAccepted: number | null;
+  /** While the daemon starts: its phase ("importing torch", "loading target …"), seconds so far, percent if known. */
+  phase?: string | null;
+  elapsedS?: number | null;
+  progress?: number | null;
 }
 
 /** What the extension knows about the server process itself. */
@@ -42,8 +47,9 @@ const str = (v: unknown, fallback = ''): string => (typeof v === 'string' ? v : 
 /** Accept whatever the server sent; unknown or missing fields get neutral values. */
 export function normalizeStatus(params: unknown): ServerStatus {
   const p = (params && typeof params === 'object' ? params : {}) as Record<string, unknown>;
-  const state = p.state === 'loading' || p.state === 'ready' || p.state === 'error' ? p.state : 'ready';
-  return {
+  const state =
+    p.state === 'loading' || p.state === 'restarting' || p.state === 'ready' || p.state === 'error' ? p.state : 'ready';
+  const s: ServerStatus = {
     state,
     message: str(p.message),
     target: str(p.target),
@@ -52,6 +58,38 @@ export function normalizeStatus(params: unknown): ServerStatus {
     lastLatencyMs: num(p.lastLatencyMs),
     meanAccepted: num(p.meanAccepted),
   };
+  // start-up fields only when sent (older servers have none)
+  if (typeof p.phase === 'string' && p.phase !== '') s.phase = p.phase;
+  if (num(p.elapsedS) !== null) s.elapsedS = num(p.elapsedS);
+  if (num(p.progress) !== null) s.progress = num(p.progress);
+  return s;
+}
+
+/** The server's message without its "completiond: " prefix (the UI names completiond already). */
+export function bareMessage(message: string): string {
+  return message.replace(/^completiond:\s*/, '');
+}
+
+/** A start or a restart is under way: the progress notification stays open while this holds. */
+export function isStarting(s: ServerStatus | undefined): boolean {
+  return s !== undefined && (s.state === 'loading' || s.state === 'restarting');
+}
+
+/**
+ * What the start-up progress notification shows for a status: its message, and the increment (in
+ * percent, for VS Code's report()) since `lastPercent` when the daemon reports a percentage (a
+ * conversion does). `done` once the daemon is ready or failed: the notification closes.
+ */
+export function progressStep(
+  s: ServerStatus,
+  lastPercent: number,
+): { message: string; increment?: number; percent: number; done: boolean } {
+  if (!isStarting(s)) return { message: bareMessage(s.message), percent: lastPercent, done: true };
+  const pct = s.progress ?? null;
+  if (pct !== null && pct > lastPercent) {
+    return { message: bareMessage(s.message), increment: pct - lastPercent, percent: pct, done: false };
+  }
+  return { message: bareMessage(s.message), percent: lastPercent, done: false };
 }
 
 /** "google/gemma-3-270m" -> "gemma-3-270m"; "/x/y/model-Q4_K_M.gguf" -> "model-Q4_K_M". */
@@ -108,8 +146,15 @@ export function renderStatus(view: StatusView): StatusRender {
   }
   const tooltip = lines.join('\n') + '\n\n' + CLICK;
 
+  if (s.state === 'restarting') {
+    return { text: `$(sync~spin) completiond: ${bareMessage(s.message) || 'restarting'}`, tooltip, severity: 'warning' };
+  }
   if (s.state === 'loading') {
-    return { text: `$(sync~spin) ${model}: loading…`, tooltip, severity: 'normal' };
+    // the phase and its seconds, so that a long first start shows it is moving
+    const secs = s.elapsedS !== undefined && s.elapsedS !== null ? ` (${Math.round(s.elapsedS)} s)` : '';
+    const pct = s.progress !== undefined && s.progress !== null ? ` ${Math.round(s.progress)} %` : '';
+    const what = s.phase ? `${s.phase}${pct}${secs}` : 'loading…';
+    return { text: `$(sync~spin) ${model}: ${what}`, tooltip, severity: 'normal' };
   }
   if (s.state === 'error') {
     return { text: `$(error) ${model}`, tooltip, severity: 'error' };

@@ -24,6 +24,9 @@ M.defaults = {
     accept_line = '<M-l>',
     dismiss = '<C-]>',
   },
+  -- Show the daemon's start-up (each phase, its seconds), a lost daemon and the model once ready
+  -- in the message area; false: only require('completiond').statusline() and :CompletiondStatus.
+  progress = true,
   -- Server settings (initializationOptions).
   mode = 'combined', -- ar | pld | draft | combined
   max_tokens = 64,
@@ -68,6 +71,7 @@ M.schema = {
   debounce_ms = { function(v) return type(v) == 'number' and v >= 0 end, 'a number >= 0' },
   renderer = { function(v) return RENDERERS[v] ~= nil end, "'extmark' or 'native'" },
   hl_group = { 'string' },
+  progress = { 'boolean' },
   keys = { 'table' },
   mode = { function(v) return MODES[v] ~= nil end, "one of 'ar', 'pld', 'draft', 'combined'" },
   -- the daemon's cap on max_tokens is 2048

@@ -96,6 +96,9 @@ function M.check()
         msg = msg .. (', last latency %d ms'):format(math.floor(ms + 0.5))
       end
     end
+    if s and s.state ~= 'ready' and s.state ~= 'error' then
+      msg = msg .. ' - ' .. field(s, 'message')
+    end
     if s and s.state == 'error' then
       h.error(msg .. ' - ' .. field(s, 'message'))
     else

@@ -22,6 +22,23 @@ local function present(v)
   return v
 end
 
+--- One line for the message area: the daemon's phase while it starts (each new phase is kept in
+--- :messages, the seconds ticking in between are not), the model once it is ready.
+local function show_progress(prev, s)
+  if not (M.config and M.config.progress) then
+    return
+  end
+  local msg = tostring(s.message or '')
+  if s.state == 'loading' or s.state == 'restarting' then
+    local new_phase = not prev or prev.state ~= s.state or prev.phase ~= s.phase
+    M.progress_message = msg
+    api.nvim_echo({ { msg, 'MoreMsg' } }, new_phase, {})
+  elseif s.state == 'ready' and (not prev or prev.state ~= 'ready') then
+    M.progress_message = msg
+    api.nvim_echo({ { msg, 'MoreMsg' } }, true, {})
+  end
+end
+
 local function on_status(_, params, ctx)
   if type(params) ~= 'table' then
     return
@@ -36,7 +53,12 @@ local function on_status(_, params, ctx)
   local prev = M.status[ctx.client_id]
   M.status[ctx.client_id] = params
   if params.state == 'error' and (not prev or prev.message ~= params.message) then
-    vim.notify('completiond: ' .. tostring(params.message), vim.log.levels.WARN)
+    vim.notify('completiond: ' .. (tostring(params.message):gsub('^completiond: ', '')), vim.log.levels.WARN)
+  elseif params.state == 'restarting' and (not prev or prev.state ~= 'restarting') then
+    -- a lost daemon: said at once, not found out on the next keystroke
+    vim.notify(tostring(params.message), vim.log.levels.WARN)
+  else
+    show_progress(prev, params)
   end
   api.nvim_exec_autocmds('User', { pattern = 'CompletiondStatus', modeline = false, data = params })
 end
@@ -167,6 +189,11 @@ function M.attach(bufnr)
   if not client_id then
     return nil
   end
+  if M.status[client_id] == nil then -- a new server: say so now, its own status follows in a second or two
+    M.status[client_id] = { state = 'loading', phase = 'starting the language server',
+                            message = 'completiond: starting the language server' }
+    show_progress(nil, M.status[client_id])
+  end
   if cfg.renderer == 'native' then
     vim.lsp.inline_completion.enable(true, { bufnr = bufnr })
   else
@@ -217,7 +244,8 @@ function M.toggle()
   vim.notify('completiond ' .. (suggest.enabled and 'enabled' or 'disabled'))
 end
 
---- A short status for a statusline: state of the server and the last latency.
+--- A short status for a statusline: the server's state (the daemon's phase while it starts) and
+--- the last latency.
 function M.statusline()
   local client = M.client(api.nvim_get_current_buf())
   local s = client and M.status[client.id]
@@ -228,7 +256,28 @@ function M.statusline()
   if s.state == 'ready' and ms then
     return ('completiond %dms'):format(math.floor(ms + 0.5))
   end
+  if (s.state == 'loading' or s.state == 'restarting') and present(s.message) then
+    return (tostring(s.message):gsub('^completiond: ', 'completiond '))
+  end
   return 'completiond ' .. tostring(present(s.state) or '?')
+end
+
+--- One line saying what the server is doing: state, message, model and device.
+function M.status_line()
+  local client = M.client(api.nvim_get_current_buf())
+  local s = client and M.status[client.id]
+  if not s then
+    return 'completiond: no status yet (no server attached to this buffer)'
+  end
+  local line = ('completiond: %s: %s'):format(tostring(s.state or '?'),
+    (tostring(s.message or ''):gsub('^completiond: ', '')))
+  if s.state == 'ready' then
+    line = line .. (' (target %s, draft %s, device %s'):format(tostring(s.target or '?'),
+      tostring(s.draft or 'none'), tostring(s.device or '?'))
+    local ms = tonumber(present(s.lastLatencyMs))
+    line = line .. (ms and (', last latency %d ms)'):format(math.floor(ms + 0.5)) or ')')
+  end
+  return line
 end
 
 --- Rewrite lines line1..line2 (1-based, inclusive) of the current buffer following instruction.

@@ -1,7 +1,14 @@
 import { strict as assert } from 'node:assert';
 import { test } from 'node:test';
 
-import { formatAccepted, formatLatency, normalizeStatus, renderStatus, shortModelName } from '../../src/status';
+import {
+  formatAccepted,
+  formatLatency,
+  normalizeStatus,
+  progressStep,
+  renderStatus,
+  shortModelName,
+} from '../../src/status';
 
 const ready = normalizeStatus({
   state: 'ready',
@@ -81,4 +88,29 @@ test('shortModelName and number formats', () => {
   assert.equal(formatLatency(12345), '12.3 s');
   assert.equal(formatAccepted(3), '3.0');
   assert.equal(formatAccepted(undefined), '–');
+});
+
+test('while the daemon starts the status bar shows its phase and seconds', () => {
+  const s = normalizeStatus({
+    state: 'loading', message: 'completiond: importing torch (3 s)', target: 'default', device: 'auto',
+    phase: 'importing torch', elapsedS: 3.4, progress: null,
+  });
+  assert.equal(renderStatus({ client: 'running', server: s }).text, '$(sync~spin) default: importing torch (3 s)');
+  const conv = normalizeStatus({ state: 'loading', message: 'completiond: converting (40 %, 12 s)',
+    target: 'qwen2.5-coder-0.5b', phase: 'converting', elapsedS: 12, progress: 40 });
+  assert.equal(renderStatus({ client: 'running', server: conv }).text, '$(sync~spin) qwen2.5-coder-0.5b: converting 40 % (12 s)');
+  const again = normalizeStatus({ state: 'restarting', message: 'completiond: daemon stopped \u2014 restarting' });
+  const r = renderStatus({ client: 'running', server: again });
+  assert.equal(r.text, '$(sync~spin) completiond: daemon stopped \u2014 restarting');
+  assert.equal(r.severity, 'warning');
+});
+
+test('the progress notification follows the start and closes when ready', () => {
+  const conv = normalizeStatus({ state: 'loading', message: 'completiond: converting (40 %, 12 s)', progress: 40 });
+  assert.deepEqual(progressStep(conv, 10), { message: 'converting (40 %, 12 s)', increment: 30, percent: 40, done: false });
+  const plain = normalizeStatus({ state: 'loading', message: 'completiond: importing torch (1 s)' });
+  assert.deepEqual(progressStep(plain, 0), { message: 'importing torch (1 s)', percent: 0, done: false });
+  const ready = normalizeStatus({ state: 'ready', message: 'completiond: ready: qwen on cpu' });
+  assert.equal(progressStep(ready, 40).done, true);
+  assert.equal(progressStep(normalizeStatus({ state: 'restarting', message: 'x' }), 0).done, false);
 });
