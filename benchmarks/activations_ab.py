@@ -26,13 +26,13 @@ from completiond.core.engine import Engine, Request
 from completiond.core.prompt import build_prompt
 from completiond.models import load
 
-VARIANTS = {"float32": False, "int16": True}
+VARIANTS = {"float32": "float32", "int16": "int16"}
 
 
-def use(int16: bool) -> None:
+def use(acts: str) -> None:
     """Every int8 matmul of this process with these activations (QuantLinear and the native layer
-    ask cpu_kernel.int16_activations() on every pass)."""
-    cpu_kernel.int16_activations = lambda: int16
+    ask cpu_kernel.kind() on every pass)."""
+    cpu_kernel.activations = lambda: acts
 
 
 def main() -> None:

@@ -12,11 +12,11 @@ from completiond.models import self_draft
 from completiond.core.quant import quantize, scheme_of
 
 
-@pytest.mark.parametrize("scheme,int16", [("int8", False), ("int8", True), ("int4", False)])
-def test_quantized_lean_target_identical_across_modes(scheme, int16, code_ids, monkeypatch):
-    """int16: the native Qwen2 layer's int16-activation kernel (where completiond's kernel runs;
-    elsewhere both int8 cases run the same path)."""
-    monkeypatch.setattr(cpu_kernel, "int16_activations", lambda: int16)
+@pytest.mark.parametrize("scheme,acts", [("int8", "float32"), ("int8", "int16"), ("int8", "int8"), ("int4", "float32")])
+def test_quantized_lean_target_identical_across_modes(scheme, acts, code_ids, monkeypatch):
+    """acts: the native Qwen2 layer's activations (cpu_kernel.activations; where completiond's
+    kernel runs, elsewhere the int8 cases run the same path)."""
+    monkeypatch.setattr(cpu_kernel, "activations", lambda: acts)
     tok_ids = tiny.qwen_tokenizer().encode((tiny.STDLIB / "textwrap.py").read_text(), add_special_tokens=False)
     target = tiny.loaded(tiny.qwen2_config(layers=2, hidden=128), seed=2, scale=4.0)
     quantize(target.model, scheme)
@@ -34,4 +34,4 @@ def test_quantized_lean_target_identical_across_modes(scheme, int16, code_ids, m
         ar = engine.complete(Request(prompt=prompt, mode="ar", max_tokens=16))
         for mode in ("pld", "draft", "combined"):
             res = engine.complete(Request(prompt=prompt, mode=mode, max_tokens=16))
-            assert res.token_ids == ar.token_ids, f"{scheme} int16={int16} {mode} prompt {i}"
+            assert res.token_ids == ar.token_ids, f"{scheme} {acts} {mode} prompt {i}"

@@ -7,25 +7,18 @@
 // alone, so a tree node's outputs are bit-identical to the same token's in a one-token pass.
 // Why: on some AVX2 CPUs the float kernel is bound by its int8 -> float widening and its 256-bit
 // loads, and int16 moves half the activation bytes per multiply-add. Whether it is faster is
-// measured per CPU (cpu_kernel.int16_activations); qwen2_layer.c takes it for its matmuls then.
-// On CPUs with AVX512-VNNI (completiond_a16_avx512 = 1, set by cpu_kernel where the CPU has it) the
+// measured per CPU (cpu_kernel.activations); qwen2_layer.c takes it for its matmuls then.
+// On CPUs with AVX512-VNNI (kind COMPLETIOND_MM_A16_VNNI512, where cpu_kernel finds it) the
 // int32 block sums come from 512-bit vpdpwssd over 32 activations at a time instead; lane i + 8 of
 // those sums, added to lane i, is exactly the AVX2 loop's lane i (integer sums), and everything after
 // is the same float code, so both paths give bit-identical outputs: one model on either CPU.
-#include <immintrin.h>
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
+
+#include "completiond_kernels.h"
 
 #define NB 16   // output channels per thread work item
 #define KB 128  // activations per int16 block (one scale each)
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 // Row `x` [K] -> xq [K] int16 and xs [ceil(K / KB)]. A block holding inf/nan gets scale nan (and
 // zeros), so the outputs it feeds are nan, as float arithmetic would make them.
@@ -143,17 +136,15 @@ static inline __attribute__((always_inline)) void block512(int R, int C, const i
 #undef SUFFIX
 #pragma GCC pop_options
 
-// 1: the int32 sums run on AVX512-VNNI (mm512). cpu_kernel sets it only where the CPU has it.
-int completiond_a16_avx512 = 0;
-
-void completiond_int8_mm_a16(const float *x, const int8_t *w, const float *scale, float *y, int64_t M,
-                             int64_t K, int64_t N, int threads) {
+// wide: the int32 sums run on AVX512-VNNI (mm512; the caller checked the CPU has it).
+void completiond_mm_a16(int wide, const float *x, const int8_t *w, const float *scale, float *y, int64_t M,
+                        int64_t K, int64_t N, int threads) {
     int64_t nb = (K + KB - 1) / KB;
     int16_t *xq = malloc(sizeof(int16_t) * M * K + 32);
     float *xs = malloc(sizeof(float) * M * nb);
 #pragma omp parallel for schedule(static) num_threads(threads) if (M * K >= 32768)
     for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, xq + m * K, xs + m * nb);
-    (completiond_a16_avx512 ? mm512 : mm256)(xq, xs, nb, w, scale, y, M, K, N, threads);
+    (wide ? mm512 : mm256)(xq, xs, nb, w, scale, y, M, K, N, threads);
     free(xq);
     free(xs);
 }

@@ -19,7 +19,7 @@ static inline __attribute__((always_inline)) void TILE(int R, int C, const int16
     for (int64_t b = 0; b < whole; b++) BLOCK(R, C, x, xs, nb, b, w, K, b * KB, KB, acc);
     if (whole < nb) BLOCK(R, C, x, xs, nb, whole, w, K, whole * KB, K - whole * KB, acc);
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y[r * ldy + c] = hsum(acc[r][c]) * scale[c];
+        for (int c = 0; c < C; c++) y[r * ldy + c] = completiond_hsum8(acc[r][c]) * scale[c];
 }
 
 // Channels [n0, n1) for rows [m0, m0 + R): tiles of C channels, then single channels.

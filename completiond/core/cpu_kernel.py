@@ -1,21 +1,21 @@
-"""completiond's own int8 matmul for decode and verify passes on x86 CPUs with AVX2 + FMA.
+"""completiond's own int8 matmuls for decode and verify passes on x86 CPUs with AVX2 + FMA.
 
-`int8_mm.c` multiplies float32 activations by int8 weights (per-output-channel scales) with every
-(row, channel) dot product computed the same way whatever the number of rows, so a tree pass gives
-each node exactly what a one-token pass gives that token (greedy speculation stays identical to
-plain decoding). On the 2-core AVX2 EPYC a pass's int8 matmuls take 0.50-0.58x the time of torch's
-`_weight_int8pack_mm` at 1-64 rows (benchmarks/int8_kernel.py); tree rows reuse the widened weights.
+y = x W^T with int8 weights (per-output-channel scales), every (row, channel) dot product computed
+the same way whatever the number of rows, so a tree pass gives each node exactly what a one-token
+pass gives that token (greedy speculation stays identical to plain decoding). The kinds (KINDS;
+completiond_kernels.h declares the C side):
 
-`a16_mm.c` is the same product with the activations rounded to int16 per block of 128 first
-(vpmaddwd, exact int32 sums; batch-invariant too). On some AVX2 CPUs it streams a pass's weights
-faster; `int16_activations()` measures that once per CPU, and where it wins every int8 matmul on
-completiond's kernel uses it (a slightly different model, the same in every pass). On CPUs with
-AVX512-VNNI its integer sums run 32 activations per instruction (`avx512_vnni()`), the same bits as
-its AVX2 loop: on a 2-core Zen 5 EPYC a 4-node pass of the 0.5B costs 0.84x the AVX2 loop's
-(benchmarks/results/pass-cost-qwen2.5-coder-0.5b-avx512-vnni.json).
+- `int8_mm.c`: float32 activations.
+- `a16_mm.c`: activations rounded to int16 per block of 128 (vpmaddwd; on AVX512-VNNI vpdpwssd,
+  the same bits).
+- `a8_mm.c`: activations rounded to int8 per block (u8 x s8 dot products: vpmaddubsw on AVX2,
+  vpdpbusd on AVX512-VNNI or AVX-VNNI, the same bits on all three), the densest arithmetic a CPU
+  has: what keeps a tree pass near a one-token pass's cost.
 
-`qwen2_layer.c`, in the same library, runs a whole int8 Qwen2 decoder layer of a decode or verify pass
-on it (lean.LeanQwen2's native path), with the same property.
+`activations()` picks float32, int16 or int8 by measurement once per CPU; `kind()` adds the widest
+integer sums the CPU has. `qwen2_layer.c`, in the same library, runs a whole int8 Qwen2 decoder layer
+of a decode or verify pass on the chosen kind (lean.LeanQwen2's native path). docs/kernels.md has
+the numbers.
 
 It is compiled once per CPU and compiler with the system's C compiler into the cache
 (`kernels/int8_mm-<hash>.so`, written atomically) and loaded with ctypes. Its OpenMP calls resolve
@@ -49,20 +49,30 @@ from ..paths import cache_root
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(n) for n in ("int8_mm.c", "a16_mm.c", "qwen2_layer.c")]
-HEADERS = [Path(__file__).with_name("a16_tiles.h")]  # included by a16_mm.c: part of the build's key
+SOURCES = [Path(__file__).with_name(n) for n in ("int8_mm.c", "a16_mm.c", "a8_mm.c", "mm.c", "qwen2_layer.c")]
+# included by the sources: part of the build's key. completiond_kernels.h declares what the library exports.
+HEADERS = [Path(__file__).with_name(n) for n in ("completiond_kernels.h", "a16_tiles.h", "a8_tiles.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-# completiond_qwen2_layer(h, n, H, in_norm, post_norm, eps, wqkv, sqkv, bqkv, wo, so, wgu, sgu, inter,
-#   wd, sd, cos, sin, kc, vc, kv_bf16, cap, begin, keys, mask, heads, kv_heads, d, scale, work, a16, threads)
-QWEN2_LAYER_ARGS = [_P, _I, _I, _P, _P, _F, _P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P,
-                    ctypes.c_int, _I, _I, _I, _P, _I, _I, _I, _F, _P, ctypes.c_int, ctypes.c_int]
-# completiond_qwen2_work(n, H, inter, heads, kv_heads, d, keys, threads) -> floats of scratch
-QWEN2_WORK_ARGS = [_I] * 7 + [ctypes.c_int]
+_P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+# The exported functions' ctypes signatures (argtypes, restype), in completiond_kernels.h's words;
+# tests/test_cpu_kernel.py parses the header and checks them against it.
+SIGNATURES: dict[str, tuple[list, type | None]] = {
+    "completiond_mm_supported": ([_C], _C),
+    # (kind, x, w, scale, y, M, K, N, threads)
+    "completiond_mm": ([_C, _P, _P, _P, _P, _I, _I, _I, _C], _C),
+    # (n, H, inter, heads, kv_heads, d, keys, threads) -> floats of scratch
+    "completiond_qwen2_work": ([_I] * 7 + [_C], _I),
+    # (h, n, H, in_norm, post_norm, eps, wqkv, sqkv, bqkv, wo, so, wgu, sgu, inter, wd, sd, cos, sin,
+    #  kc, vc, kv_bf16, cap, begin, keys, mask, heads, kv_heads, d, scale, work, kind, threads)
+    "completiond_qwen2_layer": ([_P, _I, _I, _P, _P, _F, _P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P,
+                                 _C, _I, _I, _I, _P, _I, _I, _I, _F, _P, _C, _C], None),
+}
+# completiond_mm_kind: the matmul kernels by name (activations, then where the int32 sums run)
+KINDS = {"float32": 0, "int16": 1, "int16+avx512-vnni": 2, "int8": 3, "int8+avx512-vnni": 4, "int8+avx-vnni": 5}
+ACTIVATIONS = ("float32", "int16", "int8")
 NAME = "completiond-avx2"  # what status / --json report as the int8 kernel
-A16 = "+int16-activations"  # appended where int8 matmuls round their activations to int16
-VNNI = "+avx512-vnni"  # appended where those int16 matmuls sum on AVX512-VNNI
-AVX512_VNNI = {"avx512f", "avx512bw", "avx512_vnni"}  # /proc/cpuinfo flags a16_mm.c's wide path needs
+SUFFIX = {"float32": "", "int16": "+int16-activations", "int8": "+int8-activations"}  # appended to NAME
+AVX512_VNNI = {"avx512f", "avx512bw", "avx512_vnni"}  # /proc/cpuinfo flags the 512-bit VNNI kernels need
 
 
 def wanted() -> bool:
@@ -112,31 +122,35 @@ def library() -> ctypes.CDLL | None:
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         log.warning("completiond's int8 kernel is not available (%s); using torch's", e)
         return None
-    for fn in (lib.completiond_int8_mm, lib.completiond_int8_mm_a16):
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        fn.restype = None
-    layer = lib.completiond_qwen2_layer
-    layer.argtypes = QWEN2_LAYER_ARGS
-    layer.restype = None
-    work = lib.completiond_qwen2_work
-    work.argtypes, work.restype = QWEN2_WORK_ARGS, ctypes.c_int64
-    ctypes.c_int.in_dll(lib, "completiond_a16_avx512").value = int(AVX512_VNNI <= cpu_flags())  # same bits, faster
+    for name_, (args, res) in SIGNATURES.items():
+        fn = getattr(lib, name_)
+        fn.argtypes, fn.restype = args, res
     return lib
 
 
-def avx512_vnni() -> bool:
-    """Whether a16_mm.c sums on AVX512-VNNI in this process (where the CPU has it: bit-identical
-    to its AVX2 loop and faster on trees; int16 activations only)."""
+@functools.cache
+def kinds_here() -> tuple[str, ...]:
+    """The matmul kinds this CPU runs (KINDS' names), where the library loads."""
     lib = library()
-    return lib is not None and bool(ctypes.c_int.in_dll(lib, "completiond_a16_avx512").value)
+    return () if lib is None else tuple(k for k, v in KINDS.items() if lib.completiond_mm_supported(v))
 
 
-def use_avx512_vnni(on: bool) -> None:
-    """Switch a16_mm.c's AVX512-VNNI sums on or off (side-by-side runs and tests; the outputs are
-    the same bits either way). On needs a CPU that has it."""
-    lib = library()
-    assert lib is not None and (not on or AVX512_VNNI <= cpu_flags()), "no AVX512-VNNI kernel here"
-    ctypes.c_int.in_dll(lib, "completiond_a16_avx512").value = int(on)
+def kind_of(activations: str, wide: bool = True) -> str:
+    """The kind for these activations: where `wide`, on the widest integer sums this CPU has (the same
+    bits as the AVX2 loop, faster); else the AVX2 loop."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"unknown activations {activations!r} (expected one of {', '.join(ACTIVATIONS)})")
+    if wide and activations != "float32":
+        for k in (f"{activations}+avx512-vnni", f"{activations}+avx-vnni"):
+            if k in kinds_here():
+                return k
+    return activations
+
+
+def kind() -> str:
+    """The kind every int8 matmul on completiond's kernel runs in this process (read on every pass:
+    benchmarks swap it for side-by-side runs)."""
+    return kind_of(activations())
 
 
 @functools.cache
@@ -175,7 +189,7 @@ def calibrate() -> dict:
     ours with float32 and with int16 activations (the faster counts), torch's with bfloat16 ones,
     measured once per CPU and cached."""
     def measure() -> dict:
-        runs = {"completiond": int8_mm, "completiond-int16": functools.partial(int8_mm, int16=True),
+        runs = {"completiond": int8_mm, "completiond-int16": functools.partial(int8_mm, kind=kind_of("int16")),
                 "torch": lambda x, q, sc: torch.ops.aten._weight_int8pack_mm(x, q, sc.to(x.dtype))}
         best = _fastest_ms(runs, [(4864, 896)] * 12, (1, 4), 4, torch.bfloat16)
         faster = min(best["completiond"], best["completiond-int16"]) <= best["torch"]
@@ -186,51 +200,60 @@ def calibrate() -> dict:
     return calibrated("int8-kernel-v2", measure, ("ours_faster",))
 
 
+# rows of the activation calibration: one-token passes, and the trees verification runs
+CALIBRATION_ROWS = (1, 4, 8)
+
+
 @functools.cache
-def int16_activations() -> bool:
-    """Whether int8 matmuls on completiond's kernel round their activations to int16 first
-    (a16_mm.c) in this process: the native Qwen2 layer's (qwen2_layer.c) and QuantLinear's (the
-    output layer, drafts, the torch-ops path). Where completiond's kernel runs and the int16 kernel
-    streams a decode pass's matmuls faster than the float one on this CPU (measured once per CPU,
-    cached). It changes what the model computes a little (each activation within 2^-16 of its
-    block's largest), the same way in every pass, so greedy speculation stays identical to `ar`.
-    COMPLETIOND_INT8_ACTIVATIONS=float32|int16 overrides the measurement."""
+def activations() -> str:
+    """What int8 matmuls on completiond's kernel do with their activations in this process: keep them
+    float32 (int8_mm.c), or round them per block to int16 (a16_mm.c) or int8 (a8_mm.c) for denser
+    integer arithmetic. That runs in the native Qwen2 layer (qwen2_layer.c) and QuantLinear (the
+    output layer, drafts, the torch-ops path). The fastest on a pass's matmul shapes, one-token and
+    tree rows together, measured once per CPU and cached; "float32" where completiond's kernel does
+    not run. Rounding changes what the model computes a little (docs/kernels.md measures how often a
+    greedy token changes), the same way in every pass, so greedy speculation stays identical to `ar`.
+    COMPLETIOND_INT8_ACTIVATIONS=float32|int16|int8 overrides the measurement."""
     if not enabled():
-        return False
+        return "float32"
     forced = os.environ.get("COMPLETIOND_INT8_ACTIVATIONS", "auto")
-    if forced in ("float32", "int16"):
-        return forced == "int16"
+    if forced in ACTIVATIONS:
+        return forced
 
     def measure() -> dict:
-        # a pass's matmul shapes of the 0.5B (qkv, o, gate + up, down), 6 layers' worth; 1, 2 and 4
-        # rows: one-token passes and the small trees that dominate
-        runs = {"float32": int8_mm, "int16": functools.partial(int8_mm, int16=True)}
-        best = _fastest_ms(runs, [(1152, 896), (896, 896), (9728, 896), (896, 4864)] * 6, (1, 2, 4), 5, torch.float32)
-        faster = best["int16"] < best["float32"]
-        log.info("int8 matmul activations on this CPU (%s): %s (%s)", cpu_key(), "int16" if faster else "float32",
-                 best)
-        return {"int16_faster": faster, "ms": best}
+        # a pass's matmul shapes of the 0.5B (qkv, o, gate + up, down), 6 layers' worth
+        runs = {a: functools.partial(int8_mm, kind=kind_of(a)) for a in ACTIVATIONS}
+        best = _fastest_ms(runs, [(1152, 896), (896, 896), (9728, 896), (896, 4864)] * 6, CALIBRATION_ROWS, 5,
+                           torch.float32)
+        fastest = min(best, key=best.get)
+        log.info("int8 matmul activations on this CPU (%s): %s (%s)", cpu_key(), fastest, best)
+        return {"int16_fastest": fastest == "int16", "int8_fastest": fastest == "int8", "ms": best}
 
-    return calibrated("int8-activations", measure, ("int16_faster",))["int16_faster"]
+    # "-v2": before int8 activations existed, the file held int16_faster
+    got = calibrated("int8-activations-v2", measure, ("int16_fastest", "int8_fastest"))
+    return "int8" if got["int8_fastest"] else "int16" if got["int16_fastest"] else "float32"
 
 
 def name() -> str:
-    """The int8 kernel decode passes run: NAME (+ A16 where activations are rounded to int16, + VNNI
-    where those sum on AVX512-VNNI) or "torch"."""
+    """The int8 kernel decode passes run: NAME + the activations' SUFFIX (+ where the integer sums
+    run, e.g. "+avx512-vnni"), or "torch"."""
     if not enabled():
         return "torch"
-    return NAME + (A16 + (VNNI if avx512_vnni() else "") if int16_activations() else "")
+    acts, k = activations(), kind()
+    return NAME + SUFFIX[acts] + k[len(acts):]
 
 
-def int8_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, int16: bool = False) -> torch.Tensor:
-    """x [M, K] (any float dtype) @ (q [N, K] int8 * scales [N] float32)^T -> [M, N] in x's dtype.
-    int16: round x to int16 first (a16_mm.c: what int8 layers run where int16_activations())."""
+def int8_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, kind: str = "float32") -> torch.Tensor:
+    """x [M, K] (any float dtype) @ (q [N, K] int8 in [-127, 127] * scales [N] float32)^T -> [M, N]
+    in x's dtype, on the matmul `kind` (KINDS; one this CPU runs, kinds_here())."""
     lib = library()
     assert lib is not None, "int8_mm needs library()"
+    if kind not in kinds_here():
+        raise ValueError(f"matmul kind {kind!r} does not run on this CPU (it runs {', '.join(kinds_here())})")
     xf = x.float().contiguous()
     q, scales = q.contiguous(), scales.contiguous()
     m, k = xf.shape
     y = torch.empty(m, q.shape[0], dtype=torch.float32)
-    fn = lib.completiond_int8_mm_a16 if int16 else lib.completiond_int8_mm
-    fn(xf.data_ptr(), q.data_ptr(), scales.data_ptr(), y.data_ptr(), m, k, q.shape[0], torch.get_num_threads())
+    lib.completiond_mm(KINDS[kind], xf.data_ptr(), q.data_ptr(), scales.data_ptr(), y.data_ptr(), m, k, q.shape[0],
+                       torch.get_num_threads())
     return y if x.dtype == torch.float32 else y.to(x.dtype)

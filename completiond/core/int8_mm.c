@@ -8,17 +8,9 @@
 // are computed together, so the weights converted to float are reused across the rows of a tree.
 // Threads split the output channels (blocks of 16); -ffp-contract=off keeps the scalar code exact.
 // Prefetches past the end of w are harmless (a prefetch never faults).
-#include <immintrin.h>
-#include <stdint.h>
+#include "completiond_kernels.h"
 
 #define NB 16  // output channels per thread work item
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 static inline __m256 widen8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
@@ -46,7 +38,7 @@ static inline __attribute__((always_inline)) void tile(int R, int C, const float
     }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) {
-            float s = hsum(acc[r][c]);
+            float s = completiond_hsum8(acc[r][c]);
             for (int64_t t = k; t < K; t++) s += (float)w[c * K + t] * x[r * K + t];
             y[r * ldy + c] = s * scale[c];
         }
@@ -61,8 +53,8 @@ static inline __attribute__((always_inline)) void rows(int R, int C, const float
     for (; n < n1; n++) tile(R, 1, x + m0 * K, w + n * K, scale + n, K, y + m0 * N + n, N);
 }
 
-void completiond_int8_mm(const float *x, const int8_t *w, const float *scale, float *y,
-                         int64_t M, int64_t K, int64_t N, int threads) {
+void completiond_mm_f32(const float *x, const int8_t *w, const float *scale, float *y, int64_t M, int64_t K,
+                        int64_t N, int threads) {
     int64_t blocks = (N + NB - 1) / NB;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t b = 0; b < blocks; b++) {
@@ -70,9 +62,8 @@ void completiond_int8_mm(const float *x, const int8_t *w, const float *scale, fl
         int64_t m = 0;
         // the block's weights (NB x K bytes) stay in cache while every row block reads them
         // tiles of 6 x 2, then one tile for the 1-5 rows left (5 x 2 ... 1 x 8): 6-12 accumulators,
-        // within AVX2's 16 registers. One tile for the rest matters: split as 2 x 4 + 1 x 8, 3 rows
-        // cost about what 4 do (a whole pass: 59.4 vs 65.2 ms, benchmarks/results/budget-ab-toolz.json);
-        // as one 3 x 2 tile, 43.6 vs 64.5 (vs-llama-cpp-boltons-avx2-exact-sizes.json), AVX2 EPYC
+        // within AVX2's 16 registers. One tile for the rest (not 2 x 4 + 1 x 8): 3 rows then cost
+        // about what 3 rows should, not what 4 do (docs/kernels.md)
         for (; m + 6 <= M; m += 6) rows(6, 2, x, w, scale, K, N, y, m, n0, n1);
         switch (M - m) {
         case 5: rows(5, 2, x, w, scale, K, N, y, m, n0, n1); break;

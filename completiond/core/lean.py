@@ -9,7 +9,7 @@ quantized (completiond.core.quant), fused the same way. tests/test_runner.py hol
 transformers' within 1e-5 in fp32 on trees, appended passes and past the sliding window.
 
 An int8 Qwen2 on completiond's kernel runs each layer of a decode/verify pass as one C call instead
-(`qwen2_layer.c` via cpu_kernel: float32 activations, bit-identical between tree and one-token passes;
+(`qwen2_layer.c` via cpu_kernel: its matmuls on cpu_kernel.kind(), bit-identical between tree and one-token passes;
 tests/test_native_layer.py); prefill chunks keep the torch ops and their dense matmuls.
 """
 
@@ -284,6 +284,7 @@ class LeanQwen2(_Lean):
         if mask.shape != (n, begin + n):
             raise ValueError(f"native layer: mask {tuple(mask.shape)} for {n} rows after {begin} slots")
         lib, threads = cpu_kernel.library(), torch.get_num_threads()
+        kind = cpu_kernel.KINDS[cpu_kernel.kind()]  # one kind for every layer of the pass
         need = lib.completiond_qwen2_work(n, H, self.inter, self.heads, self.kv_heads, d, begin + n, threads)
         if self._work.numel() < need:  # one scratch buffer, grown as contexts grow
             self._work = torch.empty(max(need, 2 * self._work.numel()))
@@ -294,7 +295,7 @@ class LeanQwen2(_Lean):
             lib.completiond_qwen2_layer(
                 h.data_ptr(), n, H, *weights.args, cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(),
                 k.dtype == torch.bfloat16, k.shape[2], begin, begin + n, mask.data_ptr(), self.heads,
-                self.kv_heads, d, self.scaling, self._work.data_ptr(), cpu_kernel.int16_activations(), threads)
+                self.kv_heads, d, self.scaling, self._work.data_ptr(), kind, threads)
         normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return LeanOutput((self.norm * normed.to(self.norm.dtype))[None])
 

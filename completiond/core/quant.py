@@ -2,7 +2,7 @@
 
 Schemes (weights only; activations keep the model's dtype, embeddings stay as they are):
 - int8: per-output-channel symmetric, w ~ q * s with q in [-127, 127], s = max|w_row| / 127;
-  run by completiond's own kernel (`cpu_kernel.int8_mm`: float32 products, batch-invariant, AVX2)
+  run by completiond's own kernel (`cpu_kernel.int8_mm`: batch-invariant, AVX2 / AVX512-VNNI)
   where it builds, else by `aten._weight_int8pack_mm(x [M, K], q [N, K] int8, s [N])` (s in x's dtype).
 - int4: the MLP layers only (attention and the output layer stay int8, see INT4_KEEP_INT8 and
   `quantize`), group-wise asymmetric, groups of INT4_GROUP = 32 along K, w ~ (q - 8) * scale + zero with
@@ -89,6 +89,9 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.scheme, self.group = scheme, group
         self.out_features, self.in_features = out_features, in_features
+        if scheme == "int8" and packed.numel() and int(packed.min()) < -127:
+            # the int8-activation kernels' sign trick negates weights: -128 has no int8 negation
+            raise ValueError("int8 weights must lie in [-127, 127] (quantize with quant._int8)")
         self.register_buffer("packed", packed, persistent=False)  # int8 [N, K] / uint8 [N_pad, K / 2]
         self.register_buffer("scales", scales, persistent=False)  # [N] / [K / group, N_pad, 2]
         self.bias = bias
@@ -141,17 +144,17 @@ class QuantLinear(nn.Module):
             self._scales_as[dtype] = self.scales.to(dtype)
         return self._scales_as[dtype]
 
-    def forward(self, x: torch.Tensor, int16: bool | None = None) -> torch.Tensor:
-        """int16: on completiond's int8 kernel, round the activations to int16 first (None: where
-        measured faster on this CPU, cpu_kernel.int16_activations)."""
+    def forward(self, x: torch.Tensor, activations: str | None = None) -> torch.Tensor:
+        """activations: on completiond's int8 kernel, "float32", or round them to "int16" or "int8"
+        first (None: this process's choice, cpu_kernel.activations)."""
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).contiguous()  # the kernels take 2-D inputs only
         dense = bulk_dtype(x2) if self.scheme == "int8" else None
         if dense is not None:
             y = dequantized_mm(x2, self.packed, self._scales(dense), dense)
         elif self.scheme == "int8" and x2.device.type == "cpu" and cpu_kernel.enabled():
-            y = cpu_kernel.int8_mm(x2, self.packed, self._scales(torch.float32),
-                                   int16=cpu_kernel.int16_activations() if int16 is None else int16)
+            kind = cpu_kernel.kind() if activations is None else cpu_kernel.kind_of(activations)
+            y = cpu_kernel.int8_mm(x2, self.packed, self._scales(torch.float32), kind=kind)
         elif self.scheme == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x2, self.packed, self._scales(x.dtype))
         else:
@@ -374,7 +377,7 @@ def exact_head_logits(head: QuantLinear, hidden: torch.Tensor, max_share: float 
     if head.full_weight is None:
         raise ValueError("exact_head_logits needs the full-precision output layer: quantize(..., full_head=True)")
     w = head.full_weight
-    low = head(hidden, int16=False).float()  # [n, V]; head_bound covers the weights' error only
+    low = head(hidden, activations="float32").float()  # [n, V]; head_bound covers the weights' error only
     cols = _can_win(low, head_bound(head, hidden, low))
     head.exact_calls += 1
     if len(cols) > max_share * head.out_features:

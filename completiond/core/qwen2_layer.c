@@ -7,31 +7,13 @@
 // row, and a query attends over its visible keys only, in slot order (softmax sum and value sum in
 // that order). A tree node therefore sees exactly the keys, in the same order, that the same token
 // sees in a one-token pass once its ancestors are committed, and gets bit-identical outputs.
-#include <immintrin.h>
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-void completiond_int8_mm(const float *x, const int8_t *w, const float *scale, float *y, int64_t M,
-                         int64_t K, int64_t N, int threads);
-void completiond_int8_mm_a16(const float *x, const int8_t *w, const float *scale, float *y, int64_t M,
-                             int64_t K, int64_t N, int threads);
+#include "completiond_kernels.h"
 
-// The layer's matmuls: float32 activations (int8_mm.c) or rounded to int16 (a16_mm.c), whichever
-// cpu_kernel measured faster here (int16_activations); one choice for every pass, so trees and
-// single tokens agree.
-static void matmul(int a16, const float *x, const int8_t *w, const float *scale, float *y, int64_t M, int64_t K,
-                   int64_t N, int threads) {
-    (a16 ? completiond_int8_mm_a16 : completiond_int8_mm)(x, w, scale, y, M, K, N, threads);
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#define hsum8 completiond_hsum8
 
 // e^x, 8 lanes (Cephes' expf: 2^n times a degree-7 polynomial; ~1 ulp), x clamped to [-87, 88].
 static inline __m256 exp8(__m256 x) {
@@ -231,7 +213,8 @@ int64_t completiond_qwen2_work(int64_t n, int64_t H, int64_t inter, int64_t head
 // (kv_heads d each), bqkv their biases; wgu's rows are gate (inter) then up (inter).
 // Cache: kc / vc [kv_heads, cap, d] (bf16 when kv_bf16, else float32); this pass's rows go to slots
 // [begin, begin + n) and row r attends to slots t < keys where mask[r * keys + t].
-// cos / sin: [n, d] at the rows' positions. a16: the matmuls round activations to int16 (matmul).
+// cos / sin: [n, d] at the rows' positions. kind: the matmuls' completiond_mm_kind, the one cpu_kernel
+// chose for this process (one choice for every pass, so trees and single tokens agree).
 void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_norm,
                              const float *post_norm, float eps, const int8_t *wqkv,
                              const float *sqkv, const float *bqkv, const int8_t *wo,
@@ -239,13 +222,13 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
                              const int8_t *wd, const float *sd, const float *cos,
                              const float *sin, void *kc, void *vc, int kv_bf16, int64_t cap,
                              int64_t begin, int64_t keys, const uint8_t *mask, int64_t heads,
-                             int64_t kv_heads, int64_t d, float scale, float *work, int a16, int threads) {
+                             int64_t kv_heads, int64_t d, float scale, float *work, int kind, int threads) {
     int64_t nq = heads * d, nkv = kv_heads * d, nqkv = nq + 2 * nkv, g = heads / kv_heads;
     float *x = work, *y = x + n * max64(H, inter), *a = y + n * max64(nqkv, 2 * inter), *y2 = a + n * nq;
     float *jobs = y2 + n * H;
 
     rms_norm(h, in_norm, x, n, H, eps);
-    matmul(a16, x, wqkv, sqkv, y, n, H, nqkv, threads);
+    completiond_mm(kind, x, wqkv, sqkv, y, n, H, nqkv, threads);
     for (int64_t r = 0; r < n; r++) {
         float *row = y + r * nqkv;
         for (int64_t i = 0; i < nqkv; i++) row[i] += bqkv[i];
@@ -290,17 +273,17 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
         }
         _mm_setcsr(csr);
     }
-    matmul(a16, a, wo, so, y2, n, nq, H, threads);
+    completiond_mm(kind, a, wo, so, y2, n, nq, H, threads);
     for (int64_t i = 0; i < n * H; i++) h[i] += y2[i];
 
     rms_norm(h, post_norm, x, n, H, eps);
-    matmul(a16, x, wgu, sgu, y, n, H, 2 * inter, threads);
+    completiond_mm(kind, x, wgu, sgu, y, n, H, 2 * inter, threads);
     for (int64_t r = 0; r < n; r++) {  // silu(gate) * up = gate * up / (1 + e^-gate)
         float *gate = y + r * 2 * inter, *up = gate + inter, *m = x + r * inter;
         for (int64_t i = 0; i < inter; i++) m[i] = -gate[i];
         exp_inplace(m, inter);
         for (int64_t i = 0; i < inter; i++) m[i] = gate[i] / (1.0f + m[i]) * up[i];
     }
-    matmul(a16, x, wd, sd, y2, n, inter, H, threads);
+    completiond_mm(kind, x, wd, sd, y2, n, inter, H, threads);
     for (int64_t i = 0; i < n * H; i++) h[i] += y2[i];
 }

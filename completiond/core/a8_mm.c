@@ -1,0 +1,250 @@
+// y [M, N] = (x [M, K] . w [N, K]^T) * scale [N] with the activations rounded to int8: per row in
+// blocks of KB along K (xq = round(x / xs) in [-127, 127], xs = block max|x| / 127), u8 x s8 dot
+// products exact in int32, then acc += float(block sums) * xs block by block, a fixed horizontal
+// sum, the channel's scale.
+//
+// Why: a tree pass is bound by arithmetic, and int8 x int8 is the densest this CPU has
+// (AVX512-VNNI vpdpbusd: 64 multiply-adds per instruction, 4x a float FMA's 16; the int16 kernel's
+// vpdpwssd does 32). Batch-invariant like the other kernels: a row's rounding and every (row,
+// channel) sum depend on that row alone.
+//
+// Three ways to the same int32 sums, so every path gives bit-identical outputs (one model on every
+// CPU, and side-by-side runs measure time alone). Lane i of the 8-lane block sums holds the
+// products of bytes 4i..4i+3 of every 32-byte piece of the block:
+// - AVX2: vpmaddubsw(|xq|, sign(w, xq)) (the sign trick: |xq| is a valid u8 and no int16 pair can
+//   saturate, 2 * 127 * 127 < 32767; it needs w != -128, hence weights in [-127, 127]), vpmaddwd
+//   by ones to int32.
+// - AVX512-VNNI: vpdpbusd(w + 128 as u8, xq) over 64 bytes, its 16 lanes folded to 8 (lane i +
+//   lane i + 8) at the block's end; the sums start at -128 * (each lane's sum of xq), computed once
+//   per row and block when the row is rounded, so no weight-side correction is read.
+// - AVX-VNNI: the same with 256-bit vpdpbusd.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "completiond_kernels.h"
+
+#define NB 16   // output channels per thread work item
+#define KB 128  // activations per int8 block (one scale each); a multiple of 64
+
+typedef struct {
+    int8_t *q;      // [M, kp] int8, zero past K
+    float *s;       // [M, nb] block scales
+    int32_t *corr;  // [M, nb, 16] -128 * (sum of xq over each 512-bit lane's bytes), for the u8 x s8 paths
+    int64_t kp, nb;
+} A8Rows;
+
+// Row x [K] -> q [kp], s [nb], corr [nb, 16]. A block holding inf/nan gets scale nan (and zeros), so
+// the outputs it feeds are nan, as float arithmetic would make them.
+static void quantize_row(const float *x, int64_t K, int64_t kp, int8_t *q, float *s, int32_t *corr) {
+    memset(q, 0, kp);
+    for (int64_t k0 = 0, b = 0; k0 < kp; k0 += KB, b++) {
+        int64_t k1 = k0 + KB < K ? k0 + KB : K;
+        float mx = 0.0f;
+        int finite = 1;
+        for (int64_t k = k0; k < k1; k++) {
+            mx = fmaxf(mx, fabsf(x[k]));
+            finite &= isfinite(x[k]) != 0;
+        }
+        int32_t *cb = corr + b * 16;
+        memset(cb, 0, 16 * sizeof(int32_t));
+        if (!finite) {
+            s[b] = NAN;
+            continue;
+        }
+        float sc = mx > 0.0f ? mx / 127.0f : 1.0f;
+        s[b] = sc;
+        for (int64_t k = k0; k < k1; k++) {
+            q[k] = (int8_t)lrintf(x[k] / sc);  // |x / sc| <= 127
+            cb[((k - k0) & 63) >> 2] -= 128 * q[k];
+        }
+    }
+}
+
+// A tail piece of n < `width` weight bytes (the end of K), zero-padded: the activations there are
+// zero, so the padding adds nothing; a copy, since reading past the last row could fault.
+static inline void tail_copy(int8_t *dst, const int8_t *src, int64_t n, int width) {
+    memset(dst, 0, width);
+    memcpy(dst, src, n);
+}
+
+// ---- AVX2: vpmaddubsw with the sign trick ----
+
+// Block b (len activations from k0) for R rows x C channels -> dot [R, C] (8 int32 lanes).
+static inline __attribute__((always_inline)) void block_avx2(int R, int C, const int8_t *q, int64_t kp,
+                                                              const int32_t *corr, int64_t nb, int64_t b,
+                                                              const int8_t *w, int64_t K, int64_t k0, int64_t len,
+                                                              __m256i dot[4][4]) {
+    (void)corr, (void)nb, (void)b;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) dot[r][c] = _mm256_setzero_si256();
+    int64_t j = 0;
+    int8_t tail[4][32];
+    for (; j < len; j += 32) {
+        int64_t k = k0 + j;
+        __m256i wv[4];
+        if (j + 32 <= len) {
+            // the tile's C rows are contiguous (C x K bytes): fetch the tile after next at the same
+            // pace, since rows of under 1 KB are too short for the hardware prefetcher to start
+            if ((k & 63) == 0)
+                for (int c = 0; c < C; c++) _mm_prefetch((const char *)(w + 2 * C * K + k * C + c * 64), _MM_HINT_T0);
+            for (int c = 0; c < C; c++) wv[c] = _mm256_loadu_si256((const __m256i *)(w + c * K + k));
+        } else {
+            for (int c = 0; c < C; c++) {
+                tail_copy(tail[c], w + c * K + k, len - j, 32);
+                wv[c] = _mm256_loadu_si256((const __m256i *)tail[c]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(q + r * kp + k));
+            __m256i ax = _mm256_abs_epi8(xv);
+            for (int c = 0; c < C; c++) {
+                __m256i p = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wv[c], xv));
+                dot[r][c] = _mm256_add_epi32(dot[r][c], _mm256_madd_epi16(p, ones));
+            }
+        }
+    }
+}
+
+#define BLOCK block_avx2
+#define SUFFIX _avx2
+#define RB 4
+#define CB 1
+#define C3 1
+#define C2 2
+#define C1 4
+#include "a8_tiles.h"  // tile_avx2, rows_avx2, mm_avx2
+#undef BLOCK
+#undef SUFFIX
+#undef RB
+#undef CB
+#undef C3
+#undef C2
+#undef C1
+
+// ---- AVX512-VNNI: 512-bit vpdpbusd ----
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vnni")
+static inline __attribute__((always_inline)) void block_vnni512(int R, int C, const int8_t *q, int64_t kp,
+                                                                 const int32_t *corr, int64_t nb, int64_t b,
+                                                                 const int8_t *w, int64_t K, int64_t k0,
+                                                                 int64_t len, __m256i dot[4][4]) {
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    __m512i wide[4][4];
+    for (int r = 0; r < R; r++) {
+        __m512i c0 = _mm512_loadu_si512((const void *)(corr + (r * nb + b) * 16));
+        for (int c = 0; c < C; c++) wide[r][c] = c0;
+    }
+    for (int64_t j = 0; j < len; j += 64) {
+        int64_t k = k0 + j;
+        __m512i wv[4];
+        if (j + 64 <= len) {
+            for (int c = 0; c < C; c++) _mm_prefetch((const char *)(w + 2 * C * K + k * C + c * 64), _MM_HINT_T0);
+            for (int c = 0; c < C; c++)
+                wv[c] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(w + c * K + k)), bias);
+        } else {  // masked-off bytes are not read (no fault past the last row)
+            __mmask64 m = _cvtu64_mask64((1ULL << (len - j)) - 1);
+            for (int c = 0; c < C; c++) wv[c] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, w + c * K + k), bias);
+        }
+        for (int r = 0; r < R; r++) {
+            __m512i xv = _mm512_loadu_si512((const void *)(q + r * kp + k));
+            for (int c = 0; c < C; c++) wide[r][c] = _mm512_dpbusd_epi32(wide[r][c], wv[c], xv);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            dot[r][c] = _mm256_add_epi32(_mm512_castsi512_si256(wide[r][c]), _mm512_extracti64x4_epi64(wide[r][c], 1));
+}
+
+#define BLOCK block_vnni512
+#define SUFFIX _vnni512
+#define RB 4
+#define CB 3
+#define C3 4
+#define C2 4
+#define C1 4
+#include "a8_tiles.h"  // tile_vnni512, rows_vnni512, mm_vnni512
+#undef BLOCK
+#undef SUFFIX
+#undef RB
+#undef CB
+#undef C3
+#undef C2
+#undef C1
+#pragma GCC pop_options
+
+// ---- AVX-VNNI: 256-bit vpdpbusd ----
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avxvnni")
+static inline __attribute__((always_inline)) void block_avxvnni(int R, int C, const int8_t *q, int64_t kp,
+                                                                 const int32_t *corr, int64_t nb, int64_t b,
+                                                                 const int8_t *w, int64_t K, int64_t k0,
+                                                                 int64_t len, __m256i dot[4][4]) {
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    for (int r = 0; r < R; r++) {
+        const int32_t *cr = corr + (r * nb + b) * 16;
+        __m256i c0 = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)cr),
+                                      _mm256_loadu_si256((const __m256i *)(cr + 8)));
+        for (int c = 0; c < C; c++) dot[r][c] = c0;
+    }
+    int8_t tail[4][32];
+    for (int64_t j = 0; j < len; j += 32) {
+        int64_t k = k0 + j;
+        __m256i wv[4];
+        if (j + 32 <= len) {
+            if ((k & 63) == 0)
+                for (int c = 0; c < C; c++) _mm_prefetch((const char *)(w + 2 * C * K + k * C + c * 64), _MM_HINT_T0);
+            for (int c = 0; c < C; c++)
+                wv[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + c * K + k)), bias);
+        } else {
+            for (int c = 0; c < C; c++) {
+                tail_copy(tail[c], w + c * K + k, len - j, 32);
+                wv[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)tail[c]), bias);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(q + r * kp + k));
+            for (int c = 0; c < C; c++) dot[r][c] = _mm256_dpbusd_avx_epi32(dot[r][c], wv[c], xv);
+        }
+    }
+}
+
+#define BLOCK block_avxvnni
+#define SUFFIX _avxvnni
+#define RB 4
+#define CB 2
+#define C3 2
+#define C2 2
+#define C1 4
+#include "a8_tiles.h"  // tile_avxvnni, rows_avxvnni, mm_avxvnni
+#undef BLOCK
+#undef SUFFIX
+#undef RB
+#undef CB
+#undef C3
+#undef C2
+#undef C1
+#pragma GCC pop_options
+
+void completiond_mm_a8(int sums, const float *x, const int8_t *w, const float *scale, float *y, int64_t M,
+                       int64_t K, int64_t N, int threads) {
+    A8Rows a;
+    a.nb = (K + KB - 1) / KB;
+    a.kp = a.nb * KB;
+    a.q = malloc(M * a.kp + 64);
+    a.s = malloc(sizeof(float) * M * a.nb);
+    a.corr = malloc(sizeof(int32_t) * M * a.nb * 16);
+#pragma omp parallel for schedule(static) num_threads(threads) if (M * K >= 32768)
+    for (int64_t m = 0; m < M; m++)
+        quantize_row(x + m * K, K, a.kp, a.q + m * a.kp, a.s + m * a.nb, a.corr + m * a.nb * 16);
+    if (sums == 1)
+        mm_vnni512(&a, w, scale, y, M, K, N, threads);
+    else if (sums == 2)
+        mm_avxvnni(&a, w, scale, y, M, K, N, threads);
+    else
+        mm_avx2(&a, w, scale, y, M, K, N, threads);
+    free(a.q);
+    free(a.s);
+    free(a.corr);
+}

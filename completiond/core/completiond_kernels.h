@@ -1,0 +1,69 @@
+// completiond's C kernels: the one place their exported functions are declared (cpu_kernel.py's
+// ctypes signatures are checked against this file by tests/test_cpu_kernel.py), the matmul kinds,
+// and the small SIMD helpers the sources share.
+//
+// Every kernel here is batch-invariant: a row's outputs depend on that row alone, whatever other
+// rows share the call and whatever the thread count, so a tree node's logits are bit-identical to
+// the same token's in a one-token pass (greedy speculation stays identical to plain decoding).
+#ifndef COMPLETIOND_KERNELS_H
+#define COMPLETIOND_KERNELS_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+// y [M, N] = (x [M, K] . w [N, K]^T) * scale [N]: how the activations x (float32 in memory) meet
+// the int8 weights w (per-output-channel scales; in [-127, 127], as quant._int8 makes them).
+enum completiond_mm_kind {
+    COMPLETIOND_MM_F32 = 0,          // float32 products (int8_mm.c; AVX2 + FMA)
+    COMPLETIOND_MM_A16 = 1,          // rounded to int16 per block of 128, vpmaddwd (a16_mm.c; AVX2)
+    COMPLETIOND_MM_A16_VNNI512 = 2,  // the same bits as A16, int32 sums on AVX512-VNNI vpdpwssd
+    COMPLETIOND_MM_A8 = 3,           // rounded to int8 per block (a8_mm.c), vpmaddubsw (AVX2)
+    COMPLETIOND_MM_A8_VNNI512 = 4,   // the same bits as A8, vpdpbusd on AVX512-VNNI
+    COMPLETIOND_MM_A8_AVXVNNI = 5,   // the same bits as A8, vpdpbusd on AVX-VNNI (256-bit)
+    COMPLETIOND_MM_KINDS = 6,
+};
+
+// ---- exported (ctypes) ----
+
+// 1 where this CPU runs `kind` (its instructions are present), else 0.
+int completiond_mm_supported(int kind);
+
+// The matmul above; returns 0, or -1 for a kind this CPU does not run (nothing written then).
+int completiond_mm(int kind, const float *x, const int8_t *w, const float *scale, float *y, int64_t M,
+                   int64_t K, int64_t N, int threads);
+
+// Floats of scratch completiond_qwen2_layer needs for n rows and `keys` cache slots.
+int64_t completiond_qwen2_work(int64_t n, int64_t H, int64_t inter, int64_t heads, int64_t kv_heads,
+                               int64_t d, int64_t keys, int threads);
+
+// One Qwen2 decoder layer on h [n, H] in place (qwen2_layer.c says what each argument is); its
+// matmuls run `kind` (one of completiond_mm_kind, supported here).
+void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_norm, const float *post_norm,
+                             float eps, const int8_t *wqkv, const float *sqkv, const float *bqkv,
+                             const int8_t *wo, const float *so, const int8_t *wgu, const float *sgu,
+                             int64_t inter, const int8_t *wd, const float *sd, const float *cos,
+                             const float *sin, void *kc, void *vc, int kv_bf16, int64_t cap, int64_t begin,
+                             int64_t keys, const uint8_t *mask, int64_t heads, int64_t kv_heads, int64_t d,
+                             float scale, float *work, int kind, int threads);
+
+// ---- internal: shared by the sources, not exported ----
+#define COMPLETIOND_HIDDEN __attribute__((visibility("hidden")))
+
+COMPLETIOND_HIDDEN void completiond_mm_f32(const float *x, const int8_t *w, const float *scale, float *y,
+                                           int64_t M, int64_t K, int64_t N, int threads);
+COMPLETIOND_HIDDEN void completiond_mm_a16(int wide, const float *x, const int8_t *w, const float *scale,
+                                           float *y, int64_t M, int64_t K, int64_t N, int threads);
+// sums: 0 AVX2, 1 AVX512-VNNI, 2 AVX-VNNI
+COMPLETIOND_HIDDEN void completiond_mm_a8(int sums, const float *x, const int8_t *w, const float *scale,
+                                          float *y, int64_t M, int64_t K, int64_t N, int threads);
+
+// The sum of 8 float lanes in a fixed order (every kernel's final reduction: the same bits for a
+// (row, channel) whichever tile computed it).
+static inline float completiond_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#endif
