@@ -79,7 +79,8 @@ def related_files(path: str, text: str, open_buffers: Iterable[tuple[str, str]],
     for name in wanted:
         hit = by_module.get(name)
         if hit and hit[0] not in taken and len(out) < MAX_FILES:
-            data = read_regular(hit[1], 4 * MAX_CHARS, head=True)  # not a FIFO swapped in since indexing: it would block
+            # not a FIFO swapped in since it was indexed: reading one would block the engine thread
+            data = read_regular(hit[1], 4 * MAX_CHARS, head=True)
             if data is None:
                 continue
             body = data.decode("utf-8", errors="replace")[:MAX_CHARS]

@@ -4,8 +4,9 @@ Skipped: .git and other VCS dirs, virtualenvs (named ones and any dir holding a 
 node_modules, build caches, anything .gitignore matches, binary files (a NUL byte or not UTF-8) and
 files over the size cap. Every file read (sources and .gitignore) is a regular file inside its root,
 size-capped, opened so that a FIFO, device or socket can never block the reader (files.read_regular);
-a .gitignore symlinked out of the root is not read. A root indexes at most `max_files` files / `max_bytes` bytes and watches at
-most `max_dirs` directories; what is left out is said in `WorkspaceWatcher.capped`.
+a .gitignore symlinked out of the root is not read. A root indexes at most `max_files` files /
+`max_bytes` bytes and watches at most `max_dirs` directories; what is left out is said in
+`WorkspaceWatcher.capped`.
 
 `WorkspaceWatcher` (watchdog) puts one non-recursive watch on each included directory, so an excluded
 tree (a virtualenv, node_modules) costs no inotify watch and sends no events. Structural changes
