@@ -205,10 +205,22 @@ def complete_via_daemon(a: argparse.Namespace, text: str, offset: int, path: Pat
     return {**res, **{k: info.get(k) for k in keys}, "daemon": str(sock)}
 
 
+def _check_cache() -> None:
+    """The cache folders are private to this user (created 0700), or one line and exit 2."""
+    from .cache_dir import UnsafeDirError, check_cache
+
+    try:
+        check_cache()
+    except UnsafeDirError as e:
+        raise UsageError(str(e)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         args = build_parser().parse_args(argv)
+        if args.command not in ("status", "stop"):  # they read no cache; the rest may load code from it
+            _check_cache()
         if args.command == "complete":
             return cmd_complete(args)
         return args.func(args)

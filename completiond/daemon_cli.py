@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -201,6 +202,37 @@ def _ask(a: argparse.Namespace, method: str) -> tuple[bool, object]:
     except (ConnectionError, OSError) as e:
         print(f"completiond: cannot talk to the daemon on {sock}: {e}", file=sys.stderr)
     return False, None
+
+
+async def wait_ready(sock: Path, proc: subprocess.Popen | None = None, timeout: float = 900.0,
+                     poll_s: float = 0.2) -> dict:
+    """Until the daemon on `sock` says `state: ready`; its status then. What every tool that starts a
+    daemon waits for: the socket is up (and `status` answers, with `state: loading` and no
+    `scheduler`) long before the models are in. RuntimeError when loading failed or `proc` exited,
+    TimeoutError after `timeout` s."""
+    from .service.client import Client, DaemonError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the daemon on {sock} exited with status {proc.returncode} before it was ready")
+        st = None
+        try:
+            c = await asyncio.wait_for(Client.connect(sock), 30)
+            try:
+                st = await c.request("status", {}, timeout=30)
+            finally:
+                await c.close()
+        except (OSError, ConnectionError, DaemonError, asyncio.TimeoutError):  # not bound yet, or busy
+            pass
+        if st and st.get("state") == "ready":
+            return st
+        if st and st.get("state") == "failed":
+            raise RuntimeError(f"the daemon on {sock} failed to load: {st.get('error')}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the daemon on {sock} was not ready within {timeout:g} s"
+                               + (f" ({st.get('phase')})" if st else ""))
+        await asyncio.sleep(poll_s)
 
 
 def cmd_status(a: argparse.Namespace) -> int:

@@ -207,7 +207,8 @@ def test_build_is_cached_and_safe_from_two_processes(tmp_path):
     outs = [p.communicate(timeout=300)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs) and outs[0] == outs[1]
     built = [f for f in os.listdir(tmp_path)]
-    assert built == [os.path.basename(outs[0])]  # no temporary left behind
+    name = os.path.basename(outs[0])
+    assert sorted(built) == [name, name + ".sha256"]  # the library and its digest; no temporary left behind
     mtime = os.stat(outs[0]).st_mtime_ns
     assert str(cpu_kernel.build(tmp_path)) == outs[0] and os.stat(outs[0]).st_mtime_ns == mtime
 

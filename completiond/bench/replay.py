@@ -17,10 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..daemon_cli import wait_ready
 from ..service.client import Client
 from .repo import Position, read_text_file
 
 CHAR_INTERVAL_S = 0.12  # ~100 words per minute
+READY_TIMEOUT_S = 900.0  # a first start converts the model (minutes on 2 cores)
 
 
 async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: bool, max_tokens: int,
@@ -100,29 +102,31 @@ async def _accept(client: Client, uri: str, version: int, line: int, col: int, s
 
 
 def replay(a, root: Path, positions: list[Position]) -> dict:
-    """Start a daemon with the bench's model flags, replay the lines twice (reuse on / off)."""
+    """Start a daemon with the bench's model flags, wait until it is ready (not only bound: a loading
+    daemon's status has no scheduler yet), replay the lines twice (reuse on / off)."""
     with tempfile.TemporaryDirectory() as tmp:
         sock = Path(tmp) / "bench.sock"
         cmd = [sys.executable, "-m", "completiond", "serve", "--socket", str(sock), "--target", a.target,
                "--draft", a.draft, "--dtype", a.dtype, "--device", a.device, "--log-level", "WARNING"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+        log = open(Path(tmp) / "daemon.log", "wb")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
         try:
-            deadline = time.time() + 600
-            while not sock.exists():
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("the benchmark daemon did not start")
-                time.sleep(0.2)
-            return asyncio.run(_replay(sock, positions, a.max_tokens))
+            return asyncio.run(_replay(sock, positions, a.max_tokens, proc))
+        except (RuntimeError, TimeoutError) as e:  # the daemon's own last words say why
+            tail = (Path(tmp) / "daemon.log").read_text(errors="replace").strip().splitlines()[-3:]
+            raise RuntimeError(f"the benchmark daemon: {e}" + (f" ({' / '.join(tail)})" if tail else "")) from None
         finally:
             proc.terminate()
             proc.wait(timeout=60)
+            log.close()
 
 
 def _p(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 1) if xs else None
 
 
-async def _replay(sock: Path, positions: list[Position], max_tokens: int) -> dict:
+async def _replay(sock: Path, positions: list[Position], max_tokens: int, proc: subprocess.Popen) -> dict:
+    await wait_ready(sock, proc, READY_TIMEOUT_S)
     client = await Client.connect(sock)
     await client.request("initialize", {"client": "bench", "protocol": 1})
     deadline = time.time() + 600

@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
+from ..files import read_regular
 from .prompt import ContextFile
 
 IMPORT = re.compile(r"^\s*(?:from\s+([.\w]+)\s+import|import\s+([.\w]+))", re.M)
@@ -78,10 +79,11 @@ def related_files(path: str, text: str, open_buffers: Iterable[tuple[str, str]],
     for name in wanted:
         hit = by_module.get(name)
         if hit and hit[0] not in taken and len(out) < MAX_FILES:
-            try:
-                body = hit[1].read_text(encoding="utf-8", errors="replace")[:MAX_CHARS]
-            except OSError:
+            # not a FIFO swapped in since it was indexed: reading one would block the engine thread
+            data = read_regular(hit[1], 4 * MAX_CHARS, head=True)
+            if data is None:
                 continue
+            body = data.decode("utf-8", errors="replace")[:MAX_CHARS]
             out.append(ContextFile(hit[0], body))
             taken.add(hit[0])
     return out

@@ -45,7 +45,8 @@ from typing import Callable
 import torch
 
 from ..models.device import calibrated, cpu_flags, cpu_key
-from ..paths import cache_root
+from .. import cache_dir
+from ..paths import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -88,33 +89,48 @@ def _compiler() -> str | None:
 
 def build(out_dir: Path | None = None) -> Path:
     """Compile int8_mm.c and qwen2_layer.c into one library (once per sources, flags and compiler)
-    and return its path."""
+    and return its path: one this user's process built (cache_dir.verified), in a private folder."""
     cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler (gcc or cc) on PATH")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     texts = (src.read_text() for src in SOURCES + HEADERS)
     key = hashlib.sha1("\0".join([*texts, *FLAGS, version]).encode()).hexdigest()[:16]
-    folder = out_dir or cache_root() / "kernels"
-    so = folder / f"int8_mm-{key}.so"
-    if so.exists():
-        return so
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{so.name}.{os.getpid()}.tmp"
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", str(tmp), *map(str, SOURCES)], capture_output=True, text=True,
-                              timeout=300)
-        if done.returncode != 0:
-            raise RuntimeError(f"{cc} failed on {', '.join(s.name for s in SOURCES)}: {done.stderr.strip()[-500:]}")
-        os.replace(tmp, so)  # atomic: a second process building at once replaces it with the same bytes
-    finally:
-        tmp.unlink(missing_ok=True)
+        folder = private_dir(out_dir, "kernel folder") if out_dir else cache_dir.checked("kernels")
+    except cache_dir.UnsafeDirError as e:
+        raise RuntimeError(str(e)) from None
+    so = folder / f"int8_mm-{key}.so"
+    with cache_dir.locked(folder):  # one build at a time; the second finds the first's, recorded
+        if (why := cache_dir.verified(so)) is None:
+            return so
+        if os.path.lexists(so):
+            log.warning("not loading %s: %s; rebuilding it", so, why)
+        tmp = folder / f".{so.name}.{os.getpid()}.tmp"
+        try:
+            done = subprocess.run([cc, *FLAGS, "-o", str(tmp), *map(str, SOURCES)], capture_output=True, text=True,
+                                  timeout=300)
+            if done.returncode != 0:
+                raise RuntimeError(f"{cc} failed on {', '.join(s.name for s in SOURCES)}: {done.stderr.strip()[-500:]}")
+            os.chmod(tmp, 0o700)
+            os.replace(tmp, so)  # atomic: a process loading meanwhile sees the old file or this one
+            cache_dir.record(so)
+        finally:
+            tmp.unlink(missing_ok=True)
     return so
 
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The loaded kernel, or None (torch's kernel runs instead; the reason is logged once)."""
+    """The loaded kernel, or None (torch's kernel runs instead; the reason is logged once, one line)."""
+    try:
+        return _library()
+    except (AttributeError, ValueError, TypeError) as e:  # loaded, but not this kernel: a symbol is missing
+        log.warning("completiond's int8 kernel is not usable (%s); using torch's", e)
+        return None
+
+
+def _library() -> ctypes.CDLL | None:
     if not wanted():
         return None
     try:

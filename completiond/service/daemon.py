@@ -28,7 +28,7 @@ from ..core.index import TokenIndex
 from ..core.scheduler import Scheduler
 from .session import Job, Session
 from .warmup import WARM_AFTER_S, Warmer, cursor_after
-from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, bind_unix, drain, read_frames, remove_own
+from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, WAITING_GRACE_S, bind_unix, drain, read_frames, remove_own
 from .workspace import WorkspaceWatcher
 
 if TYPE_CHECKING:  # torch is imported by the loader, after the socket is up
@@ -77,6 +77,8 @@ class Daemon:
         self.error: str | None = None  # why loading failed; the daemon then exits
         self._calibration_saved = time.time()
         self.sessions: dict[int, Session] = {}
+        self._arrived: dict[int, float] = {}  # TCP session id -> loop time it connected (the waiting room)
+        self._trim_timer: asyncio.TimerHandle | None = None
         self._next_session = 0
         self.served = 0
         self.started = time.time()
@@ -137,11 +139,10 @@ class Daemon:
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tcp: bool) -> None:
         self._next_session += 1
         s = Session(self._next_session, writer, authed=not tcp, tcp=tcp)
-        if tcp and sum(not c.authed for c in self.sessions.values()) >= MAX_PENDING_AUTH:
-            s.send(P.response(None, P.RpcError(P.INVALID_REQUEST, "too many connections waiting to authenticate")))
-            _close(writer)
-            return
         self.sessions[s.id] = s
+        if tcp:
+            self._arrived[s.id] = asyncio.get_running_loop().time()
+            self._trim_waiting_room()
         try:
             await read_frames(reader, s, self.dispatch, self.max_frame_bytes, self.auth_timeout)
         except (ConnectionError, OSError, asyncio.CancelledError):  # cancelled: the daemon is stopping
@@ -150,8 +151,29 @@ class Daemon:
             self.drop(s)
             _close(writer)
 
+    def _trim_waiting_room(self, timer: bool = False) -> None:
+        """Over MAX_PENDING_AUTH TCP connections waiting to authenticate: drop the oldest, never the
+        newcomer (idle connections must not lock out a client with the token). A connection younger
+        than WAITING_GRACE_S is kept a moment longer: its initialize may be read but not yet handled."""
+        if timer:
+            self._trim_timer = None
+        waiting = [c for c in self.sessions.values() if not c.authed and not c.closed]  # oldest first
+        excess = len(waiting) - MAX_PENDING_AUTH
+        if excess <= 0:
+            return
+        now = asyncio.get_running_loop().time()
+        old = [c for c in waiting if now - self._arrived.get(c.id, now) >= WAITING_GRACE_S][:excess]
+        for c in old:
+            c.send(P.response(None, P.RpcError(P.INVALID_REQUEST, "too many connections waiting to authenticate: "
+                                                                  "dropping the oldest")))
+            c.closed = True
+            _close(c.writer)
+        if len(old) < excess and self._trim_timer is None:  # the young ones, once they are old enough
+            self._trim_timer = asyncio.get_running_loop().call_later(WAITING_GRACE_S, self._trim_waiting_room, True)
+
     def drop(self, s: Session) -> None:
         """A client went away: cancel its work and forget its documents."""
+        self._arrived.pop(s.id, None)
         s.cancel_all()
         self.warmer.forget(s)
         for uri in s.docs:

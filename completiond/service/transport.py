@@ -20,12 +20,14 @@ from pathlib import Path
 
 import msgpack
 
+from ..paths import UnsafeDirError, private_dir
 from . import protocol as P
 from .session import Session
 
 log = logging.getLogger("completiond.daemon")
 AUTH_TIMEOUT_S = 5.0  # a TCP peer has this long to send a valid initialize
-MAX_PENDING_AUTH = 16  # unauthenticated TCP connections held at once
+MAX_PENDING_AUTH = 16  # unauthenticated TCP connections held at once (beyond it the oldest are dropped)
+WAITING_GRACE_S = 0.2  # a new TCP connection has this long to have its initialize handled before it may be dropped
 MAX_AUTH_BYTES = 256 * 1024  # bytes a TCP peer may send before it is authenticated
 
 
@@ -64,12 +66,10 @@ class SocketLock:
 def claim(path: Path) -> SocketLock:
     """Make the private directory, take the path's lock, clear a stale socket; before any model loads."""
     d = path.parent
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = d.stat()
-    if st.st_uid != os.getuid():
-        raise StartError(f"socket directory {d} belongs to another user")
-    if st.st_mode & 0o077 and d.name in ("completiond", f"completiond-{os.getuid()}"):
-        os.chmod(d, 0o700)  # our own directory: keep it private
+    try:  # our own directory is made private; another one must already be (the cache gets the same check)
+        private_dir(d, "socket directory", tighten=d.name in ("completiond", f"completiond-{os.getuid()}"))
+    except UnsafeDirError as e:
+        raise StartError(str(e)) from None
     _socket_or_nothing(path)  # before the lock file appears next to, say, a user's regular file
     lock = SocketLock(path)
     lock.acquire()

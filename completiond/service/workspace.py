@@ -2,8 +2,11 @@
 
 Skipped: .git and other VCS dirs, virtualenvs (named ones and any dir holding a `pyvenv.cfg`),
 node_modules, build caches, anything .gitignore matches, binary files (a NUL byte or not UTF-8) and
-files over the size cap. A root indexes at most `max_files` files / `max_bytes` bytes and watches at
-most `max_dirs` directories; what is left out is said in `WorkspaceWatcher.capped`.
+files over the size cap. Every file read (sources and .gitignore) is a regular file inside its root,
+size-capped, opened so that a FIFO, device or socket can never block the reader (files.read_regular);
+a .gitignore symlinked out of the root is not read. A root indexes at most `max_files` files /
+`max_bytes` bytes and watches at most `max_dirs` directories; what is left out is said in
+`WorkspaceWatcher.capped`.
 
 `WorkspaceWatcher` (watchdog) puts one non-recursive watch on each included directory, so an excluded
 tree (a virtualenv, node_modules) costs no inotify watch and sends no events. Structural changes
@@ -22,6 +25,7 @@ from pathlib import Path
 import pathspec
 
 from ..core.index import TokenIndex
+from ..files import read_regular
 
 log = logging.getLogger(__name__)
 
@@ -29,19 +33,19 @@ SKIP_DIRS = {".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "ven
              ".mypy_cache", ".pytest_cache", ".ruff_cache", ".idea", ".vscode", "build", "dist", ".eggs",
              "site-packages", ".cache"}
 MAX_FILE_BYTES = 512 * 1024
+MAX_GITIGNORE_BYTES = 256 * 1024
 MAX_FILES = 5000  # per root
 MAX_ROOT_BYTES = 32 * 1024 * 1024  # per root: tokenizing more would hold start-up for minutes
 MAX_DIRS = 1000  # watched directories per root: each is one inotify watch and one watchdog thread
 STRUCTURE_FILES = {".gitignore", "pyvenv.cfg"}  # a change to one of these re-walks the root
 
 
-def read_text_file(path: Path, max_bytes: int = MAX_FILE_BYTES) -> str | None:
-    """The file's text, or None for binary, non-UTF-8, oversized or unreadable files."""
-    try:
-        if not path.is_file() or path.stat().st_size > max_bytes:
-            return None
-        data = path.read_bytes()
-    except OSError:
+def read_text_file(path: Path, max_bytes: int = MAX_FILE_BYTES, root: Path | None = None) -> str | None:
+    """The file's text, or None for binary, non-UTF-8, oversized or unreadable files, and for
+    anything but a regular file (a FIFO would block the reader forever) or, given `root`
+    (resolved), a file whose real path is outside it (files.read_regular)."""
+    data = read_regular(path, max_bytes, root)
+    if data is None:
         return None
     if b"\0" in data[:8192]:
         return None
@@ -56,16 +60,21 @@ class Ignore:
 
     def __init__(self, root: Path):
         self.root = root
+        self.real_root = root.resolve()
         self.specs: dict[Path, pathspec.GitIgnoreSpec] = {}
         self.load(root / ".gitignore")
 
     def load(self, gitignore: Path) -> None:
-        try:
-            lines = gitignore.read_text(errors="replace").splitlines()
-        except OSError:
+        """Read a .gitignore: a regular file inside the root (a symlink out of it, a FIFO, one over
+        MAX_GITIGNORE_BYTES count as no .gitignore); never blocks."""
+        data = read_regular(gitignore, MAX_GITIGNORE_BYTES, self.real_root)
+        if data is None:
+            if os.path.lexists(gitignore):
+                log.info("not reading %s (not a regular file inside the root, or over %d bytes)", gitignore,
+                         MAX_GITIGNORE_BYTES)
             self.specs.pop(gitignore.parent, None)
             return
-        self.specs[gitignore.parent] = pathspec.GitIgnoreSpec.from_lines(lines)
+        self.specs[gitignore.parent] = pathspec.GitIgnoreSpec.from_lines(data.decode(errors="replace").splitlines())
 
     def skip(self, path: Path, is_dir: bool = False) -> bool:
         try:
@@ -135,8 +144,8 @@ def _size(path: Path) -> int:
         return 0
 
 
-def index_file(index: TokenIndex, tokenizer, path: Path) -> bool:
-    text = read_text_file(path)
+def index_file(index: TokenIndex, tokenizer, path: Path, root: Path | None = None) -> bool:
+    text = read_text_file(path, root=root)
     if text is None:
         index.remove_file(str(path))
         return False
@@ -148,13 +157,14 @@ def index_workspace(index: TokenIndex, tokenizer, root: Path, exclude: set[Path]
                     max_files: int = MAX_FILES, max_bytes: int = MAX_ROOT_BYTES) -> int:
     """Tokenize eligible files under root into the index, up to the caps; returns how many were indexed."""
     n = total = 0
-    for p in iter_files(root.resolve(), max_files=max_files):
+    root = root.resolve()
+    for p in iter_files(root, max_files=max_files):
         if exclude and p.resolve() in exclude:
             continue
         total += _size(p)
         if total > max_bytes:
             break
-        n += index_file(index, tokenizer, p)
+        n += index_file(index, tokenizer, p, root)
     index.rebuild()
     return n
 
@@ -301,7 +311,7 @@ class WorkspaceWatcher:
             if len(new) >= self.max_files or total + size > self.max_bytes:
                 over.add(str(p))
                 continue
-            if key in old or index_file(self.index, self.tokenizer, p):
+            if key in old or index_file(self.index, self.tokenizer, p, root):
                 new[key] = size
                 total += size
         for key in old.keys() - new.keys():
@@ -321,7 +331,7 @@ class WorkspaceWatcher:
             if len(indexed) >= self.max_files or sum(indexed.values()) + size > self.max_bytes:
                 self._left_out[root].add(path)
                 eligible = False
-        if eligible and index_file(self.index, self.tokenizer, p):
+        if eligible and index_file(self.index, self.tokenizer, p, root):
             indexed[path] = size
         else:
             self.index.remove_file(path)
