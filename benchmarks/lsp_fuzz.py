@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -58,7 +59,7 @@ def main(a: argparse.Namespace) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="completiond-lsp-fuzz-"))
     sock = tmp / "d.sock"
     cmd = [sys.executable, "-m", "completiond", "serve", "--socket", str(sock), "--target", a.target,
-           "--log-level", "WARNING", *a.serve_args]
+           "--log-level", "WARNING", *shlex.split(a.serve_args)]
     log = open(tmp / "daemon.log", "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     out: dict = {"target": a.target, "messages": a.messages, "seed": a.seed, "cpu": cpu_name(),
@@ -91,7 +92,8 @@ def cli() -> int:
     ap.add_argument("--huge-every", type=int, default=400, help="a document over 4 MiB every N messages (0: none)")
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--answer-timeout", type=float, default=900.0, help="s after the last message")
-    ap.add_argument("--serve-args", nargs="*", default=[], help="more `completiond serve` arguments")
+    ap.add_argument("--serve-args", default="", help="more `completiond serve` arguments, one string: "
+                                                     "--serve-args='--device cpu'")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     out = main(a)
