@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,8 +80,12 @@ def main(a: argparse.Namespace) -> dict:
             proc.wait(timeout=60)
         log.close()
         out["daemon_exit"] = proc.returncode
-    out["ok"] = (not out.get("error") and out.get("answered") == out.get("requests") and out.get("server_alive")
-                 and out.get("daemon_alive") and out.get("internal_errors") == 0 and out["after"]["ok"])
+    out["ok"] = bool(not out.get("error") and out.get("answered") == out.get("requests") and out.get("server_alive")
+                     and out.get("daemon_alive") and out.get("internal_errors") == 0 and out.get("after", {}).get("ok"))
+    if out["ok"]:
+        shutil.rmtree(tmp, ignore_errors=True)  # the logs stay only when something went wrong
+    else:
+        out["logs"] = str(tmp)
     return out
 
 
