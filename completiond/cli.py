@@ -1,4 +1,4 @@
-"""Command line: `completiond complete | serve | status | stop | bench | train-draft`.
+"""Command line: `completiond complete | serve | status | stop | bench | train-draft | setup`.
 
 Bad input (missing file, position out of range, unknown model, bad flag) prints one line on stderr
 and exits with status 2, never a traceback.
@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import daemon_cli
+from . import daemon_cli, setup_cli
 from .bench import cli as bench_cli
 from .draft import cli as draft_cli
 from .flags import EXIT_USAGE, Parser, UsageError, check_model_flags, model_flags
@@ -46,6 +46,7 @@ def build_parser() -> Parser:
     daemon_cli.add_parsers(sub)  # serve / status / stop
     draft_cli.add_parser(sub)
     bench_cli.add_parser(sub)
+    setup_cli.add_parser(sub)  # setup neovim / vscode
     return parser
 
 

@@ -23,6 +23,7 @@ class RawLsp:
         self.responses: dict[Any, dict] = {}
         self.notifications: list[dict] = []
         self.server_requests: list[dict] = []
+        self.arrived: dict[Any, float] = {}  # response id -> loop time it came
         self._waiters: dict[Any, asyncio.Future] = {}
         self._reader = asyncio.create_task(self._read())
         self._next = 10_000_000
@@ -58,6 +59,7 @@ class RawLsp:
                 self.notifications.append(msg)
             else:
                 self.responses[msg.get("id")] = msg
+                self.arrived[msg.get("id")] = asyncio.get_running_loop().time()
                 fut = self._waiters.pop(msg.get("id"), None)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
@@ -122,3 +124,148 @@ def position_params(uri: str, line: Any, character: Any) -> dict:
     """textDocument/inlineCompletion params."""
     return {"textDocument": {"uri": uri}, "position": {"line": line, "character": character},
             "context": {"triggerKind": 1}}
+
+
+# ---- fuzzing the real completiond-lsp (tests/test_editors_truth.py short, benchmarks/lsp_fuzz.py long) ----
+FUZZ_URIS = [f"file:///fuzz/m{i}.py" for i in range(4)] + ["file:///fuzz/caf%C3%A9.py", "untitled:Untitled-1"]
+FUZZ_TEXT = "import os\n\n\ndef add(a, b):\n    return a + b\n\n\nclass A:\n    def f(self):\n        x = 'é😀'\n    "
+JUNK = [None, True, -1, 2**40, 1.5, "x", "", [], {}, [1, "a"], {"a": 1}, "\ud800", "0" * 1000]
+
+
+def _junk(rng: random.Random) -> Any:
+    return rng.choice(JUNK)
+
+
+def _mutate(rng: random.Random, value: Any, depth: int = 0) -> Any:
+    """`value` with one field replaced, dropped or retyped somewhere inside."""
+    if isinstance(value, dict) and value and depth < 4:
+        key = rng.choice(list(value))
+        out = dict(value)
+        roll = rng.random()
+        if roll < 0.2:
+            del out[key]
+        elif roll < 0.6:
+            out[key] = _mutate(rng, value[key], depth + 1)
+        else:
+            out[key] = _junk(rng)
+        return out
+    return _junk(rng) if rng.random() < 0.7 else value
+
+
+def fuzz_messages(n: int, seed: int = 0, huge_every: int = 500, huge_chars: int = 4 * 1024 * 1024 + 17
+                  ) -> list[tuple[str, Any]]:
+    """`n` messages for an initialized completiond-lsp, as ("request", (method, params)),
+    ("notify", (method, params)), ("cancel", k) (cancel the request sent k requests ago) or
+    ("raw", bytes): valid, malformed and out-of-order document updates, completions at good and bad
+    positions, unknown methods, junk params, interleaved cancels, bodies that are no JSON, and a
+    document over the daemon's limit every `huge_every` messages."""
+    rng = random.Random(seed)
+    versions = {u: 0 for u in FUZZ_URIS}
+    out: list[tuple[str, Any]] = []
+    for i in range(n):
+        uri = rng.choice(FUZZ_URIS)
+        roll = rng.random()
+        if huge_every and i % huge_every == huge_every - 1:
+            versions[uri] += 1
+            out.append(("notify", ("textDocument/didOpen", doc_item(uri, "x = 1\n" * (huge_chars // 6 + 1),
+                                                                     versions[uri]))))
+        elif roll < 0.12:
+            versions[uri] += 1
+            out.append(("notify", ("textDocument/didOpen", doc_item(uri, FUZZ_TEXT, versions[uri]))))
+        elif roll < 0.30:
+            # valid, out-of-range, backwards, older-version and malformed edits
+            versions[uri] += 1
+            version = versions[uri] if rng.random() < 0.7 else rng.randint(-3, versions[uri])
+            line, char = rng.randint(0, 14), rng.randint(0, 20)
+            end = {"line": line + rng.randint(-1, 2), "character": rng.randint(0, 30)}
+            change = {"range": {"start": {"line": line, "character": char}, "end": end},
+                      "text": rng.choice(["x", "\n", "", "é😀", "    return ", "def f():\n    "])}
+            if rng.random() < 0.1:
+                change = {"text": FUZZ_TEXT}
+            params = {"textDocument": {"uri": uri, "version": version}, "contentChanges": [change]}
+            out.append(("notify", ("textDocument/didChange", params if rng.random() < 0.85 else _mutate(rng, params))))
+        elif roll < 0.34:
+            out.append(("notify", ("textDocument/didClose", {"textDocument": {"uri": uri}})))
+        elif roll < 0.60:
+            params = position_params(uri, rng.randint(-1, 14), rng.randint(-1, 30))
+            out.append(("request", ("textDocument/inlineCompletion",
+                                    params if rng.random() < 0.6 else _mutate(rng, params))))
+        elif roll < 0.68:
+            out.append(("cancel", rng.randint(0, 3)))
+        elif roll < 0.74:
+            method = rng.choice(["foo/bar", "textDocument/completion", "$/unknown", "completiond/nothing", ""])
+            out.append(("request" if rng.random() < 0.6 else "notify", (method, _junk(rng))))
+        elif roll < 0.80:
+            params = {"textDocument": {"uri": uri}, "range": {"start": {"line": 0, "character": 0},
+                                                             "end": {"line": rng.randint(0, 20), "character": 0}},
+                      "context": {"diagnostics": []}}
+            out.append(("request", ("textDocument/codeAction", params if rng.random() < 0.5 else _mutate(rng, params))))
+        elif roll < 0.85:
+            arg = {"uri": uri, "range": {"start": {"line": 0, "character": 0}, "end": {"line": 1, "character": 0}},
+                   "instruction": "shorter"}
+            out.append(("request", ("workspace/executeCommand",
+                                    {"command": "completiond.rewrite", "arguments": [_mutate(rng, arg)]})))
+        elif roll < 0.91:
+            params = {"textDocument": {"uri": uri}, "position": {"line": rng.randint(0, 14), "character": 0}}
+            out.append(("notify", ("completiond/cursor", params if rng.random() < 0.5 else _mutate(rng, params))))
+        elif roll < 0.95:
+            out.append(("notify", ("workspace/didChangeConfiguration",
+                                   {"settings": {"completiond": {"maxTokens": rng.choice([4, 8, -1, "x", 10**9]),
+                                                                 "debounceMs": rng.choice([0, -5, "y"])}}})))
+        elif roll < 0.98:
+            out.append(("request", ("initialize", {"processId": None, "capabilities": {}})))  # a second one
+        else:
+            out.append(("raw", rng.choice([b"{not json", b"[]", b'{"jsonrpc": "2.0"}', b"\xff\xfe", b"null"])))
+    return out
+
+
+async def run_fuzz(lsp: RawLsp, messages: list[tuple[str, Any]], answer_timeout: float = 300.0,
+                   pace_s: float = 0.0) -> dict:
+    """Send `messages`; every request must be answered (result or error) within `answer_timeout` of
+    the last one sent. Returns counts, error codes, unanswered ids and answer latencies."""
+    loop = asyncio.get_running_loop()
+    sent: dict[Any, tuple[str, float]] = {}
+    order: list[Any] = []
+    kinds: dict[str, int] = {}
+    for kind, body in messages:
+        kinds[kind] = kinds.get(kind, 0) + 1
+        if kind == "request":
+            method, params = body
+            msg_id = lsp.request(method, params)
+            sent[msg_id] = (method, loop.time())
+            order.append(msg_id)
+        elif kind == "notify":
+            lsp.notify(*body)
+        elif kind == "cancel" and order:
+            lsp.notify("$/cancelRequest", {"id": order[max(0, len(order) - 1 - body)]})
+        elif kind == "raw":
+            lsp.send_raw(body)
+        await lsp.proc.stdin.drain()
+        if pace_s:
+            await asyncio.sleep(pace_s)
+    deadline = loop.time() + answer_timeout
+    while loop.time() < deadline and any(i not in lsp.responses for i in sent) and lsp.alive():
+        await asyncio.sleep(0.1)
+    codes: dict[str, int] = {}
+    latencies = []
+    slowest: dict[str, float] = {}
+    for msg_id, (method, t) in sent.items():
+        res = lsp.responses.get(msg_id)
+        if res is None:
+            continue
+        key = "result" if "result" in res else str(res.get("error", {}).get("code"))
+        codes[key] = codes.get(key, 0) + 1
+        latencies.append(lsp.arrived[msg_id] - t)
+        slowest[method] = round(max(slowest.get(method, 0.0), latencies[-1]), 3)
+    unanswered = [(i, sent[i][0]) for i in sent if i not in lsp.responses]
+    return {"messages": len(messages), "kinds": kinds, "requests": len(sent),
+            "answered": len(sent) - len(unanswered), "unanswered": unanswered[:20],
+            "answers": dict(sorted(codes.items())), "server_alive": lsp.alive(), "slowest_s": slowest,
+            "answer_s": {"p50": _pct(latencies, 50), "p99": _pct(latencies, 99), "max": _pct(latencies, 100)}}
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(len(xs) * q / 100))], 3)

@@ -210,3 +210,23 @@ async def test_a_refused_edit_resends_the_whole_document(daemon, tmp_path):
         assert "version 3 is older" in log.read_text()
     finally:
         await lsp.close()
+
+
+async def test_lsp_fuzz_every_request_answered(daemon, tmp_path):
+    """A short run of benchmarks/lsp_fuzz.py's messages (the long one is the benchmark): malformed and
+    out-of-order messages, cancels, unknown methods, documents over the limit; every request gets an
+    answer, none of them an internal error, and the server still completes afterwards."""
+    from lsp_util import fuzz_messages, run_fuzz
+
+    lsp = await RawLsp.start(log_file=tmp_path / "lsp.log")
+    await lsp.initialize(options(daemon, maxTokens=4))
+    try:
+        out = await run_fuzz(lsp, fuzz_messages(300, seed=7, huge_every=150), answer_timeout=240)
+        assert out["unanswered"] == [] and out["answered"] == out["requests"] > 100, out
+        assert "-32603" not in out["answers"] and out["server_alive"], out
+        assert out["answers"].get("-32602", 0) > 20 and out["answers"].get("result", 0) > 5, out
+        lsp.notify("textDocument/didOpen", doc_item("file:///after.py", SRC))
+        res = await lsp.call("textDocument/inlineCompletion", position_params("file:///after.py", 5, 4), 120)
+        assert "result" in res, res
+    finally:
+        await lsp.close()

@@ -50,6 +50,7 @@ def test_progress_from_the_first_seconds_model_when_ready_and_a_lost_daemon(tmp_
     (tmp_path / ".git").mkdir()
     n = pynvim.attach("child", argv=[NVIM, "--embed", "--headless", "--clean", "-n"])
     try:
+        n.command("set columns=240")  # whole messages (the plugin cuts them to one screen line)
         n.exec_lua(SETUP, str(PLUGIN_ROOT), sys.executable, str(sock), str(tiny_dir))
         t0 = time.monotonic()
         n.command(f"edit {tmp_path / 'a.py'}")

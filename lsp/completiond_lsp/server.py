@@ -206,8 +206,8 @@ def too_large(uri: str, chars: int) -> str | None:
     """Why the daemon cannot hold a document of `chars` characters, or None."""
     if chars <= P.MAX_DOCUMENT_CHARS:
         return None
-    return (f"{uri} is too large for completiond ({chars / MIB:.1f} MiB, limit "
-            f"{P.MAX_DOCUMENT_CHARS / MIB:.0f} MiB): no suggestions in it")
+    return (f"{uri} is too large ({chars / MIB:.1f} MiB, limit {P.MAX_DOCUMENT_CHARS / MIB:.0f} MiB: {chars} "
+            f"characters, at most {P.MAX_DOCUMENT_CHARS}): no completiond suggestions in it")
 
 
 def refuse(ls: CompletiondServer, uri: str, why: str) -> None:

@@ -29,6 +29,11 @@ local function show_progress(prev, s)
     return
   end
   local msg = tostring(s.message or '')
+  -- one screen line at most: a longer echo would stop the editor at a hit-enter prompt
+  local room = math.max((vim.v.echospace or 80) - 1, 20)
+  if vim.fn.strdisplaywidth(msg) > room then
+    msg = vim.fn.strcharpart(msg, 0, room - 1) .. '…'
+  end
   if s.state == 'loading' or s.state == 'restarting' then
     local new_phase = not prev or prev.state ~= s.state or prev.phase ~= s.phase
     M.progress_message = msg
