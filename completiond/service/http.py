@@ -165,6 +165,7 @@ class Bridge:
             p = self._pending.get(obj[1])
             if p is not None and not p.fut.done():
                 p.fut.set_result((obj[2], obj[3]))
+                p.arrived.set()  # a waiting request wakes now, not at its next poll
         elif obj[0] == P.NOTIFICATION and len(obj) == 3 and isinstance(obj[2], dict):
             p = self._pending.get(obj[2].get("id"))
             if p is not None and isinstance(obj[2].get("text"), str):
