@@ -658,12 +658,13 @@ class HttpServer:
         self._ready()
         fields = body.get("response_fields") or []
         return_tokens = bool(body.get("return_tokens"))
-        async with self.bridge.lock:
-            if chunks or self.bridge.extra:
+        if chunks or self.bridge.extra:
+            async with self.bridge.lock:
                 await self.bridge.set_extra(chunks)
-            uri = await self.bridge.document(ask.text) if ask.text else None
-        if ask.max_tokens == 0 or uri is None:  # a context update: answer at once, warm meanwhile
-            if uri is not None:
+        if ask.max_tokens == 0 or not ask.text:  # a context update: answer at once, warm meanwhile
+            if ask.text:
+                async with self.bridge.lock:
+                    uri = await self.bridge.document(ask.text)
                 await self.bridge.call("document/cursor", {"uri": uri, "position": position(ask.text, ask.cursor)})
             empty = Done("", {}, "limit")
             out = infill_json(self.d, ask, empty, 0, False, False)
@@ -676,14 +677,18 @@ class HttpServer:
                 return {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": 0,
                         "tokens_predicted": 0, "tokens_evaluated": 0}
 
-            done = await self.run(ask, uri, conn, 0, lambda t: conn.event(_dumps(partial(t))))
+            try:
+                done = await self.run(ask, conn, 0, lambda t: conn.event(_dumps(partial(t))))
+            except HttpError as e:  # the headers are out: the error goes as an event
+                done = None
+                await conn.event(_dumps(e.body()))
             if done is not None:
                 out = infill_json(self.d, ask, done, 0, True, False)
                 await conn.event(_dumps(pick_fields(out, fields) if fields else out))
             await conn.end_stream()
             return
         outs = []
-        for i, done in enumerate(await self.alternatives(ask, uri, conn)):
+        for i, done in enumerate(await self.alternatives(ask, conn)):
             out = infill_json(self.d, ask, done, i, False, return_tokens)
             outs.append(pick_fields(out, fields) if fields else out)
         if not conn.gone and not conn.closed_by_peer():
@@ -694,8 +699,6 @@ class HttpServer:
         body = json_body(req)
         ask, echo = openai_ask(body)
         self._ready()
-        async with self.bridge.lock:
-            uri = await self.bridge.document(ask.text)
         cid, created, model = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time()), self.d.info.get("target")
         prompt = ask.text[:ask.cursor]
 
@@ -710,7 +713,11 @@ class HttpServer:
             await conn.start_stream(req.version == "HTTP/1.0")
             if echo:
                 await conn.event(chunk(prompt, None))
-            done = await self.run(ask, uri, conn, 0, lambda t: conn.event(chunk(t, None)))
+            try:
+                done = await self.run(ask, conn, 0, lambda t: conn.event(chunk(t, None)))
+            except HttpError as e:  # the headers are out: the error goes as an event
+                done = None
+                await conn.event(_dumps(e.body()))
             if done is not None:
                 usage = _usage(done)
                 include = isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage")
@@ -718,7 +725,7 @@ class HttpServer:
             await conn.event("[DONE]")
             await conn.end_stream()
             return
-        dones = await self.alternatives(ask, uri, conn)
+        dones = await self.alternatives(ask, conn)
         if conn.closed_by_peer():
             return
         usage = {"prompt_tokens": dones[0].res.get("prompt_tokens", 0),
@@ -730,22 +737,22 @@ class HttpServer:
                               "usage": usage}, keep)
 
     # ---- running completions ----
-    async def alternatives(self, ask: Ask, uri: str, conn: Conn) -> list[Done]:
+    async def alternatives(self, ask: Ask, conn: Conn) -> list[Done]:
         """n completions: greedy ones are one completion n times; sampled ones run one after another
         (each supersedes nothing: the previous has finished)."""
         dones: list[Done] = []
         for i in range(1 if ask.greedy else ask.n):
-            done = await self.run(ask, uri, conn, i, None)
+            done = await self.run(ask, conn, i, None)
             if done is None:
                 return [Done("", {}, "none")] * ask.n
             dones.append(done)
         return dones * ask.n if ask.greedy else dones
 
-    async def run(self, ask: Ask, uri: str, conn: Conn, i: int,
-                  emit: Callable[[str], Any] | None) -> Done | None:
+    async def run(self, ask: Ask, conn: Conn, i: int, emit: Callable[[str], Any] | None) -> Done | None:
         """One `complete` through the bridge: streams increments through `emit` (text the client's
         stops allow), cancels when the client hangs up or a client-side stop fires; None if the client left."""
-        async with self.bridge.lock:  # prepared in order with the document it names
+        async with self.bridge.lock:  # the document's text and the completion's snapshot of it, together
+            uri = await self.bridge.document(ask.text)
             p = await self.bridge.start("complete", ask.params(uri, i))
         sent, cancelled_by = 0, ""
         while not p.fut.done():
