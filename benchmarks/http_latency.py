@@ -2,11 +2,15 @@
 protocol (MessagePack over the Unix socket), on one daemon, side by side.
 
 Three cases, each path alternating with the other so machine noise hits both alike:
-  cold   a window of a file never seen before (its prompt prefilled from nothing)
+  cold   a window of a file never seen before (its prompt prefilled from nothing); every path gets
+         the same window, each path on a daemon of its own (same model, same flags), so that none
+         finds another's prompt cached or remembered
   typed  the same window with one more character typed at the cursor (the warm cache / typed-through)
   again  the identical request once more (engine work ~0: what is left is the transport)
-Positions: one per stdlib file (distinct texts: the HTTP side cannot match another's document), a
-llama.vim-sized window around a line start (n_prefix / n_suffix lines).
+With --remote, a third path: a daemon whose target is another daemon's --http (`--target
+openai:http://127.0.0.1:PORT/v1#<target>`), asked over its wire protocol: the network path of a
+team's shared server (on loopback here: no network time, the protocol's and the second hop's).
+Positions: one per stdlib file, a llama.vim-shaped window around the cursor (n_prefix / n_suffix lines).
 
     python benchmarks/http_latency.py --positions 8 --out benchmarks/results/http-latency.json
 """
@@ -99,30 +103,50 @@ async def main() -> None:
     ap.add_argument("--again", type=int, default=10, help="identical repeats per path")
     ap.add_argument("--target", default="default")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--remote", action="store_true", help="also through a second daemon with a remote target")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="http-latency-"))
-    sock, port = tmp / "d.sock", free_port()
-    cmd = [sys.executable, "-m", "completiond", "serve", "--socket", str(sock), "--target", a.target,
-           "--http", f"127.0.0.1:{port}", "--token-file", str(tmp / "token"), "--no-warm", "--log-level", "WARNING"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    paths = ["wire", "http"] + (["remote"] if a.remote else [])
+    # one daemon per path: the typed-through memory and the caches of one path must not serve
+    # another's (the quick prompt around the cursor is the same text on every path)
+    procs, socks, ports = {}, {}, {}
+    for name in ("wire", "http", "server")[:2 + a.remote]:
+        socks[name], ports[name] = tmp / f"{name}.sock", free_port()
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "completiond", "serve", "--socket", str(socks[name]), "--target", a.target,
+             "--http", f"127.0.0.1:{ports[name]}", "--token-file", str(tmp / "token"), "--no-warm",
+             "--log-level", "WARNING"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        wait_for_socket(socks[name], procs[name])  # one at a time: the first start writes the token file
     try:
-        wait_for_socket(sock, proc)
-        info = wait_ready(sock, proc, 900)
+        infos = {name: wait_ready(socks[name], procs[name], 1800) for name in procs}
+        info = infos["wire"]
         token = (tmp / "token").read_text().strip()
-        c = await Client.connect(sock)
-        await c.request("initialize", {"client": "bench", "protocol": 1, "position_encoding": "utf-32"})
-        pos = positions(2 * a.positions, a.n_prefix, a.n_suffix, a.seed)
+        port = ports["http"]
+        if a.remote:
+            socks["remote"] = tmp / "laptop.sock"
+            procs["remote"] = subprocess.Popen(
+                [sys.executable, "-m", "completiond", "serve", "--socket", str(socks["remote"]), "--target",
+                 f"openai:http://127.0.0.1:{ports['server']}/v1#{info['target']}", "--remote-token-file",
+                 str(tmp / "token"), "--no-warm", "--log-level", "WARNING"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            wait_for_socket(socks["remote"], procs["remote"])
+            wait_ready(socks["remote"], procs["remote"], 900)
+        clients = {}
+        for name in ("wire", "remote")[:1 + a.remote]:
+            clients[name] = await Client.connect(socks[name])
+            await clients[name].request("initialize", {"client": "bench", "protocol": 1, "position_encoding": "utf-32"})
+        pos = positions(a.positions, a.n_prefix, a.n_suffix, a.seed)
         rows, opened = [], set()
-        for i in range(a.positions):  # position 2i over the wire, 2i+1 over HTTP; then the other way round
-            for k, path in enumerate(("wire", "http") if i % 2 == 0 else ("http", "wire")):
-                p = pos[2 * i + k]
-                uri = f"file:///bench/{p['file']}"
+        for i in range(a.positions):  # each position on both paths; which goes first alternates
+            for path in paths if i % 2 == 0 else paths[::-1]:
+                p = pos[i]
+                uri = f"file:///bench/{path}/{p['file']}"
                 typed = {**p, "prompt": p["prompt"] + p["input_suffix"][:1],
                          "input_suffix": p["input_suffix"][1:]}
                 for case, q in (("cold", p), ("typed", typed)):
-                    if path == "wire":
-                        ms, res = await wire(c, uri, q, a.max_tokens, opened)
+                    if path in ("wire", "remote"):
+                        ms, res = await wire(clients[path], uri, q, a.max_tokens, opened)
                         n, served = len(res["token_ids"]), res.get("served_tokens", 0)
                     else:
                         ms, res = await asyncio.to_thread(infill, port, token, q, a.max_tokens)
@@ -130,25 +154,37 @@ async def main() -> None:
                     rows.append({"path": path, "case": case, "file": p["file"], "ms": round(ms, 2), "tokens": n,
                                  "served_tokens": served})
         probe = pos[0]
-        for _ in range(a.again):
-            for path in ("wire", "http"):
-                if path == "wire":
-                    ms, _ = await wire(c, f"file:///bench/{probe['file']}", probe, a.max_tokens, opened)
+        for it in range(a.again + 1):  # the first round fills the caches: not recorded
+            for path in paths:
+                if path in ("wire", "remote"):
+                    ms, _ = await wire(clients[path], f"file:///bench/{path}/{probe['file']}", probe,
+                                       a.max_tokens, opened)
                 else:
                     ms, _ = await asyncio.to_thread(infill, port, token, probe, a.max_tokens)
-                rows.append({"path": path, "case": "again", "file": probe["file"], "ms": round(ms, 2)})
-        await c.close()
+                if it:
+                    rows.append({"path": path, "case": "again", "file": probe["file"], "iter": it, "ms": round(ms, 2)})
+        for c in clients.values():
+            await c.close()
     finally:
-        stop_daemon(proc)
+        for proc in procs.values():
+            stop_daemon(proc)
     summary = {}
     for case in ("cold", "typed", "again"):
-        for path in ("wire", "http"):
+        for path in paths:
             ms = [r["ms"] for r in rows if r["case"] == case and r["path"] == path]
             summary[f"{case}_{path}_p50_ms"] = round(statistics.median(ms), 1)
-        summary[f"{case}_http_over_wire_p50"] = round(summary[f"{case}_http_p50_ms"] / summary[f"{case}_wire_p50_ms"], 3)
+        for path in paths[1:]:
+            summary[f"{case}_{path}_over_wire_p50"] = round(
+                summary[f"{case}_{path}_p50_ms"] / summary[f"{case}_wire_p50_ms"], 3)
+        # paired: the same position's ratio, then the median of those (positions differ in cost)
+        for path in paths[1:]:
+            pairs = [(r["ms"], w["ms"]) for r in rows for w in rows if r["case"] == w["case"] == case
+                     and r["path"] == path and w["path"] == "wire" and r["file"] == w["file"]
+                     and r.get("iter") == w.get("iter")]
+            summary[f"{case}_{path}_over_wire_paired_p50"] = round(statistics.median(x / y for x, y in pairs), 3)
     out = {"command": " ".join(["python", "benchmarks/http_latency.py", *sys.argv[1:]]),
            "target": info.get("target"), "device": info.get("device"), "dtype": info.get("dtype"),
-           "quant": info.get("quant"), "positions": a.positions, "max_tokens": a.max_tokens,
+           "quant": info.get("quant"), "positions": a.positions, "paths": paths, "max_tokens": a.max_tokens,
            "n_prefix": a.n_prefix, "n_suffix": a.n_suffix, "machine": "2-core EPYC, shared with other agents",
            "summary": summary, "rows": rows}
     print(json.dumps(summary, indent=1))

@@ -42,5 +42,10 @@ async def test_llama_vim_infill_on_the_default_model(tmp_path):
             k: v for k, v in out.items() if k.startswith("timings/")}}))
         assert out["content"].strip() and out["content"] == wire["text"]  # greedy: the same engine, the same text
         assert out["timings/predicted_n"] > 0 and out["tokens_cached"] > out["timings/predicted_n"]
+        # typed on: `total = sum(` in a mean() of `values` -- the same document, and a sensible answer
+        req["prompt"] += "sum("
+        status, more = await asyncio.to_thread(call, srv, "POST", "/infill", req, timeout=600)
+        print(json.dumps({"typed_on": more["content"]}))
+        assert status == 200 and "values)" in more["content"]  # the 0.5B: "(v - m) ** 2 for v in values) / n"
     finally:
         assert stop_daemon(proc) == 0

@@ -2,7 +2,6 @@
 `--http`: the same completion as the server gives its own editors; a server that is down, answers
 500 or never answers becomes a clear error for that request, and the daemon serves on."""
 
-import asyncio
 import json
 import socket
 import threading

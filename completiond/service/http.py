@@ -15,8 +15,10 @@ token, as for --tcp). llama.cpp's own behaviour is kept where clients see it: `s
 and `t_max_predict_ms` (stop once a line is done and the time is up), `response_fields` (flat
 "a/b" keys), `n_cmpl` / `n` alternatives, SSE streams (`data: {...}`; OpenAI's end `data: [DONE]`).
 Sampling: a request without `temperature` is greedy (the daemon's lossless default), not
-llama.cpp's 0.8 or OpenAI's 1.0; with one, `top_p` and `top_k` apply as well. No HTTP library:
-HTTP/1.1 with Content-Length or chunked bodies, keep-alive, bounded header and body sizes.
+llama.cpp's 0.8 or OpenAI's 1.0; with one, `top_p` and `top_k` apply as well.
+
+Roles: this file (the bridge onto the daemon's methods, the endpoints), http_api.py (requests
+checked, answers shaped), http_io.py (HTTP/1.1 framing; no HTTP library).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import asyncio
 import hmac
 import ipaddress
 import itertools
-import json
 import logging
 import time
 import uuid
@@ -35,6 +36,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import protocol as P
+from .http_api import (Ask, Done, _held, _stop_type, _usage, client_cut, finish_reason, infill_ask, infill_json,
+                       json_body, openai_ask, pick_fields, position)
+from .http_io import MAX_HEADER_BYTES, Conn, HttpError, Request, _dumps, _linger, read_request
 from .session import Session
 
 if TYPE_CHECKING:
@@ -42,36 +46,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("completiond.http")
 
-MAX_HEADER_BYTES = 64 * 1024
-MAX_BODY_BYTES = P.MAX_FRAME_BYTES
 MAX_CONNECTIONS = 64
-IDLE_S = 30.0  # a keep-alive connection with no next request is closed after this
-READ_S = 30.0  # a request's headers and body must arrive within this
 MAX_DOCS = 16  # synthetic documents kept open (least recently used closed first)
 MIN_MATCH_CHARS = 64  # shared prefix or suffix that makes a request "the same document"
-MAX_ALTERNATIVES = 8  # n_cmpl / n
-DEFAULT_N_PREDICT = 128  # /infill without n_predict (or -1): llama.vim's default
-OPENAI_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 URI = "completiond-http:/"
 POLL_S = 0.05  # how often a waiting request checks that its client is still there
-
-REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-           408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
-           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
-           503: "Service Unavailable", 505: "HTTP Version Not Supported"}
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 503: "unavailable_error"}
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, message: str, close: bool = False):
-        super().__init__(message)
-        self.status, self.message, self.close = status, message, close
-
-    def body(self) -> dict:
-        # llama.cpp's shape ({code, message, type}); the openai client reads message and type from it
-        return {"error": {"code": self.status, "message": self.message,
-                          "type": ERROR_TYPES.get(self.status, "server_error")}}
 
 
 class StartError(Exception):
@@ -165,6 +144,7 @@ class Bridge:
             p = self._pending.get(obj[1])
             if p is not None and not p.fut.done():
                 p.fut.set_result((obj[2], obj[3]))
+                p.arrived.set()  # a waiting request wakes now, not at its next poll
         elif obj[0] == P.NOTIFICATION and len(obj) == 3 and isinstance(obj[2], dict):
             p = self._pending.get(obj[2].get("id"))
             if p is not None and isinstance(obj[2].get("text"), str):
@@ -271,293 +251,7 @@ def _common_suffix(a: str, b: str) -> int:
     return lo
 
 
-def position(text: str, offset: int) -> dict:
-    """The LSP position of `offset` in code points (the session speaks utf-32); line breaks as the
-    daemon's documents count them (\\r\\n, \\r, \\n)."""
-    from ..core.prompt import line_index
-
-    starts = line_index(text[:offset])
-    return {"line": len(starts) - 1, "character": offset - int(starts[-1])}
-
-
-# ---- requests: what a client asked for, checked ------------------------------------------------
-def _field(body: dict, key: str, types: type | tuple, default: Any = None, check: Callable[[Any], bool] | None = None,
-           what: str = "") -> Any:
-    v = body.get(key, default)
-    if v is None:
-        return default
-    types_t = types if isinstance(types, tuple) else (types,)
-    if isinstance(v, bool) and bool not in types_t or not isinstance(v, types_t):
-        raise HttpError(400, f"'{key}' must be {what or ' or '.join(t.__name__ for t in types_t)}")
-    if check is not None and not check(v):
-        raise HttpError(400, f"'{key}' out of range: {v!r}" + (f" ({what})" if what else ""))
-    return v
-
-
-def _stops(body: dict, key: str = "stop") -> list[str]:
-    v = body.get(key)
-    if v is None:
-        return []
-    if isinstance(v, str):
-        return [v] if v else []
-    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-        raise HttpError(400, f"'{key}' must be a string or a list of strings")
-    return [s for s in v if s]
-
-
-@dataclass
-class Ask:
-    """One completion as HTTP asked for it, in the daemon's terms plus llama.cpp's client-side stops."""
-    text: str
-    cursor: int
-    max_tokens: int
-    temperature: float | None
-    top_p: float
-    top_k: int
-    seed: int | None
-    stop: list[str]
-    n_indent: int = 0
-    t_max_predict_ms: float = 0.0
-    n: int = 1
-    stream: bool = False
-
-    def params(self, uri: str, i: int = 0) -> dict:
-        p = {"uri": uri, "position": position(self.text, self.cursor), "max_tokens": self.max_tokens,
-             "multiline": True}
-        if self.temperature is not None and self.temperature >= P.MIN_TEMPERATURE:
-            p.update(temperature=min(self.temperature, P.MAX_TEMPERATURE), top_p=self.top_p, top_k=self.top_k)
-            if self.seed is not None or self.n > 1:
-                p["seed"] = (self.seed or 0) + i  # alternatives differ; one seed repeats itself
-        return p
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature is None or self.temperature < P.MIN_TEMPERATURE
-
-
-def infill_ask(body: dict) -> tuple[Ask, list[dict]]:
-    """llama.cpp /infill: the document is input_prefix + prompt + input_suffix, the cursor after prompt
-    (llama.cpp puts `prompt` after <|fim_middle|>: llama.vim and llama.vscode send the current line's
-    text before the cursor there)."""
-    prefix = _field(body, "input_prefix", str, "")
-    suffix = _field(body, "input_suffix", str, "")
-    prompt = _field(body, "prompt", str, "", what="a string (token arrays are not supported)")
-    extra = _field(body, "input_extra", list, [])
-    chunks = []
-    for i, c in enumerate(extra):  # llama.cpp refuses the same shapes (tools/server tests)
-        if not isinstance(c, dict) or not isinstance(c.get("text"), str) \
-                or not isinstance(c.get("filename", ""), str):
-            raise HttpError(400, f"input_extra[{i}] must be an object {{\"filename\": string, \"text\": string}}")
-        chunks.append({"filename": c.get("filename", "tmp"), "text": c["text"]})
-    n_predict = _field(body, "n_predict", int, -1, lambda v: v >= -1, ">= -1")
-    ask = Ask(text=prefix + prompt + suffix, cursor=len(prefix) + len(prompt),
-              max_tokens=min(P.MAX_TOKENS, DEFAULT_N_PREDICT if n_predict == -1 else max(n_predict, 1)),
-              temperature=_field(body, "temperature", (int, float), None, lambda v: v >= 0, ">= 0"),
-              top_p=_field(body, "top_p", (int, float), 1.0, lambda v: 0 < v <= 1, "0 < top_p <= 1"),
-              top_k=_field(body, "top_k", int, 0, lambda v: v >= 0, ">= 0"),
-              seed=_seed(body), stop=_stops(body),
-              n_indent=_field(body, "n_indent", int, 0, lambda v: v >= 0, ">= 0"),
-              t_max_predict_ms=_field(body, "t_max_predict_ms", (int, float), 0.0, lambda v: v >= 0, ">= 0"),
-              n=_field(body, "n_cmpl", int, 1, lambda v: 1 <= v <= MAX_ALTERNATIVES, f"1..{MAX_ALTERNATIVES}"),
-              stream=_field(body, "stream", bool, False))
-    for key, typ in (("cache_prompt", bool), ("samplers", list), ("id_slot", int), ("response_fields", list),
-                     ("t_max_prompt_ms", (int, float)), ("return_tokens", bool)):
-        _field(body, key, typ)  # accepted (llama.vim, llama.vscode send them); type-checked like llama.cpp
-    if n_predict == 0:
-        ask.max_tokens = 0  # a context update (llama.vim's ring buffer): nothing to generate
-    return ask, chunks
-
-
-def _seed(body: dict) -> int | None:
-    s = _field(body, "seed", int, None)
-    return None if s is None or s < 0 else s % 2**32
-
-
-def openai_ask(body: dict) -> tuple[Ask, bool]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise HttpError(400, "'prompt' must be a string (or a list of one string)")
-    suffix = _field(body, "suffix", str, "")
-    if body.get("logprobs") not in (None, 0):
-        raise HttpError(400, "'logprobs' is not supported")
-    if body.get("best_of") not in (None, 1):
-        raise HttpError(400, "'best_of' is not supported")
-    stop = _stops(body)
-    ask = Ask(text=prompt + suffix, cursor=len(prompt),
-              max_tokens=_field(body, "max_tokens", int, OPENAI_DEFAULT_MAX_TOKENS,
-                                lambda v: 1 <= v <= P.MAX_TOKENS, f"1..{P.MAX_TOKENS}"),
-              temperature=_field(body, "temperature", (int, float), None, lambda v: 0 <= v <= 2, "0..2"),
-              top_p=_field(body, "top_p", (int, float), 1.0, lambda v: 0 < v <= 1, "0 < top_p <= 1"),
-              top_k=0, seed=_seed(body), stop=stop,
-              n=_field(body, "n", int, 1, lambda v: 1 <= v <= MAX_ALTERNATIVES, f"1..{MAX_ALTERNATIVES}"),
-              stream=_field(body, "stream", bool, False))
-    if ask.stream and ask.n > 1:
-        raise HttpError(400, "'stream' with 'n' > 1 is not supported")
-    _field(body, "stream_options", dict)
-    return ask, _field(body, "echo", bool, False)
-
-
-def client_cut(ask: Ask, text: str) -> tuple[int | None, str, str]:
-    """Where llama.cpp's request-side rules end the text: (cut or None, stop_type, stopping word).
-    A stop string ends before itself; `n_indent` ends a line that starts less indented than it,
-    after its indentation, as llama.cpp cuts it."""
-    best: tuple[int | None, str, str] = (None, "", "")
-    for s in ask.stop:
-        i = text.find(s)
-        if i >= 0 and (best[0] is None or i < best[0]):
-            best = (i, "word", s)
-    if ask.n_indent > 0:
-        start = text.find("\n")
-        while start >= 0:
-            pos = start + 1
-            while pos < len(text) and text[pos] in " \t":
-                pos += 1
-            if pos < len(text) and text[pos] != "\n" and pos - start - 1 < ask.n_indent:
-                if best[0] is None or pos < best[0]:
-                    best = (pos, "limit", "")
-                break
-            start = text.find("\n", start + 1)
-    return best
-
-
-def _held(ask: Ask, text: str) -> int:
-    """How much of the end of `text` could still become a stop string: held back from a stream."""
-    hold = 0
-    for s in ask.stop:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                hold = max(hold, k)
-                break
-    return hold
-
-
-# ---- answers -----------------------------------------------------------------------------------
-@dataclass
-class Done:
-    """A finished completion with the client's rules applied."""
-    text: str
-    res: dict
-    stop_type: str
-    stopping_word: str = ""
-
-    @property
-    def predicted(self) -> int:
-        return len(self.res.get("token_ids") or [])
-
-
-def _stop_type(res: dict) -> str:
-    return {"eos": "eos", "stop_rule": "eos", "max_tokens": "limit", "deadline": "limit"}.get(
-        res.get("stopped_by", ""), "none")
-
-
-def timings(res: dict, predicted: int) -> dict:
-    """llama.cpp's `timings` from the daemon's result (prompt: until the first token)."""
-    prompt_n = max(0, res.get("prompt_tokens", 0) - res.get("reused_tokens", 0))
-    prompt_ms = res.get("ms_first_token", 0.0)
-    pred_ms = max(0.0, res.get("ms_total", 0.0) - prompt_ms)
-    return {"cache_n": res.get("reused_tokens", 0), "prompt_n": prompt_n, "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms else 0.0,
-            "predicted_n": predicted, "predicted_ms": pred_ms,
-            "predicted_per_token_ms": pred_ms / predicted if predicted else 0.0,
-            "predicted_per_second": 1e3 * predicted / pred_ms if pred_ms else 0.0}
-
-
-def infill_json(d: Daemon, ask: Ask, done: Done, index: int, stream: bool, return_tokens: bool) -> dict:
-    res = done.res
-    out = {"index": index, "content": "" if stream else done.text,
-           "tokens": res.get("token_ids", []) if return_tokens and not stream else [],
-           "id_slot": 0, "stop": True, "model": d.info.get("target"), "tokens_predicted": done.predicted,
-           "tokens_evaluated": res.get("prompt_tokens", 0),
-           "generation_settings": {"n_predict": ask.max_tokens, "temperature": ask.temperature or 0.0,
-                                   "top_k": ask.top_k, "top_p": ask.top_p, "stop": ask.stop, "n_indent": ask.n_indent,
-                                   "t_max_predict_ms": ask.t_max_predict_ms},
-           "has_new_line": "\n" in done.text, "truncated": False, "stop_type": done.stop_type,
-           "stopping_word": done.stopping_word,
-           "tokens_cached": res.get("prompt_tokens", 0) + done.predicted,
-           "timings": timings(res, done.predicted),
-           # ours, beside llama.cpp's: how the daemon got there
-           "completiond": {k: res.get(k) for k in ("mode", "target_passes", "mean_accepted", "reused_tokens",
-                                                   "served_tokens", "prompt_lane", "stopped_by", "cancelled", "document")}}
-    return out
-
-
-def pick_fields(out: dict, fields: list) -> dict:
-    """llama.cpp's response_fields: each "a/b" path present in the answer, under that flat key."""
-    picked = {}
-    for path in fields:
-        if not isinstance(path, str):
-            continue
-        cur: Any = out
-        for k in path.split("/"):
-            if isinstance(cur, dict) and k in cur:
-                cur = cur[k]
-            else:
-                break
-        else:
-            picked[path] = cur
-    return picked
-
-
-def finish_reason(done: Done) -> str:
-    return "length" if done.stop_type == "limit" and done.res.get("stopped_by") == "max_tokens" else "stop"
-
-
 # ---- the server ----------------------------------------------------------------------------------
-@dataclass
-class Request:
-    method: str
-    path: str
-    version: str
-    headers: dict[str, str]
-    body: bytes
-
-
-class Conn:
-    """One HTTP connection's writer, streaming chunked (HTTP/1.1) or until close (HTTP/1.0)."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self.reader, self.writer = reader, writer
-        self.chunked = True
-        self.gone = False
-
-    def closed_by_peer(self) -> bool:
-        return self.gone or self.reader.at_eof() or self.writer.is_closing()
-
-    async def send(self, status: int, body: dict | list, keep: bool) -> None:
-        data = _dumps(body).encode("utf-8", "replace")
-        head = (f"HTTP/1.1 {status} {REASONS.get(status, '')}\r\nContent-Type: application/json; charset=utf-8\r\n"
-                f"Content-Length: {len(data)}\r\nConnection: {'keep-alive' if keep else 'close'}\r\n")
-        if status == 401:
-            head += 'WWW-Authenticate: Bearer realm="completiond"\r\n'
-        await self._write(head.encode() + b"\r\n" + data)
-
-    async def start_stream(self, http10: bool) -> None:
-        self.chunked = not http10
-        head = ("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                + ("Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n" if self.chunked else "Connection: close\r\n"))
-        await self._write(head.encode() + b"\r\n")
-
-    async def event(self, payload: str) -> None:
-        data = f"data: {payload}\n\n".encode("utf-8", "replace")
-        await self._write(f"{len(data):x}\r\n".encode() + data + b"\r\n" if self.chunked else data)
-
-    async def end_stream(self) -> None:
-        if self.chunked:
-            await self._write(b"0\r\n\r\n")
-
-    async def _write(self, data: bytes) -> None:
-        if self.gone:
-            return
-        try:
-            self.writer.write(data)
-            await self.writer.drain()
-        except (ConnectionError, OSError, RuntimeError):
-            self.gone = True
-
-
 class HttpServer:
     def __init__(self, daemon: Daemon, token: str):
         self.d = daemon
@@ -657,12 +351,13 @@ class HttpServer:
         self._ready()
         fields = body.get("response_fields") or []
         return_tokens = bool(body.get("return_tokens"))
-        async with self.bridge.lock:
-            if chunks or self.bridge.extra:
+        if chunks or self.bridge.extra:
+            async with self.bridge.lock:
                 await self.bridge.set_extra(chunks)
-            uri = await self.bridge.document(ask.text) if ask.text else None
-        if ask.max_tokens == 0 or uri is None:  # a context update: answer at once, warm meanwhile
-            if uri is not None:
+        if ask.max_tokens == 0 or not ask.text:  # a context update: answer at once, warm meanwhile
+            if ask.text:
+                async with self.bridge.lock:
+                    uri = await self.bridge.document(ask.text)
                 await self.bridge.call("document/cursor", {"uri": uri, "position": position(ask.text, ask.cursor)})
             empty = Done("", {}, "limit")
             out = infill_json(self.d, ask, empty, 0, False, False)
@@ -675,14 +370,18 @@ class HttpServer:
                 return {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": 0,
                         "tokens_predicted": 0, "tokens_evaluated": 0}
 
-            done = await self.run(ask, uri, conn, 0, lambda t: conn.event(_dumps(partial(t))))
+            try:
+                done = await self.run(ask, conn, 0, lambda t: conn.event(_dumps(partial(t))))
+            except HttpError as e:  # the headers are out: the error goes as an event
+                done = None
+                await conn.event(_dumps(e.body()))
             if done is not None:
                 out = infill_json(self.d, ask, done, 0, True, False)
                 await conn.event(_dumps(pick_fields(out, fields) if fields else out))
             await conn.end_stream()
             return
         outs = []
-        for i, done in enumerate(await self.alternatives(ask, uri, conn)):
+        for i, done in enumerate(await self.alternatives(ask, conn)):
             out = infill_json(self.d, ask, done, i, False, return_tokens)
             outs.append(pick_fields(out, fields) if fields else out)
         if not conn.gone and not conn.closed_by_peer():
@@ -693,8 +392,6 @@ class HttpServer:
         body = json_body(req)
         ask, echo = openai_ask(body)
         self._ready()
-        async with self.bridge.lock:
-            uri = await self.bridge.document(ask.text)
         cid, created, model = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time()), self.d.info.get("target")
         prompt = ask.text[:ask.cursor]
 
@@ -709,7 +406,11 @@ class HttpServer:
             await conn.start_stream(req.version == "HTTP/1.0")
             if echo:
                 await conn.event(chunk(prompt, None))
-            done = await self.run(ask, uri, conn, 0, lambda t: conn.event(chunk(t, None)))
+            try:
+                done = await self.run(ask, conn, 0, lambda t: conn.event(chunk(t, None)))
+            except HttpError as e:  # the headers are out: the error goes as an event
+                done = None
+                await conn.event(_dumps(e.body()))
             if done is not None:
                 usage = _usage(done)
                 include = isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage")
@@ -717,7 +418,7 @@ class HttpServer:
             await conn.event("[DONE]")
             await conn.end_stream()
             return
-        dones = await self.alternatives(ask, uri, conn)
+        dones = await self.alternatives(ask, conn)
         if conn.closed_by_peer():
             return
         usage = {"prompt_tokens": dones[0].res.get("prompt_tokens", 0),
@@ -729,22 +430,22 @@ class HttpServer:
                               "usage": usage}, keep)
 
     # ---- running completions ----
-    async def alternatives(self, ask: Ask, uri: str, conn: Conn) -> list[Done]:
+    async def alternatives(self, ask: Ask, conn: Conn) -> list[Done]:
         """n completions: greedy ones are one completion n times; sampled ones run one after another
         (each supersedes nothing: the previous has finished)."""
         dones: list[Done] = []
         for i in range(1 if ask.greedy else ask.n):
-            done = await self.run(ask, uri, conn, i, None)
+            done = await self.run(ask, conn, i, None)
             if done is None:
                 return [Done("", {}, "none")] * ask.n
             dones.append(done)
         return dones * ask.n if ask.greedy else dones
 
-    async def run(self, ask: Ask, uri: str, conn: Conn, i: int,
-                  emit: Callable[[str], Any] | None) -> Done | None:
+    async def run(self, ask: Ask, conn: Conn, i: int, emit: Callable[[str], Any] | None) -> Done | None:
         """One `complete` through the bridge: streams increments through `emit` (text the client's
         stops allow), cancels when the client hangs up or a client-side stop fires; None if the client left."""
-        async with self.bridge.lock:  # prepared in order with the document it names
+        async with self.bridge.lock:  # the document's text and the completion's snapshot of it, together
+            uri = await self.bridge.document(ask.text)
             p = await self.bridge.start("complete", ask.params(uri, i))
         sent, cancelled_by = 0, ""
         while not p.fut.done():
@@ -790,112 +491,6 @@ class HttpServer:
         if emit is not None and len(text) > sent:
             await emit(text[sent:])
         return Done(text, res, stop_type, word)
-
-
-def _dumps(obj: Any) -> str:
-    """Compact, as llama.cpp writes it: llama.vim accepts an answer only if it matches '"content"\\s*:"'."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-def _usage(done: Done) -> dict:
-    pt = done.res.get("prompt_tokens", 0)
-    return {"prompt_tokens": pt, "completion_tokens": done.predicted, "total_tokens": pt + done.predicted}
-
-
-async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Before closing on a request we did not read whole: let the answer reach the client (closing
-    with unread input sends a reset, which can destroy the answer in flight)."""
-    try:
-        if writer.can_write_eof():
-            writer.write_eof()
-        end = asyncio.get_running_loop().time() + 1.0
-        while await asyncio.wait_for(reader.read(65536), max(0.0, end - asyncio.get_running_loop().time())):
-            pass
-    except (asyncio.TimeoutError, ConnectionError, OSError, RuntimeError, ValueError):
-        pass
-
-
-def json_body(req: Request) -> dict:
-    try:
-        body = json.loads(req.body.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise HttpError(400, f"request body is not UTF-8: {e.reason} at byte {e.start}") from None
-    except json.JSONDecodeError as e:
-        raise HttpError(400, f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-    except RecursionError:
-        raise HttpError(400, "request body is not valid JSON: nested too deep") from None
-    if not isinstance(body, dict):
-        raise HttpError(400, "request body must be a JSON object")
-    return P.scrub(body)  # lone surrogates (JSON "\ud800") -> U+FFFD, as the wire does
-
-
-# ---- HTTP/1.1 framing ------------------------------------------------------------------------------
-async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Request | None:
-    """The next request on a connection; None when the peer closed (or stayed idle IDLE_S)."""
-    try:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_S)
-    except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
-        return None
-    except asyncio.LimitOverrunError:
-        raise HttpError(431, f"request headers over {MAX_HEADER_BYTES} bytes", close=True) from None
-    try:
-        lines = head.decode("latin-1").split("\r\n")
-        method, target, version = lines[0].split(" ")
-    except ValueError:
-        raise HttpError(400, "malformed request line", close=True) from None
-    if version not in ("HTTP/1.1", "HTTP/1.0"):
-        raise HttpError(505, f"{version!r} not supported (HTTP/1.1)", close=True)
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise HttpError(400, f"malformed header line {line[:60]!r}", close=True)
-        headers[name.lower()] = value.strip()
-    if "100-continue" in headers.get("expect", "").lower():  # curl asks before a large body
-        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    try:
-        body = await asyncio.wait_for(_read_body(reader, headers, method), READ_S)
-    except asyncio.TimeoutError:
-        raise HttpError(408, f"request body not received within {READ_S:g} s", close=True) from None
-    except asyncio.IncompleteReadError:
-        return None
-    return Request(method, target, version, headers, body)
-
-
-async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], method: str) -> bytes:
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        parts, size = [], 0
-        while True:
-            line = await reader.readuntil(b"\r\n")
-            try:
-                n = int(line.split(b";")[0].strip(), 16)
-            except ValueError:
-                raise HttpError(400, "malformed chunk size", close=True) from None
-            size += n
-            if size > MAX_BODY_BYTES:
-                raise HttpError(413, f"request body over {MAX_BODY_BYTES} bytes", close=True)
-            if n == 0:
-                while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
-                    pass
-                return b"".join(parts)
-            parts.append(await reader.readexactly(n))
-            await reader.readexactly(2)
-    length = headers.get("content-length")
-    if length is None:
-        if method == "POST":
-            raise HttpError(411, "a POST needs Content-Length (or a chunked body)", close=True)
-        return b""
-    try:
-        n = int(length)
-    except ValueError:
-        raise HttpError(400, f"bad Content-Length {length[:20]!r}", close=True) from None
-    if n < 0:
-        raise HttpError(400, "negative Content-Length", close=True)
-    if n > MAX_BODY_BYTES:
-        raise HttpError(413, f"request body over {MAX_BODY_BYTES} bytes", close=True)
-    return await reader.readexactly(n)
 
 
 async def start_http(daemon: Daemon, host: str, port: int, token: str) -> HttpServer:
