@@ -40,7 +40,7 @@ def picks(r: Runner, kind: str, ids: list[int], prefix: int, chain: int) -> torc
         r.rollback(0)
         r.extend(ids[:prefix])
         out = []
-        for s in range(prefix, len(ids) - 1, chain):
+        for s in range(prefix, len(ids), chain):
             part = ids[s:s + chain]
             logits = r.forward(part, [-1] + list(range(len(part) - 1)), range(len(part)))
             out.append(logits.argmax(-1))
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in texts.items():
         ids = t.tokenizer.encode(text, add_special_tokens=False)[:a.tokens]
         labels.append(torch.tensor(ids[a.prefix + 1:]))
-        for k in kinds:
-            got[k].append(picks(r, k, ids, a.prefix, a.chain))
+        for k in kinds:  # the pick after the file's last token has no label
+            got[k].append(picks(r, k, ids, a.prefix, a.chain)[:len(labels[-1])])
         print(f"{name}: {len(ids)} tokens at {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     ref = torch.cat(got[kinds[0]])
     gold = torch.cat(labels)
