@@ -26,7 +26,7 @@ from completiond.core.engine import Engine, Request
 from completiond.core.prompt import build_prompt
 from completiond.models import load
 
-VARIANTS = {"float32": "float32", "int16": "int16"}
+VARIANTS = {"float32": "float32", "int16": "int16"}  # cpu_kernel.ACTIVATIONS also has "int8"
 
 
 def use(acts: str) -> None:

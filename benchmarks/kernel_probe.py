@@ -40,7 +40,7 @@ from completiond.models.device import cpu_features, cpu_name  # noqa: E402
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / "kernel_probe" / n for n in ("bench.c", "q5_mm.c")] + [
-    HERE.parent / "completiond" / "core" / n for n in ("int8_mm.c", "a16_mm.c")]
+    HERE.parent / "completiond" / "core" / n for n in ("int8_mm.c", "a16_mm.c", "a8_mm.c", "mm.c")]
 
 
 def cpu_family_model() -> str:
@@ -63,7 +63,8 @@ def main() -> None:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "kernel_probe"
-        subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-o", str(exe),
+        subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off",
+                        "-I", str(HERE.parent / "completiond" / "core"), "-o", str(exe),
                         *map(str, SOURCES), "-lm"], check=True)
         for _ in tqdm(range(a.runs), desc="kernel probe", unit="run"):
             lines = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()

@@ -4,17 +4,21 @@ Every variant holds the same context length in its KV cache (random K/V: a pass'
 depend on the values, and prefilling 1.5k tokens per variant would dominate the run), then runs a
 tree of n nodes with logits at every node, as verification does, and rolls it back. Sizes and
 variants are interleaved rep by rep so that this shared machine's noise hits them alike; each cell
-is the median of at least --min-reps passes (no warm-up pass: the median drops the first call).
+is the fastest of at least --min-reps passes (contention only ever adds time).
 Variants: backend (transformers / lean) x weights (bf16, fp32, int8, int4: weight-only, bf16
 activations, completiond.core.quant), plus the lean int8/int4 target with the exact cheap head,
-and where completiond's int8 kernel runs, the lean int8 target on torch's kernel (before/after);
-where the native Qwen2 layer runs (lean/int8 then uses it), the same target as torch ops around
-completiond's kernel (before/after); where int8 matmuls round activations to int16, the same
-target with float32 activations (before/after), and where those sum on AVX512-VNNI, on the AVX2
-loop (before/after, the same bits).
+and where completiond's int8 kernel runs, the lean int8 target on torch's kernel (before/after),
+as torch ops around completiond's kernel where the native Qwen2 layer runs (before/after), and
+on every matmul kind of completiond's kernel this CPU runs (`lean/int8 [kind]`: float32, int16 or
+int8 activations, on the AVX2 loop or AVX512-VNNI sums; --kinds picks them).
+
+--kernels-only keeps just those `lean/int8 [kind]` variants of the product's int8 model (its
+output layer refined as the daemon does), each cell's ratio to the same variant's one-node pass:
+the old and new kernels side by side.
 
     python benchmarks/pass_cost.py --random-0.5b --threads 1 --clock cpu \
         --json benchmarks/results/pass-cost-random-0.5b.json --plot benchmarks/results/pass-cost-random-0.5b.png
+    python benchmarks/pass_cost.py --target qwen2.5-coder-1.5b --kernels-only --threads 2 ...
     python benchmarks/pass_cost.py --model PATH ...     # a local HF model directory
 """
 
@@ -38,41 +42,30 @@ import torch
 from completiond.core import cpu_kernel, quant
 from completiond.models import LoadedModel
 from completiond.core.runner import Runner
+from completiond.paths import cache_root
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 TORCH_KERNEL = "lean/int8 (torch kernel)"  # int8 on aten._weight_int8pack_mm where completiond's kernel runs
 TORCH_OPS = "lean/int8 (torch ops)"  # completiond's kernel inside torch ops, where the native Qwen2 layer runs
-FLOAT_ACT = "lean/int8 (float32 activations)"  # int8_mm.c where int8 matmuls run a16_mm.c
-AVX2_SUMS = "lean/int8 (AVX2 int16 sums)"  # a16_mm.c's AVX2 loop where its AVX512-VNNI one runs
+
+
+def kind_variant(kind: str) -> str:
+    return f"lean/int8 [{kind}]"
 
 
 @contextlib.contextmanager
-def float_activations(on: bool):
-    """Run int8 matmuls with float32 activations inside (the side-by-side of int16 activations; a
-    real process picks one for good)."""
-    if not on:
+def use_kind(kind: str | None):
+    """Run int8 matmuls on this kernel kind inside (QuantLinear and the native layer ask
+    cpu_kernel.kind() every pass; a real process picks one kind for good)."""
+    if kind is None:
         yield
         return
-    saved = cpu_kernel.int16_activations
-    cpu_kernel.int16_activations = lambda: False
+    saved = cpu_kernel.kind
+    cpu_kernel.kind = lambda: kind
     try:
         yield
     finally:
-        cpu_kernel.int16_activations = saved
-
-
-@contextlib.contextmanager
-def avx2_sums(on: bool):
-    """Run int16-activation matmuls on a16_mm.c's AVX2 loop inside (the same bits as its AVX512-VNNI
-    one: this side-by-side measures time alone)."""
-    if not on:
-        yield
-        return
-    cpu_kernel.use_avx512_vnni(False)
-    try:
-        yield
-    finally:
-        cpu_kernel.use_avx512_vnni(True)
+        cpu_kernel.kind = saved
 
 
 @contextlib.contextmanager
@@ -151,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", type=Path, help="a local HF model directory")
     src.add_argument("--random-0.5b", dest="random", action="store_true", help="Qwen2.5-Coder-0.5B shapes, random weights")
+    src.add_argument("--target", help="a converted target in completiond's cache (e.g. qwen2.5-coder-1.5b)")
+    ap.add_argument("--kernels-only", action="store_true",
+                    help="only the int8 model on each kernel kind, ratios to each variant's one-node pass")
+    ap.add_argument("--kinds", default="", help="kernel kinds to run side by side (default: every kind this CPU runs)")
     ap.add_argument("--context", type=int, default=1536)
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     ap.add_argument("--reps", type=int, default=5, help="most timed passes per cell (the median drops a first-call outlier)")
@@ -168,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     t_start = time.perf_counter()
 
+    if args.target:
+        args.model = cache_root() / "models" / args.target
     if args.random:
         bf16, name = random_05b(), "random Qwen2.5-Coder-0.5B shapes"
     else:
@@ -176,17 +175,32 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         from transformers import AutoModelForCausalLM
         bf16 = AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.bfloat16, attn_implementation="sdpa").eval()
-        name = str(args.model)
-    models = {"bf16": bf16, "fp32": copy.deepcopy(bf16).float()}
-    for scheme in quant.SCHEMES:
-        m = copy.deepcopy(bf16)
-        quant.quantize(m, scheme, full_head=True)  # the cheap-head runner needs it
-        models[scheme] = m
+        name = args.target or str(args.model)
+    kinds = [k for k in args.kinds.split(",") if k] or list(cpu_kernel.kinds_here())
+    if args.kernels_only:
+        if not cpu_kernel.enabled():
+            print("pass_cost: --kernels-only needs completiond's int8 kernel", file=sys.stderr)
+            return 2
+        quant.quantize(bf16, "int8")  # as the daemon loads it (no full-precision copy of an untied head)
+        models = {"int8": bf16}
+    else:
+        models = {"bf16": bf16, "fp32": copy.deepcopy(bf16).float()}
+        for scheme in quant.SCHEMES:
+            m = copy.deepcopy(bf16)
+            quant.quantize(m, scheme, full_head=True)  # the cheap-head runner needs it
+            models[scheme] = m
     print(f"models ready in {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
 
     runners: dict[str, Runner] = {}
+    variant_kind: dict[str, str] = {}
     for weights, m in models.items():
         lm = LoadedModel(name=name, model=m, tokenizer=None, device=torch.device("cpu"), dtype=next(m.parameters()).dtype)
+        if weights == "int8" and cpu_kernel.enabled():  # each kernel kind on the same weights
+            for k in kinds:
+                runners[kind_variant(k)] = Runner(lm, capacity=args.context + 256, backend="lean")
+                variant_kind[kind_variant(k)] = k
+        if args.kernels_only:
+            continue
         for backend in ("transformers", "lean"):
             runners[f"{backend}/{weights}"] = Runner(lm, capacity=args.context + 256, backend=backend)
         if weights in quant.SCHEMES:
@@ -197,10 +211,6 @@ def main(argv: list[str] | None = None) -> int:
         if weights == "int8" and getattr(runners["lean/int8"].base, "native", None) is not None:
             runners[TORCH_OPS] = Runner(lm, capacity=args.context + 256, backend="lean")
             runners[TORCH_OPS].base.native = None  # each layer as torch ops around the same kernel
-        if weights == "int8" and cpu_kernel.int16_activations():  # float32 activations around its passes
-            runners[FLOAT_ACT] = Runner(lm, capacity=args.context + 256, backend="lean")
-        if weights == "int8" and cpu_kernel.int16_activations() and cpu_kernel.avx512_vnni():
-            runners[AVX2_SUMS] = Runner(lm, capacity=args.context + 256, backend="lean")
     for r in runners.values():
         fill_cache(r, args.context)
 
@@ -213,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in sizes:
             ids = torch.randint(0, bf16.config.vocab_size, (n,), generator=g).tolist()
             for v, r in runners.items():
-                with torch_kernel(v == TORCH_KERNEL), float_activations(v == FLOAT_ACT), avx2_sums(v == AVX2_SUMS):
+                with torch_kernel(v == TORCH_KERNEL), use_kind(variant_kind.get(v)):
                     t0 = clock()
                     logits = r.forward(ids, tree(n), range(n))
                     times[v][n].append((clock() - t0) * 1000)
@@ -221,16 +231,23 @@ def main(argv: list[str] | None = None) -> int:
                 kept[v][n].append(int(logits.isfinite().sum(-1).max()))
         print(f"rep {rep} done at {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
 
-    base = "transformers/bf16"
     # The fastest pass of each cell: contention on a shared machine only ever adds time.
     ms = {v: {n: round(min(t), 2) for n, t in by.items() if t} for v, by in times.items()}
     median = {v: {n: round(statistics.median(t), 2) for n, t in by.items() if t} for v, by in times.items()}
+    if args.kernels_only:  # each variant against its own one-node pass
+        base = "the same variant's one-node pass"
+        ratio = {v: {n: round(ms[v][n] / ms[v][sizes[0]], 3) for n in ms[v]} for v in ms}
+    else:
+        base = "transformers/bf16"
+        ratio = {v: {n: round(ms[v][n] / ms[base][n], 3) for n in ms[v]} for v in ms}
     print(f"\nms per pass ({args.clock} clock, fastest of the reps) after {args.context} tokens of context "
           f"({name}; {cpu_info()['model']}, {torch.get_num_threads()} threads); ratio to {base} in brackets")
-    print(f"{'variant':28s}" + "".join(f"{n:>14d}" for n in sizes))
+    print(f"{'variant':32s}" + "".join(f"{n:>14d}" for n in sizes))
     for v in runners:
-        cells = "".join(f"{ms[v][n]:>8.1f} ({ms[v][n] / ms[base][n]:.2f})" for n in sizes)
-        print(f"{v:28s}{cells}")
+        cells = "".join(f"{ms[v][n]:>8.1f} ({ratio[v][n]:.2f})" for n in sizes)
+        print(f"{v:32s}{cells}")
+    if args.kernels_only:
+        return finish(args, sizes, name, kinds, ms, median, ratio, base, times, t_start)
     heads = {"bf16": (models["bf16"].get_output_embeddings(), torch.bfloat16),
              "fp32": (models["fp32"].get_output_embeddings(), torch.float32)}
     for scheme in quant.SCHEMES:
@@ -250,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "context": args.context, "sizes": sizes, "tree": "node i under node (i-1)//2, logits at every node",
         "cache": "random K/V for the context (pass cost does not depend on the values)",
         "int8_kernel": cpu_kernel.name(), "torch_kernel_variant": TORCH_KERNEL, "torch_ops_variant": TORCH_OPS,
-        "float_activations_variant": FLOAT_ACT, "avx2_sums_variant": AVX2_SUMS,
+        "kind_variants": {kind_variant(k): k for k in kinds},
         "native_layer": "lean/int8 runs each Qwen2 layer in one C call (core/qwen2_layer.c) where "
                         f"{TORCH_OPS} is listed",
         "quantization": {"int8": f"per-output-channel symmetric, {cpu_kernel.name()} kernel",
@@ -259,13 +276,44 @@ def main(argv: list[str] | None = None) -> int:
         "refine": "top-8 float32 refinement on (the target's setting)",
         "clock": args.clock, "threads": torch.get_num_threads(), "load_average": list(os.getloadavg()),
         "ms_per_pass": ms, "ms_per_pass_median": median, "ratio_to": base,
-        "ratio": {v: {n: round(ms[v][n] / ms[base][n], 3) for n in ms[v]} for v in ms},
+        "ratio": ratio,
         "reps": {v: {n: len(t) for n, t in by.items()} for v, by in times.items()},
         "output_layer_one_row_ms": kernels,
         "cheap_head_max_rows_recomputed": cheap_rows,
         "cheap_head_fallbacks_to_dense_head": fallbacks,
         "note": "random weights give flat next-token distributions: the cheap head's rows and fallbacks "
                 "say little about a trained model",
+        "wall_s": round(time.perf_counter() - t_start, 1),
+    }
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    if args.plot:
+        plot(result, args.plot)
+    return 0
+
+
+def finish(args, sizes: list[int], name: str, kinds: list[str], ms: dict, median: dict, ratio: dict, base: str,
+           times: dict, t_start: float) -> int:
+    """--kernels-only: the JSON and plot of the kernel kinds side by side."""
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", *sys.argv]), "model": name, "cpu": cpu_info(),
+        "context": args.context, "sizes": sizes, "tree": "node i under node (i-1)//2, logits at every node",
+        "cache": "random K/V for the context (pass cost does not depend on the values)",
+        "int8_kernel_chosen_here": cpu_kernel.name(), "kind_variants": {kind_variant(k): k for k in kinds},
+        "kinds": {"float32": "int8_mm.c, float32 activations", "int16": "a16_mm.c, int16 activations (vpmaddwd)",
+                  "int16+avx512-vnni": "a16_mm.c on AVX512-VNNI vpdpwssd (same bits as int16)",
+                  "int8": "a8_mm.c, int8 activations (vpmaddubsw)",
+                  "int8+avx512-vnni": "a8_mm.c on AVX512-VNNI vpdpbusd (same bits as int8)",
+                  "int8+avx-vnni": "a8_mm.c on AVX-VNNI vpdpbusd (same bits as int8)"},
+        "model_setup": "int8 weights (quant.quantize, as the daemon loads them), lean backend with the native "
+                       "Qwen2 layer, output layer on the same kernel with the top-8 float32 refinement",
+        "clock": args.clock, "threads": torch.get_num_threads(), "load_average": list(os.getloadavg()),
+        "shared_machine": "other jobs ran on this 2-core machine at the same time (load_average); "
+                          "variants and sizes interleaved rep by rep, fastest rep per cell",
+        "ms_per_pass": ms, "ms_per_pass_median": median, "ratio_to": base, "ratio": ratio,
+        "reps": {v: {n: len(t) for n, t in by.items()} for v, by in times.items()},
         "wall_s": round(time.perf_counter() - t_start, 1),
     }
     if args.json:

@@ -130,7 +130,8 @@ def test_quantized_target_reported_in_json(capsys, src, tiny_dir):
     from completiond.core import cpu_kernel
     assert res["int8_kernel"] == cpu_kernel.name() and res["int8_kernel"] in (
         "completiond-avx2", "completiond-avx2+int16-activations", "completiond-avx2+int16-activations+avx512-vnni",
-        "torch")
+        "completiond-avx2+int8-activations", "completiond-avx2+int8-activations+avx512-vnni",
+        "completiond-avx2+int8-activations+avx-vnni", "torch")
 
 
 def test_quant_auto_by_device_and_dtype():

@@ -10,9 +10,9 @@
 #include <omp.h>
 #include <immintrin.h>
 void q5_mm(const float *x, const uint8_t *w, float *y, int64_t M, int64_t K, int64_t N, int threads);
-void completiond_int8_mm_a16(const float *x, const int8_t *w, const float *scale, float *y, int64_t M, int64_t K, int64_t N,
-            int threads);
-void completiond_int8_mm(const float *x, const int8_t *w, const float *scale, float *y, int64_t M, int64_t K, int64_t N, int threads);
+#include "completiond_kernels.h"  // completiond_mm and its kinds
+#define completiond_int8_mm(...) completiond_mm(COMPLETIOND_MM_F32, __VA_ARGS__)
+#define completiond_int8_mm_a16(...) completiond_mm(COMPLETIOND_MM_A16, __VA_ARGS__)
 #define MATS 12
 
 // One core's ceilings, to say what bounds a tree pass: 12 independent ymm FMA chains with every

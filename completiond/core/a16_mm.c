@@ -25,12 +25,8 @@
 static void quantize_row(const float *x, int64_t K, int16_t *xq, float *xs) {
     for (int64_t k0 = 0, b = 0; k0 < K; k0 += KB, b++) {
         int64_t k1 = k0 + KB < K ? k0 + KB : K;
-        float mx = 0.0f;
-        int finite = 1;
-        for (int64_t k = k0; k < k1; k++) {
-            mx = fmaxf(mx, fabsf(x[k]));
-            finite &= isfinite(x[k]) != 0;
-        }
+        int finite;
+        float mx = completiond_absmax(x + k0, k1 - k0, &finite);
         if (!finite) {
             xs[b] = NAN;
             for (int64_t k = k0; k < k1; k++) xq[k] = 0;
@@ -38,7 +34,13 @@ static void quantize_row(const float *x, int64_t K, int16_t *xq, float *xs) {
         }
         float s = mx > 0.0f ? mx / 32767.0f : 1.0f;
         xs[b] = s;
-        for (int64_t k = k0; k < k1; k++) xq[k] = (int16_t)lrintf(x[k] / s);
+        __m256 sv = _mm256_set1_ps(s);
+        int64_t k = k0;
+        for (; k + 8 <= k1; k += 8) {  // |x / s| <= 32767: the pack never saturates
+            __m256i v = completiond_round8(x + k, sv);
+            _mm_storeu_si128((__m128i *)(xq + k), _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+        }
+        for (; k < k1; k++) xq[k] = (int16_t)lrintf(x[k] / s);
     }
 }
 
@@ -101,7 +103,7 @@ static inline __attribute__((always_inline)) void block(int R, int C, const int1
 #undef SUFFIX
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vnni")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
 // block() with 512-bit sums: [R, C] of 16 int32 lanes over 32 activations per step, folded to the
 // AVX2 loop's 8 lanes (lane i + lane i + 8) for the block's end (the AVX2 code, inlined here).
 static inline __attribute__((always_inline)) void block512(int R, int C, const int16_t *x, const float *xs,

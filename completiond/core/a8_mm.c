@@ -25,7 +25,10 @@
 #include "completiond_kernels.h"
 
 #define NB 16   // output channels per thread work item
-#define KB 128  // activations per int8 block (one scale each); a multiple of 64
+#ifndef A8_KB  // (a -D for probes)
+#define A8_KB 128
+#endif
+#define KB A8_KB  // activations per int8 block (one scale each); a multiple of 64
 
 typedef struct {
     int8_t *q;      // [M, kp] int8, zero past K
@@ -38,26 +41,37 @@ typedef struct {
 // the outputs it feeds are nan, as float arithmetic would make them.
 static void quantize_row(const float *x, int64_t K, int64_t kp, int8_t *q, float *s, int32_t *corr) {
     memset(q, 0, kp);
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     for (int64_t k0 = 0, b = 0; k0 < kp; k0 += KB, b++) {
         int64_t k1 = k0 + KB < K ? k0 + KB : K;
-        float mx = 0.0f;
-        int finite = 1;
-        for (int64_t k = k0; k < k1; k++) {
-            mx = fmaxf(mx, fabsf(x[k]));
-            finite &= isfinite(x[k]) != 0;
-        }
+        int finite;
+        float mx = completiond_absmax(x + k0, k1 - k0, &finite);
         int32_t *cb = corr + b * 16;
-        memset(cb, 0, 16 * sizeof(int32_t));
         if (!finite) {
             s[b] = NAN;
+            memset(cb, 0, 16 * sizeof(int32_t));
             continue;
         }
         float sc = mx > 0.0f ? mx / 127.0f : 1.0f;
         s[b] = sc;
-        for (int64_t k = k0; k < k1; k++) {
-            q[k] = (int8_t)lrintf(x[k] / sc);  // |x / sc| <= 127
-            cb[((k - k0) & 63) >> 2] -= 128 * q[k];
+        __m256 sv = _mm256_set1_ps(sc);
+        int64_t k = k0;
+        for (; k + 8 <= k1; k += 8) {  // |x / sc| <= 127: the packs never saturate
+            __m256i v = completiond_round8(x + k, sv);
+            __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            _mm_storel_epi64((__m128i *)(q + k), _mm_packs_epi16(h, h));
         }
+        for (; k < k1; k++) q[k] = (int8_t)lrintf(x[k] / sc);
+        // lane i of 16: -128 * the sum of bytes 4i..4i+3 of every 64 bytes (the block is zero past K)
+        __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+        for (int64_t j = k0; j < k0 + KB; j += 64) {
+            __m256i a = _mm256_loadu_si256((const __m256i *)(q + j)), c = _mm256_loadu_si256((const __m256i *)(q + j + 32));
+            lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, a), ones16));
+            hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, c), ones16));
+        }
+        const __m256i m128 = _mm256_set1_epi32(-128);
+        _mm256_storeu_si256((__m256i *)cb, _mm256_mullo_epi32(lo, m128));
+        _mm256_storeu_si256((__m256i *)(cb + 8), _mm256_mullo_epi32(hi, m128));
     }
 }
 
@@ -74,7 +88,7 @@ static inline void tail_copy(int8_t *dst, const int8_t *src, int64_t n, int widt
 static inline __attribute__((always_inline)) void block_avx2(int R, int C, const int8_t *q, int64_t kp,
                                                               const int32_t *corr, int64_t nb, int64_t b,
                                                               const int8_t *w, int64_t K, int64_t k0, int64_t len,
-                                                              __m256i dot[4][4]) {
+                                                              __m256i dot[8][4]) {
     (void)corr, (void)nb, (void)b;
     const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < R; r++)
@@ -125,13 +139,13 @@ static inline __attribute__((always_inline)) void block_avx2(int R, int C, const
 
 // ---- AVX512-VNNI: 512-bit vpdpbusd ----
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vnni")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
 static inline __attribute__((always_inline)) void block_vnni512(int R, int C, const int8_t *q, int64_t kp,
                                                                  const int32_t *corr, int64_t nb, int64_t b,
                                                                  const int8_t *w, int64_t K, int64_t k0,
-                                                                 int64_t len, __m256i dot[4][4]) {
+                                                                 int64_t len, __m256i dot[8][4]) {
     const __m512i bias = _mm512_set1_epi8((char)0x80);
-    __m512i wide[4][4];
+    __m512i wide[8][4];
     for (int r = 0; r < R; r++) {
         __m512i c0 = _mm512_loadu_si512((const void *)(corr + (r * nb + b) * 16));
         for (int c = 0; c < C; c++) wide[r][c] = c0;
@@ -159,7 +173,7 @@ static inline __attribute__((always_inline)) void block_vnni512(int R, int C, co
 
 #define BLOCK block_vnni512
 #define SUFFIX _vnni512
-#define RB 4
+#define RB 4  // 12 int32 sums + 12 float accumulators + 3 weight vectors: within 32 registers
 #define CB 3
 #define C3 4
 #define C2 4
@@ -180,7 +194,7 @@ static inline __attribute__((always_inline)) void block_vnni512(int R, int C, co
 static inline __attribute__((always_inline)) void block_avxvnni(int R, int C, const int8_t *q, int64_t kp,
                                                                  const int32_t *corr, int64_t nb, int64_t b,
                                                                  const int8_t *w, int64_t K, int64_t k0,
-                                                                 int64_t len, __m256i dot[4][4]) {
+                                                                 int64_t len, __m256i dot[8][4]) {
     const __m256i bias = _mm256_set1_epi8((char)0x80);
     for (int r = 0; r < R; r++) {
         const int32_t *cr = corr + (r * nb + b) * 16;

@@ -13,8 +13,8 @@
 // same code on every path), then a fixed horizontal sum and the channel's scale.
 static inline __attribute__((always_inline)) void TILE(int R, int C, const A8Rows *a, int64_t m0, const int8_t *w,
                                                         const float *scale, int64_t K, float *y, int64_t ldy) {
-    __m256 acc[4][4];
-    __m256i dot[4][4];
+    __m256 acc[8][4];
+    __m256i dot[8][4];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     const int8_t *q = a->q + m0 * a->kp;

@@ -9,6 +9,7 @@
 #define COMPLETIOND_KERNELS_H
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 
 // y [M, N] = (x [M, K] . w [N, K]^T) * scale [N]: how the activations x (float32 in memory) meet
@@ -64,6 +65,36 @@ static inline float completiond_hsum8(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+// The largest |x[k]| over [0, n) (0 for n = 0), and in *finite whether every x[k] is finite.
+static inline float completiond_absmax(const float *x, int64_t n, int *finite) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
+    __m256 mx = _mm256_setzero_ps(), ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k));
+        mx = _mm256_max_ps(mx, a);
+        ok = _mm256_and_ps(ok, _mm256_cmp_ps(a, inf, _CMP_LT_OQ));  // false for inf and nan
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, mx);
+    float m = 0.0f;
+    for (int i = 0; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
+    int fin = _mm256_movemask_ps(ok) == 0xff;
+    for (; k < n; k++) {
+        float a = x[k] < 0 ? -x[k] : x[k];
+        fin &= a < INFINITY;  // false for inf and nan
+        m = a > m ? a : m;
+    }
+    *finite = fin;
+    return m;
+}
+
+// round(x[k] / s) as int32 for 8 lanes: IEEE division and round-half-even, as lrintf(x / s) in the
+// default rounding mode (so the scalar tails give the same values).
+static inline __m256i completiond_round8(const float *x, __m256 s) {
+    return _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x), s));
 }
 
 #endif

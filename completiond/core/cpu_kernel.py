@@ -73,7 +73,7 @@ KINDS = {"float32": 0, "int16": 1, "int16+avx512-vnni": 2, "int8": 3, "int8+avx5
 ACTIVATIONS = ("float32", "int16", "int8")
 NAME = "completiond-avx2"  # what status / --json report as the int8 kernel
 SUFFIX = {"float32": "", "int16": "+int16-activations", "int8": "+int8-activations"}  # appended to NAME
-AVX512_VNNI = {"avx512f", "avx512bw", "avx512_vnni"}  # /proc/cpuinfo flags the 512-bit VNNI kernels need
+AVX512_VNNI = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # /proc/cpuinfo flags the 512-bit VNNI kernels need
 
 
 def wanted() -> bool:

@@ -6,7 +6,7 @@ int completiond_mm_supported(int kind) {
     __builtin_cpu_init();
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     int vnni512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                  __builtin_cpu_supports("avx512vnni");
+                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
     switch (kind) {
         case COMPLETIOND_MM_F32:
         case COMPLETIOND_MM_A16:
@@ -20,6 +20,7 @@ int completiond_mm_supported(int kind) {
 
 int completiond_mm(int kind, const float *x, const int8_t *w, const float *scale, float *y, int64_t M, int64_t K,
                    int64_t N, int threads) {
+    if (!completiond_mm_supported(kind)) return -1;
     switch (kind) {
         case COMPLETIOND_MM_F32: completiond_mm_f32(x, w, scale, y, M, K, N, threads); return 0;
         case COMPLETIOND_MM_A16:
