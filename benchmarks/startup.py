@@ -112,6 +112,31 @@ def cli_complete(code: Path, cache: Path, target: str, extra: list[str]) -> dict
             "text": res["text"], "via_daemon": "daemon" in res}
 
 
+LOAD_CPU = """
+import resource, sys, time
+t0 = time.perf_counter()
+from completiond.models import load
+lm = load(sys.argv[1], "target", "cpu", "auto", "auto")
+from completiond.core.engine import Engine
+Engine(lm, None).calibrate_cached()
+from completiond.core.prompt import prepare_tokenizer
+prepare_tokenizer(lm.tokenizer)
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(round(ru.ru_utime + ru.ru_stime, 2), round(time.perf_counter() - t0, 2), ru.ru_maxrss // 1024)
+"""
+
+
+def load_cpu(code: Path, cache: Path, target: str) -> dict:
+    """CPU seconds (user + sys) of one process loading the target as a daemon does (imports, load,
+    engine, prompt tables): what contention inflates least; and its wall time and peak RSS."""
+    out = subprocess.run([sys.executable, "-c", LOAD_CPU, target], env=env_for(code, cache), cwd=code,
+                         capture_output=True, text=True, timeout=900)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-2000:])
+    cpu, wall, peak = out.stdout.split()[-3:]
+    return {"cpu_s": float(cpu), "wall_s": float(wall), "peak_rss_mb": int(peak)}
+
+
 def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
@@ -158,12 +183,17 @@ def main() -> int:
     ap.add_argument("--baseline", default=None, help="another checkout to measure side by side")
     ap.add_argument("--baseline-cache", default=None, help="its COMPLETIOND_CACHE (default: --cache)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--load-cpu-only", action="store_true",
+                    help="only the CPU time of loading, in fresh processes, interleaved with the baseline")
     a = ap.parse_args()
     from completiond.paths import cache_root
 
     cache = Path(a.cache) if a.cache else cache_root()
     # convert (untimed) and make sure the kernel is built and the calibrations are cached
-    cli_complete(ROOT, cache, a.target, ["--no-daemon"])
+    if a.load_cpu_only:
+        load_cpu(ROOT, cache, a.target)
+    else:
+        cli_complete(ROOT, cache, a.target, ["--no-daemon"])
     load = os.getloadavg()
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -175,6 +205,18 @@ def main() -> int:
     }
     base = Path(a.baseline) if a.baseline else None
     bcache = Path(a.baseline_cache) if a.baseline_cache else cache
+    if a.load_cpu_only:
+        for key, code, c in (("this", ROOT, cache), ("baseline", base, bcache)):
+            result[key] = {"load": []}
+        for _ in range(a.repeat):
+            result["this"]["load"].append(load_cpu(ROOT, cache, a.target))
+            if base is not None:
+                result["baseline"]["load"].append(load_cpu(base, bcache, a.target))
+        result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        out = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / f"startup-load-cpu-{a.target}.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps({k: result[k]["load"] for k in ("this", "baseline") if result[k]["load"]}, indent=1))
+        return 0
     this, other = [], []
     for _ in range(a.repeat):  # interleaved: both see the same machine load
         this.append(one_run(ROOT, cache, a.target, True))
