@@ -195,8 +195,7 @@ def complete_via_daemon(a: argparse.Namespace, text: str, offset: int, path: Pat
                                               lambda st: daemon_mismatch(a, st), roots, waiting))
     except (FileNotFoundError, ConnectionRefusedError):
         return None  # a socket file with no daemon behind it
-    except Mismatch as e:
-        print(f"completiond: not asking the daemon on {sock} ({e}); loading the models here", file=sys.stderr)
+    except Mismatch:  # flags that ask for other models or settings: loaded here, as without a daemon
         return None
     except (DaemonError, OSError, TimeoutError, asyncio.TimeoutError) as e:
         print(f"completiond: the daemon on {sock} did not answer ({e or type(e).__name__}); loading the models "

@@ -116,6 +116,10 @@ def ensure_runtime(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, pr
     the work goes to a partial folder named for its process (removed on failure, or by a later
     process once that one is gone) and its files are renamed into place.
     """
+    for p in integrity.remove_stale_partials(folder.parent, folder.name):  # dead processes' work: no lock needed
+        print(f"completiond: removed {p}, left by a conversion that did not finish", file=sys.stderr)
+    if integrity.unchanged(folder, _needed(folder, dtype, scheme)):
+        return  # a normal start: stat only
     with file_lock(folder.with_name(folder.name + ".lock")):
         for p in integrity.remove_stale_partials(folder.parent, folder.name, locked=True):
             print(f"completiond: removed {p}, left by a conversion that did not finish", file=sys.stderr)
@@ -140,6 +144,7 @@ def ensure_runtime(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, pr
             size = sum(f.stat().st_size for f in old.iterdir() if f.is_file()) / 1e9
             shutil.rmtree(old, ignore_errors=True)
             old.with_name(old.name + ".lock").unlink(missing_ok=True)
+            integrity.remove_stale_partials(old.parent, old.name, locked=True)  # an old version's killed conversions
             print(f"completiond: removed the old float32 cache {old} ({size:.1f} GB); the model now loads "
                   f"from {folder}", file=sys.stderr)
 

@@ -61,6 +61,16 @@ def record(folder: Path, digests: dict[str, str]) -> None:
     write_manifest(folder, files)
 
 
+def unchanged(folder: Path, names: list[str]) -> bool:
+    """Every file recorded and its stamp as recorded: a normal start's check (stat only, no hashing,
+    no writing, no lock)."""
+    files = read_manifest(folder)
+    try:
+        return all(isinstance(files.get(n), dict) and files[n].get("stamp") == stamp(folder / n) for n in names)
+    except OSError:
+        return False
+
+
 def check(folder: Path, names: list[str]) -> dict[str, str]:
     """The files among `names` that cannot be trusted, with why ("missing", "unrecorded",
     "damaged"); {} when all are intact. Hashes only files whose stamp changed, and re-stamps the
