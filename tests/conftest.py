@@ -29,3 +29,17 @@ def daemon(tmp_path_factory, tiny_dir):
     proc = start_daemon(sock, tiny_dir)
     yield sock
     assert stop_daemon(proc) == 0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_default_socket(tmp_path_factory):
+    """`completiond complete` asks a running daemon at the default socket when there is one: the
+    tests' default socket is a folder of their own, so a user's daemon never answers for them."""
+    import os
+
+    if "COMPLETIOND_SOCKET" in os.environ:
+        yield
+        return
+    os.environ["COMPLETIOND_SOCKET"] = str(tmp_path_factory.mktemp("default-run") / "daemon.sock")
+    yield
+    os.environ.pop("COMPLETIOND_SOCKET", None)
