@@ -28,6 +28,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,9 @@ sys.path.insert(0, str(ROOT))
 from completiond.bench.repo import read_text_file, resolve_repo, sample_positions  # noqa: E402
 from completiond.core import budget as B  # noqa: E402
 from completiond.paths import cache_root  # noqa: E402
+
+
+LINES = 40
 
 
 def busy_loops(n: int) -> list[subprocess.Popen]:
@@ -83,10 +87,15 @@ async def run(sock: Path, positions, completions: int, every: int, max_tokens: i
     for k in range(completions):
         pos = positions[k % len(positions)]
         doc, _ = pos.document(read_text_file(pos.file) or "")
-        uri = f"file:///heal/{k % len(positions)}/{pos.file.name}"
+        # the LINES lines before the cursor's and LINES after: short prompts, so a loaded machine's
+        # prefill does not swamp the passes this measures
+        lines = doc.splitlines(keepends=True)
+        top = max(0, pos.line - LINES)
+        doc = "".join(lines[top:pos.line + LINES])
+        uri = f"file:///heal/{k}/{pos.file.name}"
         await c.request("document/open", {"uri": uri, "text": doc, "version": k, "language_id": "python"})
         t0 = time.perf_counter()
-        await c.request("complete", {"uri": uri, "position": {"line": pos.line, "character": pos.col},
+        await c.request("complete", {"uri": uri, "position": {"line": pos.line - top, "character": pos.col},
                                      "max_tokens": max_tokens})
         ms.append((time.perf_counter() - t0) * 1000)
         await c.request("document/close", {"uri": uri})
@@ -125,6 +134,7 @@ def main() -> int:
     ap.add_argument("--min-passes", type=int, default=B.WINDOW // 2, help="a size counts as used from this many passes")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: the daemon and busy loops are stopped too
 
     import torch
 
