@@ -43,9 +43,6 @@ from completiond.core import budget as B  # noqa: E402
 from completiond.paths import cache_root  # noqa: E402
 
 
-LINES = 40
-
-
 def busy_loops(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
@@ -87,15 +84,10 @@ async def run(sock: Path, positions, completions: int, every: int, max_tokens: i
     for k in range(completions):
         pos = positions[k % len(positions)]
         doc, _ = pos.document(read_text_file(pos.file) or "")
-        # the LINES lines before the cursor's and LINES after: short prompts, so a loaded machine's
-        # prefill does not swamp the passes this measures
-        lines = doc.splitlines(keepends=True)
-        top = max(0, pos.line - LINES)
-        doc = "".join(lines[top:pos.line + LINES])
-        uri = f"file:///heal/{k}/{pos.file.name}"
+        uri = f"file:///heal/{k % len(positions)}/{pos.file.name}"
         await c.request("document/open", {"uri": uri, "text": doc, "version": k, "language_id": "python"})
         t0 = time.perf_counter()
-        await c.request("complete", {"uri": uri, "position": {"line": pos.line - top, "character": pos.col},
+        await c.request("complete", {"uri": uri, "position": {"line": pos.line, "character": pos.col},
                                      "max_tokens": max_tokens})
         ms.append((time.perf_counter() - t0) * 1000)
         await c.request("document/close", {"uri": uri})
