@@ -28,6 +28,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -125,6 +126,7 @@ def main() -> int:
     ap.add_argument("--min-passes", type=int, default=B.WINDOW // 2, help="a size counts as used from this many passes")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: the daemon and busy loops are stopped too
 
     import torch
 

@@ -93,3 +93,30 @@ def test_bench_prompts_carry_the_imported_workspace_files_with_repo_context(tmp_
         assert "VALUE = 42" not in tok.decode(a.prompt)
         fim_prefix = tok.convert_tokens_to_ids("<|fim_prefix|>")
         assert a.prompt[a.prompt.index(fim_prefix):] == b.prompt  # the same FIM body, no header without context
+
+
+def test_bench_runs_two_targets_side_by_side(tmp_path, tiny_dir):
+    """--targets A,B: the same positions on each target in turn; quality, latency and pass cost by
+    tree size per target in one JSON (issue 37 item 4)."""
+    from completiond.flags import EXIT_USAGE
+
+    (tmp_path / "repo").mkdir()
+    repo = make_repo(tmp_path / "repo")
+    other = tiny.save(tmp_path / "other", tiny.gemma_config(window=16), seed=2, scale=4.0)
+    out = tmp_path / "b.json"
+    targets = f"{tiny_dir},{other}"
+    assert cli.main(["bench", "--repo", str(repo), "--positions", "3", "--modes", "ar,pld", "--max-tokens", "8",
+                     "--targets", targets, "--draft", "none", "--dtype", "float32", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["targets"] == [str(tiny_dir), str(other)] and res["positions"] == 3
+    a, b = (res["side_by_side"][t] for t in res["targets"])
+    for side in (a, b):
+        assert set(side["modes"]) == {"ar", "pld"} and side["pass_cost_ms"]
+        for row in side["modes"].values():
+            assert {"p50_ms", "exact_match", "edit_similarity", "p50_vs_first_ar"} <= row.keys()
+        assert side["modes"]["pld"]["identical_rate"] == 1.0
+    assert a["modes"]["ar"]["p50_vs_first_ar"] == 1.0
+    # the same positions: each target's details name the same files and lines
+    da, db = (res["by_target"][t]["details"] for t in res["targets"])
+    assert [(d["file"], d["line"], d["col"]) for d in da] == [(d["file"], d["line"], d["col"]) for d in db]
+    assert cli.main(["bench", "--repo", str(repo), "--targets", str(tiny_dir)]) == EXIT_USAGE

@@ -2,6 +2,9 @@
 
     completiond bench --repo pypi:toolz==1.0.0 --positions 40 --modes ar,pld,draft,combined \\
         --peers hf-plain,hf-prompt-lookup,hf-assisted,llama.cpp --json out.json --plot out.png
+
+With --targets A,B the same positions run on each target in turn (one loaded at a time), and the JSON
+puts them side by side: quality and latency per mode, pass cost by tree size, draft step cost.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ def add_parser(sub) -> None:
                         "(cached: what a daemon started now would use; real passes refine both alike)")
     b.add_argument("--json", default=None, metavar="OUT", help="also write the full result as JSON to OUT")
     b.add_argument("--plot", default=None, metavar="OUT.png", help="write a latency plot to OUT.png")
+    b.add_argument("--targets", default=None, metavar="A,B",
+                   help="run the same positions on each of these targets in turn and report them side by side "
+                        "(instead of --target)")
     model_flags(b)
     b.set_defaults(func=cmd_bench)
 
@@ -51,12 +57,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     import torch
 
     from ..flags import UsageError, check_plot
-    from ..core.engine import MODES, Engine
-    from ..models import ModelError, draft_label, load, load_draft
-    from ..service.protocol import prefill_dtype
-    from .modes import run_modes
-    from .peers import llama_cpp_available, run_llama_cpp, run_transformers
-    from .report import details, plot, summarize_modes, summarize_peers
+    from ..core.engine import MODES
     from .repo import resolve_repo, sample_positions
 
     check_plot(a.plot, "bench")
@@ -66,18 +67,65 @@ def cmd_bench(a: argparse.Namespace) -> int:
     peers = list(PEERS) if a.peers == "all" else [p.strip() for p in a.peers.split(",") if p.strip()]
     if any(p not in PEERS for p in peers):
         raise UsageError(f"--peers takes a comma list of {', '.join(PEERS)}")
+    targets = [t.strip() for t in (a.targets or "").split(",") if t.strip()]
+    if a.targets is not None and (len(targets) < 2 or len(set(targets)) < len(targets)):
+        raise UsageError("--targets takes a comma list of two or more different targets")
     if a.threads:
         torch.set_num_threads(a.threads)
     try:
         root, label = resolve_repo(a.repo)
-        target = load(a.target, "target", a.device, a.dtype, a.quant)
-        uses_draft = bool({"draft", "combined"} & set(modes)) or "hf-assisted" in peers
-        draft = load_draft(a.draft, target) if uses_draft else None
-    except (ValueError, ModelError) as e:
+    except ValueError as e:
         raise UsageError(str(e)) from None
     positions = sample_positions(root, a.positions, a.cursor, a.seed)
     if not positions:
         raise UsageError(f"no code positions found in {root}")
+    if not targets:
+        summary = bench_target(a, a.target, root, label, positions, modes, peers)
+        if a.plot:
+            from .report import plot
+
+            plot(summary, Path(a.plot))
+        text = table(summary)
+    else:
+        import gc
+
+        runs = {}
+        for t in targets:
+            runs[t] = bench_target(argparse.Namespace(**{**vars(a), "target": t}), t, root, label, positions,
+                                   modes, peers)
+            gc.collect()  # one target in memory at a time
+            if a.plot:
+                from .report import plot
+
+                plot(runs[t], Path(a.plot).with_name(f"{Path(a.plot).stem}-{t.replace('/', '_')}.png"))
+        summary = side_by_side(runs, label)
+        text = "\n\n".join([table(r) for r in runs.values()] + [side_table(summary)])
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(summary, indent=2) + "\n")
+    print(text)
+    return 0
+
+
+def bench_target(a: argparse.Namespace, target_spec: str, root: Path, label: str, positions: list,
+                 modes: list[str], peers: list[str]) -> dict:
+    """One target's run: every mode (and peer) at every position; the JSON summary."""
+    import torch
+
+    from ..flags import UsageError
+    from ..core.engine import Engine
+    from ..models import ModelError, draft_label, load, load_draft
+    from ..service.protocol import prefill_dtype
+    from .modes import run_modes
+    from .peers import llama_cpp_available, run_llama_cpp, run_transformers
+    from .report import details, summarize_modes, summarize_peers
+
+    try:
+        target = load(target_spec, "target", a.device, a.dtype, a.quant)
+        uses_draft = bool({"draft", "combined"} & set(modes)) or "hf-assisted" in peers
+        draft = load_draft(a.draft, target) if uses_draft else None
+    except (ValueError, ModelError) as e:
+        raise UsageError(str(e)) from None
     engine = Engine(target, draft, backend=a.backend)
     if a.calibration == "cached":
         engine.calibrate_cached()
@@ -121,14 +169,43 @@ def cmd_bench(a: argparse.Namespace) -> int:
         from .edits import run_edits
 
         summary["edits"] = run_edits(engine, root, a.edits, a.seed)
-    text = json.dumps(summary, indent=2)
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(text + "\n")
-    if a.plot:
-        plot(summary, Path(a.plot))
-    print(table(summary))
-    return 0
+    return summary
+
+
+SIDE_KEYS = ("p50_ms", "p95_ms", "p50_first_token_ms", "tokens_per_s", "mean_accepted", "speedup_vs_ar",
+             "identical_rate", "exact_match", "edit_similarity")
+
+
+def side_by_side(runs: dict[str, dict], label: str) -> dict:
+    """Targets run on the same positions: per target and mode its latency and quality, its pass cost
+    by tree size and draft step cost; `ratio_vs_first_ar`: each mode's p50 over the first target's
+    `ar` p50 (issue 37: a bigger target's `combined` against the smaller one's `ar`)."""
+    first = next(iter(runs.values()))
+    base = first["modes"]["ar"]["p50_ms"]
+    side = {}
+    for t, r in runs.items():
+        side[t] = {"target": r["target"], "draft": r["draft"], "quant": r["quant"], "pass_cost_ms": r["pass_cost_ms"],
+                   "draft_step_ms": r["draft_step_ms"],
+                   "modes": {m: {**{k: row.get(k) for k in SIDE_KEYS},
+                                 "p50_vs_first_ar": round(row["p50_ms"] / base, 3) if base else None}
+                             for m, row in r["modes"].items()}}
+    return {"repo": label, "machine": first["machine"], "date": first["date"], "command": first["command"],
+            "positions": first["positions"], "targets": list(runs), "side_by_side": side, "by_target": runs}
+
+
+def side_table(summary: dict) -> str:
+    names = summary["targets"]
+    lines = [f"side by side on {summary['positions']} positions of {summary['repo']} "
+             f"(p50 vs {names[0]} ar p50):",
+             f"{'target':<28}{'mode':<10}{'p50 ms':>9}{'vs ar0':>8}{'tok/s':>8}{'exact':>7}{'edit sim':>9}"]
+    for t in names:
+        for m, r in summary["side_by_side"][t]["modes"].items():
+            lines.append(f"{t:<28}{m:<10}{r['p50_ms']:>9.1f}{r['p50_vs_first_ar']:>8.2f}{r['tokens_per_s']:>8.1f}"
+                         f"{r['exact_match']:>7.2f}{r['edit_similarity']:>9.2f}")
+    for t in names:
+        costs = summary["side_by_side"][t]["pass_cost_ms"]
+        lines.append(f"{t}: pass ms by tree size " + ", ".join(f"{n}: {ms:.1f}" for n, ms in costs.items()))
+    return "\n".join(lines)
 
 
 def machine(target) -> str:

@@ -178,6 +178,8 @@ class TreeBudget:
         tokens it may lose)."""
         stale, stalest = None, None
         for s, e in self._cost.copy().items():
+            if not isinstance(e, SizeCost):
+                continue  # an older controller's entry (benchmarks/budget_ab.py): never probed
             if s <= reach and s != chosen and self._passes - e.last > PROBE_AFTER and (
                     stalest is None or e.last < stalest.last or (e.last == stalest.last and s < stale)):
                 stale, stalest = s, e
