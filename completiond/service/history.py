@@ -137,7 +137,8 @@ class History:
         if old == new:
             return None
         last = self.edits[-1] if self.edits else None
-        if last is not None and last.uri == uri and now - last.at <= self.merge_s and max(len(last.new), len(last.old)) <= MAX_EDIT_CHARS \
+        whole = last is not None and max(len(last.new), len(last.old)) <= MAX_EDIT_CHARS  # not cut: mergeable
+        if whole and last.uri == uri and now - last.at <= self.merge_s \
                 and start <= last.start + len(last.new) and end_old >= last.start:
             # continue the last edit: its new text spans [s, s + len(new)) of old_text; the union of
             # both spans, in old_text, was the last edit's before-text there
