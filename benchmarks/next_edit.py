@@ -198,6 +198,46 @@ def run_case(engine, tok, case: Case, with_ar: bool) -> dict:
     return row
 
 
+def summary(sel: list[dict]) -> dict:
+    if not sel:
+        return {}
+    lat = [r["pld"]["ms_total"] for r in sel]
+    ar = [r for r in sel if "ar" in r]
+    out = {"cases": len(sel), "exact_edit_rate": round(float(np.mean([r["exact"] for r in sel])), 3),
+           "edit_similarity": round(float(np.mean([r["edit_similarity"] for r in sel])), 3),
+           "latency_ms_p50": round(float(np.percentile(lat, 50)), 1),
+           "latency_ms_p95": round(float(np.percentile(lat, 95)), 1)}
+    if ar:
+        dec_spec = sum(r["pld"]["ms_total"] - r["pld"]["ms_first_token"] for r in ar)
+        dec_ar = sum(r["ar"]["ms_total"] - r["ar"]["ms_first_token"] for r in ar)
+        out.update({"identical": f"{sum(r['identical'] for r in ar)}/{len(ar)}",
+                    "decode_speedup_total": round(dec_ar / dec_spec, 3) if dec_spec else None,
+                    "decode_speedup_p50": round(float(np.median([r["decode_speedup"] for r in ar
+                                                                 if r["decode_speedup"]])), 3),
+                    "pass_ratio_total": round(sum(r["ar"]["passes"] for r in ar)
+                                              / max(1, sum(r["pld"]["passes"] for r in ar)), 3)})
+    return out
+
+
+def write(a: argparse.Namespace, rows: list[dict], n_cases: int, target, engine, calibration: str,
+          load_s: float) -> dict:
+    result = {
+        "command": " ".join(sys.argv), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu": cpu_name(), "target": target.name, "dtype": str(target.dtype).replace("torch.", ""),
+        "quant": target.meta.get("quant", "none"), "calibration": calibration,
+        "pass_cost_ms": {str(k): round(v, 2) for k, v in engine.budget.costs().items()},
+        "load_s": round(load_s, 1), "packages": a.packages, "cases_done": f"{len(rows)}/{n_cases}",
+        "note": "2-core machine shared with ~7 other agents: ms are noisy; passes and identity are not",
+        "summary": {"all": summary(rows), "rename": summary([r for r in rows if r["kind"] == "rename"]),
+                    "release": summary([r for r in rows if r["kind"] == "release"])},
+        "cases": rows,
+    }
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="qwen2.5-coder-0.5b")
@@ -229,50 +269,19 @@ def main() -> None:
     engine = Engine(target)
     calibration = engine.calibrate_cached()
     load_s = time.time() - t0
-    rows = []
+    rows: list[dict] = []
     for i, c in enumerate(cases):
         row = run_case(engine, target.tokenizer, c, with_ar=i < a.ar)
         rows.append(row)
+        if a.json:  # after every case: a run stopped early keeps what it measured
+            write(a, rows, len(cases), target, engine, calibration, load_s)
         print(json.dumps({k: row[k] for k in ("kind", "case", "exact", "edit_similarity", "tokens")}
                          | {"pld_ms": row["pld"]["ms_total"], "passes": row["pld"]["passes"],
                             "ar_passes": row.get("ar", {}).get("passes"), "identical": row.get("identical"),
                             "decode_speedup": row.get("decode_speedup")}), flush=True)
 
-    def summary(sel: list[dict]) -> dict:
-        if not sel:
-            return {}
-        lat = [r["pld"]["ms_total"] for r in sel]
-        ar = [r for r in sel if "ar" in r]
-        out = {"cases": len(sel), "exact_edit_rate": round(float(np.mean([r["exact"] for r in sel])), 3),
-               "edit_similarity": round(float(np.mean([r["edit_similarity"] for r in sel])), 3),
-               "latency_ms_p50": round(float(np.percentile(lat, 50)), 1),
-               "latency_ms_p95": round(float(np.percentile(lat, 95)), 1)}
-        if ar:
-            dec_spec = sum(r["pld"]["ms_total"] - r["pld"]["ms_first_token"] for r in ar)
-            dec_ar = sum(r["ar"]["ms_total"] - r["ar"]["ms_first_token"] for r in ar)
-            out.update({"identical": f"{sum(r['identical'] for r in ar)}/{len(ar)}",
-                        "decode_speedup_total": round(dec_ar / dec_spec, 3) if dec_spec else None,
-                        "decode_speedup_p50": round(float(np.median([r["decode_speedup"] for r in ar
-                                                                     if r["decode_speedup"]])), 3),
-                        "pass_ratio_total": round(sum(r["ar"]["passes"] for r in ar)
-                                                  / max(1, sum(r["pld"]["passes"] for r in ar)), 3)})
-        return out
-
-    result = {
-        "command": " ".join(sys.argv), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": cpu_name(), "target": target.name, "dtype": str(target.dtype).replace("torch.", ""),
-        "quant": target.meta.get("quant", "none"), "calibration": calibration,
-        "pass_cost_ms": {str(k): round(v, 2) for k, v in engine.budget.costs().items()},
-        "load_s": round(load_s, 1), "packages": a.packages,
-        "note": "2-core machine shared with ~7 other agents: ms are noisy; passes and identity are not",
-        "summary": {"all": summary(rows), "rename": summary([r for r in rows if r["kind"] == "rename"]),
-                    "release": summary([r for r in rows if r["kind"] == "release"])},
-        "cases": rows,
-    }
+    result = write(a, rows, len(cases), target, engine, calibration, load_s)
     print(json.dumps(result["summary"], indent=1))
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
