@@ -121,6 +121,11 @@ def test_prompt_shows_diffs_and_the_region_and_fits_the_budget():
     doc = tok.decode(ids)
     assert "-x\n+y\n" in doc and f"{START}\n{text[w.start:w.end]}{END}\n" in doc
     assert "```" in stops.stop_strings
+    assert len(stops.stop_strings) == 3  # the line below the region is also in it (the text repeats): no stop there
+    plain = SRC + "\n\nclass Shape:\n    sides = 4\n"
+    w = window_at(plain, 0, after=6)  # the region is SRC: below it two blank lines and the class
+    _, stops = next_edit_prompt(tok, plain, w, [], "a.py", "python")
+    assert "\nclass Shape:\n" in stops.stop_strings  # an answer that copies on past the region stops there
     small, _ = next_edit_prompt(tok, text, w, ["-x\n+y\n"] * 50, "a.py", "python", max_tokens=600)
     assert len(small) <= 600
     with pytest.raises(ValueError, match="too large"):

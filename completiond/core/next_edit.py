@@ -118,7 +118,18 @@ def next_edit_prompt(tokenizer, text: str, window: Window, diffs: list[str], pat
         else:
             raise ValueError(f"next-edit prompt too large: {len(ids):,} tokens for a {region.count(chr(10)):,}-line "
                              f"region; a prompt holds at most {max_tokens:,} tokens")
-    return ids, StopRules(line_rules=False, stop_strings=("\n" + FENCE, FENCE, END))
+    return ids, StopRules(line_rules=False, stop_strings=("\n" + FENCE, FENCE, END) + overrun_stop(region, after))
+
+
+def overrun_stop(region: str, after: str) -> tuple[str, ...]:
+    """A stop at the first line after the region: a model that copies on past the region's end into the
+    code below it (the 0.5B did, to max_tokens, on a region that ended mid-function) is cut there.
+    Only a line distinctive enough not to be written inside the region: some code, not in the region."""
+    for line in after.split("\n"):
+        if line.strip():
+            stop = "\n" + line + "\n"
+            return (stop,) if len(line.strip()) >= 8 and stop not in "\n" + region else ()
+    return ()
 
 
 def answer_text(generated: str, region: str) -> str:
