@@ -22,7 +22,8 @@ SYSTEM = ("You predict a programmer's next edit. You are shown their recent edit
           f"around their cursor, in which the editable region lies between {START} and {END}. Reply with the "
           "editable region rewritten with the edit they will most likely make next (for example: a name they renamed, "
           "renamed at its other uses; a changed signature followed through; a pattern they applied, applied again), "
-          "in one fenced code block, nothing else. Copy every line that needs no change exactly; if nothing needs "
+          f"in one fenced code block that starts with {START} and ends with {END}, nothing else. Copy every line "
+          "that needs no change exactly; if nothing needs "
           "to change, reply with the region unchanged.")
 LINES_BEFORE, LINES_AFTER = 4, 12  # the editable region around the anchor line: most next edits are below
 MAX_WINDOW_CHARS = 2400  # a region of long lines is cut to this (whole lines)
@@ -93,10 +94,11 @@ def next_edit_prompt(tokenizer, text: str, window: Window, diffs: list[str], pat
                     "Rewrite the editable region with the next edit.")
             messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
             doc = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return tokenizer.encode(doc + f"{FENCE}{lang}\n", add_special_tokens=False)
+            # the answer opens with the start marker: it copies the region, not the code shown above it
+            return tokenizer.encode(doc + f"{FENCE}{lang}\n{START}\n", add_special_tokens=False)
         doc = (f"Recent edits, oldest first:\n{FENCE}diff\n{edits}{FENCE}\n\n"
                f"Code{name}, editable region between {START} and {END}:\n{FENCE}{lang}\n{code}{FENCE}\n\n"
-               f"Editable region after the next edit:\n{FENCE}{lang}\n")
+               f"Editable region after the next edit:\n{FENCE}{lang}\n{START}\n")
         return bos_ids(tokenizer) + tokenizer.encode(doc, add_special_tokens=False)
 
     chars, shown = CONTEXT_CHARS, list(diffs)
