@@ -121,6 +121,11 @@ def test_prompt_shows_diffs_and_the_region_and_fits_the_budget():
     doc = tok.decode(ids)
     assert "-x\n+y\n" in doc and f"{START}\n{text[w.start:w.end]}{END}\n" in doc
     assert "```" in stops.stop_strings
+    assert len(stops.stop_strings) == 3  # the line below the region is also in it (the text repeats): no stop there
+    plain = SRC + "\n\nclass Shape:\n    sides = 4\n"
+    w = window_at(plain, 0, after=6)  # the region is SRC: below it two blank lines and the class
+    _, stops = next_edit_prompt(tok, plain, w, [], "a.py", "python")
+    assert "\nclass Shape:\n" in stops.stop_strings  # an answer that copies on past the region stops there
     small, _ = next_edit_prompt(tok, text, w, ["-x\n+y\n"] * 50, "a.py", "python", max_tokens=600)
     assert len(small) <= 600
     with pytest.raises(ValueError, match="too large"):
@@ -151,3 +156,27 @@ def test_speculative_next_edit_is_identical_to_plain_decoding(engine):
             results[mode] = (res.token_ids, [(e.start, e.end, e.text) for e in found], res.target_passes)
         assert results["pld"][:2] == results["ar"][:2] == results["combined"][:2]
         assert results["ar"][2] == len(results["ar"][0]) - 1  # plain decoding: one pass per token after the first
+
+
+def test_a_change_event_records_the_same_edit_as_comparing_texts():
+    from completiond.service.documents import Document
+    from completiond.service.history import change_span
+
+    by_span, by_text = History(), History()
+    doc = Document("u", SRC, 1)
+    at = SRC.index("x, k")
+    steps = [({"line": 4, "character": 10}, {"line": 4, "character": 11}, "")] + \
+        [({"line": 4, "character": 10 + i}, {"line": 4, "character": 10 + i}, ch) for i, ch in enumerate("val")]
+    for i, (a, b, text) in enumerate(steps):
+        before = doc.text
+        change = [{"range": {"start": a, "end": b}, "text": text}]
+        span = change_span(doc, change, "utf-16")
+        doc.apply(change, i + 2)
+        by_span.record_span("u", before, doc.text, *span, now=100.0 + i)
+        by_text.record("u", before, doc.text, now=100.0 + i)
+    assert [(e.start, e.old, e.new, e.before, e.after) for e in by_span.edits] == \
+        [(e.start, e.old, e.new, e.before, e.after) for e in by_text.edits] == \
+        [(at, "x", "val", by_text.edits[0].before, by_text.edits[0].after)]
+    assert change_span(doc, [{"text": "whole"}], "utf-16") is None  # a full text: compared instead
+    assert change_span(doc, [{"range": {"start": {"line": 99, "character": 0},
+                                        "end": {"line": 99, "character": 0}}, "text": ""}], "utf-16") is None

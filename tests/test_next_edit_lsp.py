@@ -3,7 +3,6 @@
 import asyncio
 
 import pytest
-from lsprotocol import types
 
 from test_lsp import URI, did_open, edit, options, start_lsp, stop_lsp
 

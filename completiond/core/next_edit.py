@@ -22,7 +22,8 @@ SYSTEM = ("You predict a programmer's next edit. You are shown their recent edit
           f"around their cursor, in which the editable region lies between {START} and {END}. Reply with the "
           "editable region rewritten with the edit they will most likely make next (for example: a name they renamed, "
           "renamed at its other uses; a changed signature followed through; a pattern they applied, applied again), "
-          "in one fenced code block, nothing else. Copy every line that needs no change exactly; if nothing needs "
+          f"in one fenced code block that starts with {START} and ends with {END}, nothing else. Copy every line "
+          "that needs no change exactly; if nothing needs "
           "to change, reply with the region unchanged.")
 LINES_BEFORE, LINES_AFTER = 4, 12  # the editable region around the anchor line: most next edits are below
 MAX_WINDOW_CHARS = 2400  # a region of long lines is cut to this (whole lines)
@@ -93,10 +94,11 @@ def next_edit_prompt(tokenizer, text: str, window: Window, diffs: list[str], pat
                     "Rewrite the editable region with the next edit.")
             messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
             doc = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return tokenizer.encode(doc + f"{FENCE}{lang}\n", add_special_tokens=False)
+            # the answer opens with the start marker: it copies the region, not the code shown above it
+            return tokenizer.encode(doc + f"{FENCE}{lang}\n{START}\n", add_special_tokens=False)
         doc = (f"Recent edits, oldest first:\n{FENCE}diff\n{edits}{FENCE}\n\n"
                f"Code{name}, editable region between {START} and {END}:\n{FENCE}{lang}\n{code}{FENCE}\n\n"
-               f"Editable region after the next edit:\n{FENCE}{lang}\n")
+               f"Editable region after the next edit:\n{FENCE}{lang}\n{START}\n")
         return bos_ids(tokenizer) + tokenizer.encode(doc, add_special_tokens=False)
 
     chars, shown = CONTEXT_CHARS, list(diffs)
@@ -118,7 +120,18 @@ def next_edit_prompt(tokenizer, text: str, window: Window, diffs: list[str], pat
         else:
             raise ValueError(f"next-edit prompt too large: {len(ids):,} tokens for a {region.count(chr(10)):,}-line "
                              f"region; a prompt holds at most {max_tokens:,} tokens")
-    return ids, StopRules(line_rules=False, stop_strings=("\n" + FENCE, FENCE, END))
+    return ids, StopRules(line_rules=False, stop_strings=("\n" + FENCE, FENCE, END) + overrun_stop(region, after))
+
+
+def overrun_stop(region: str, after: str) -> tuple[str, ...]:
+    """A stop at the first line after the region: a model that copies on past the region's end into the
+    code below it (the 0.5B did, to max_tokens, on a region that ended mid-function) is cut there.
+    Only a line distinctive enough not to be written inside the region: some code, not in the region."""
+    for line in after.split("\n"):
+        if line.strip():
+            stop = "\n" + line + "\n"
+            return (stop,) if len(line.strip()) >= 8 and stop not in "\n" + region else ()
+    return ()
 
 
 def answer_text(generated: str, region: str) -> str:

@@ -23,7 +23,7 @@ from ..core.context import locate, related_files
 from .documents import Document, DocumentError
 from ..core.prompt import Heal, build_prompt, extend_middle, fim_tokens, stops_at
 from ..core.rewrite import TooLarge, check_selection, finish, rewrite_prompt
-from .history import job_key
+from .history import change_span, job_key
 from ..core.stops import drop_repeated_head
 from .session import Session
 
@@ -90,18 +90,21 @@ async def doc_open(d: Daemon, s: Session, p: P.DocumentOpen, msgid) -> None:
 
 async def doc_change(d: Daemon, s: Session, p: P.DocumentChange, msgid) -> None:
     doc = s.doc(p.uri)
-    before = doc.text
+    before, span = doc.text, change_span(doc, p.changes, s.encoding)
     room = min(P.MAX_DOCUMENT_CHARS, P.MAX_SESSION_CHARS - s.chars() + len(doc.text))
     try:
         doc.apply(p.changes, doc.version + 1 if p.version is None else p.version, s.encoding, room)
     except DocumentError as e:
         raise P.RpcError(P.INVALID_PARAMS, str(e)) from None
-    edited(s, doc, before)
+    edited(s, doc, before, span)
 
 
-def edited(s: Session, doc: Document, before: str) -> None:
+def edited(s: Session, doc: Document, before: str, span: tuple[int, int, int] | None = None) -> None:
     """After a change: into the edit history (next_edit reads it); a next edit of the older text is stale."""
-    s.history.record(doc.uri, before, doc.text, doc.version)
+    if span is not None:
+        s.history.record_span(doc.uri, before, doc.text, *span, doc.version)
+    else:
+        s.history.record(doc.uri, before, doc.text, doc.version)
     if (job := s.latest.get(job_key(doc.uri))) is not None:
         job.cancel.set()
 

@@ -125,11 +125,20 @@ class History:
         (None when the text did not change)."""
         if old_text is new_text or old_text == new_text:
             return None
-        now = time.time() if now is None else now
         start, end_old, end_new = common_span(old_text, new_text, hint)
+        return self.record_span(uri, old_text, new_text, start, end_old, end_new, version, now)
+
+    def record_span(self, uri: str, old_text: str, new_text: str, start: int, end_old: int, end_new: int,
+                    version: int | None = None, now: float | None = None) -> Edit | None:
+        """`record` with the replaced span known: old_text[start:end_old] became new_text[start:end_new]
+        (one incremental change: no comparison of the texts, which costs a copy of a 4M-character buffer)."""
+        now = time.time() if now is None else now
         old, new = old_text[start:end_old], new_text[start:end_new]
+        if old == new:
+            return None
         last = self.edits[-1] if self.edits else None
-        if last is not None and last.uri == uri and now - last.at <= self.merge_s and max(len(last.new), len(last.old)) <= MAX_EDIT_CHARS \
+        whole = last is not None and max(len(last.new), len(last.old)) <= MAX_EDIT_CHARS  # not cut: mergeable
+        if whole and last.uri == uri and now - last.at <= self.merge_s \
                 and start <= last.start + len(last.new) and end_old >= last.start:
             # continue the last edit: its new text spans [s, s + len(new)) of old_text; the union of
             # both spans, in old_text, was the last edit's before-text there
@@ -159,6 +168,22 @@ class History:
             if e.uri == uri:
                 return e
         return None
+
+
+def change_span(doc, changes: list, encoding: str) -> tuple[int, int, int] | None:
+    """(start, end in the old text, end in the new) of one incremental LSP change, read before it is
+    applied (`doc` is a documents.Document); None for several changes, a full text or a bad range."""
+    if len(changes) != 1 or not isinstance(changes[0], dict):
+        return None
+    rng, text = changes[0].get("range"), changes[0].get("text")
+    if not isinstance(rng, dict) or not isinstance(text, str):
+        return None
+    try:
+        a = doc.offset(rng["start"]["line"], rng["start"]["character"], encoding)
+        b = doc.offset(rng["end"]["line"], rng["end"]["character"], encoding)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (a, b, a + len(text)) if a <= b else None
 
 
 def job_key(uri: str) -> str:

@@ -18,3 +18,7 @@ vim.api.nvim_create_user_command('CompletiondStatus', function()
   local s = client and c.status[client.id]
   print(c.status_line() .. (s and ('\n' .. vim.inspect(s)) or ''))
 end, { desc = 'Show the completiond server status' })
+
+vim.api.nvim_create_user_command('CompletiondNextEdit', function()
+  require('completiond.next_edit').request()
+end, { desc = 'Ask completiond for the next edit (shown in place; <Tab> jumps / applies, <Esc> hides)' })

@@ -21,6 +21,7 @@ import {
 
 import { CURSOR_NOTIFICATION, CursorParams, Debounced, cursorParams } from './cursor';
 import { describeRewriteResult, rewriteParams, validateInstruction } from './rewrite';
+import { registerNextEdit } from './nextEdit';
 import { INSTALL_HINT, findExecutable, missingServerMessage } from './serverPath';
 import {
   ConfigReader,
@@ -298,6 +299,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     vscode.window.onDidChangeTextEditorSelection(onSelection),
     { dispose: () => cursorMoves.dispose() },
   );
+  registerNextEdit(vscode, context, () => client); // completiond/nextEdit (nextEdit.ts)
   showStatus({ client: 'starting' });
   log.info(`completiond extension ${context.extension.packageJSON.version} activated`);
   await startClient();

@@ -40,6 +40,9 @@ M.defaults = {
   device = nil,
   -- Raw initializationOptions merged last (camelCase, as the server reads them).
   init_options = {},
+  -- Next-edit suggestions (lua/completiond/next_edit.lua): { enabled, auto, delay_ms, keys = {
+  -- accept, jump, dismiss, request } }; omitted fields take that module's defaults.
+  next_edit = {},
 }
 
 local MODES = { ar = true, pld = true, draft = true, combined = true }
@@ -86,6 +89,7 @@ M.schema = {
   dtype = { 'string' },
   device = { 'string' },
   init_options = { 'table' },
+  next_edit = { 'table' },
 }
 M.key_names = { accept = true, accept_word = true, accept_line = true, dismiss = true }
 

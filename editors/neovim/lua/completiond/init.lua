@@ -206,6 +206,7 @@ function M.attach(bufnr)
   end
   set_keys(bufnr)
   follow_cursor(bufnr, client_id)
+  require('completiond.next_edit').attach(bufnr, cfg.next_edit)
   return client_id
 end
 

@@ -1,0 +1,288 @@
+"""Next-edit benchmark (issue 41): is the predicted next edit right, how long does it take, and what
+does copy speculation (the window in the prompt as the draft) save over plain decoding?
+
+Cases, all from real code:
+- rename propagation: a function of a public package whose parameter is renamed in its signature
+  (the history); the expected next edit renames its uses below (right when the answer renames the
+  first k >= 1 uses in the window and changes nothing else);
+- release diffs: two consecutive releases of a public package (wheels from PyPI, diffed); in a file
+  with two nearby hunks, the earlier hunk applied is the history and the next one is the expected
+  edit (right when the window after the answer equals the window after that hunk).
+
+Each case is asked once with copy speculation (mode pld, the prompt prefilled cold: the latency a
+user waits for) and once with plain decoding (mode ar, the prompt already cached: decode only), and
+the two must give the same tokens (greedy, lossless). Reported: exact-edit rate, edit similarity
+(difflib ratio of the changed lines, answer vs expected), latency p50/p95 (pld, cold), and the
+decode speed-up pld vs ar (ms and target passes) with identical output.
+
+    python benchmarks/next_edit.py --target qwen2.5-coder-0.5b --renames 8 --releases 6 \\
+        --json benchmarks/results/next-edit-0.5b.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import difflib
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from completiond.core.next_edit import answer_text, edits, next_edit_prompt, window_at  # noqa: E402
+from completiond.models import cache_root  # noqa: E402
+from completiond.models.device import cpu_name  # noqa: E402
+from completiond.service.history import History  # noqa: E402
+
+PACKAGES = ["toolz==0.12.0:0.12.1", "boltons==23.0.0:23.1.1"]
+NEW_NAMES = ["value", "items", "data", "source", "obj", "target_value", "payload"]
+
+
+@dataclass
+class Case:
+    kind: str  # "rename" | "release"
+    name: str  # file:line and what changed
+    before: str  # the document before the history edit
+    text: str  # the document now (history edit applied)
+    anchor: int  # offset of the end of the history edit
+    expected: list[str]  # acceptable windows after the next edit (the first: the full expected edit)
+
+
+def wheel_files(req: str) -> dict[str, str]:
+    """The .py files of a pinned wheel from PyPI (pip download, cached under the user cache dir)."""
+    dest = cache_root() / "bench-repos" / "wheels"
+    dest.mkdir(parents=True, exist_ok=True)
+    name, version = req.split("==")
+    found = [p for p in dest.glob("*.whl") if p.name.lower().startswith(f"{name.lower()}-{version}-")]
+    if not found:
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q", "-d", tmp, req]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"pip could not download {req}: {done.stderr.strip().splitlines()[-1:]}")
+            for p in Path(tmp).glob("*.whl"):
+                p.rename(dest / p.name)
+        found = [p for p in dest.glob("*.whl") if p.name.lower().startswith(f"{name.lower()}-{version}-")]
+    with zipfile.ZipFile(found[0]) as z:
+        return {n: z.read(n).decode("utf-8", "replace") for n in sorted(z.namelist())
+                if n.endswith(".py") and "/tests/" not in n and not n.endswith("_version.py")}
+
+
+def rename_cases(files: dict[str, str], n: int) -> list[Case]:
+    """Functions whose first non-self parameter is used within the window below the signature, taken
+    round-robin over the files (diverse code)."""
+    per_file = [_renames(path, text) for path, text in files.items()]
+    out: list[Case] = []
+    while len(out) < n and any(per_file):
+        for cases in per_file:
+            if cases and len(out) < n:
+                out.append(cases.pop(0))
+    return out
+
+
+def _renames(path: str, text: str) -> list[Case]:
+    out = []
+    sig = re.compile(r"^([ \t]*)def (\w+)\(([^)]*)\):[ \t]*\n", re.M)
+    for m in sig.finditer(text):
+        params = [p.strip().split("=")[0].split(":")[0].strip() for p in m.group(3).split(",")]
+        params = [p for p in params if p and p not in ("self", "cls") and not p.startswith("*")]
+        if not params:
+            continue
+        p = params[0]
+        body_end = text.find(f"\n{m.group(1)}def ", m.end())
+        body = text[m.end():body_end if body_end > 0 else len(text)]
+        use = re.compile(rf"(?<![\w.]){re.escape(p)}\b(?!\s*=[^=])")
+        first = use.search(body)
+        if first is None or body[:first.start()].count("\n") > 8 or "\t" in body:
+            continue
+        new = next((x for x in NEW_NAMES if x not in body and x not in m.group(0)), None)
+        if new is None:
+            continue
+        at = m.start(3) + re.search(rf"\b{re.escape(p)}\b", m.group(3)).start()
+        now = text[:at] + new + text[at + len(p):]
+        anchor = at + len(new)
+        w = window_at(now, anchor)
+        region = now[w.start:w.end]
+        start = region.index("\n", anchor - w.start) + 1  # the uses below the signature line, in the window
+        uses = list(use.finditer(region, start))
+        renamed = []
+        for k in range(len(uses), 0, -1):  # the first k uses renamed, all of them first
+            r = region
+            for u in reversed(uses[:k]):
+                r = r[:u.start()] + new + r[u.end():]
+            renamed.append(r)
+        if renamed:
+            line = text.count("\n", 0, m.start()) + 1
+            out.append(Case("rename", f"{path}:{line} {p} -> {new}", text, now, anchor, renamed))
+    return out
+
+
+def release_cases(old_files: dict[str, str], new_files: dict[str, str], n: int) -> list[Case]:
+    """Two nearby hunks of one file between releases: the first applied is the history, the second the expected edit."""
+    out = []
+    for path in sorted(set(old_files) & set(new_files)):
+        a, b = old_files[path].splitlines(keepends=True), new_files[path].splitlines(keepends=True)
+        ops = [o for o in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes() if o[0] != "equal"]
+        for h1, h2 in zip(ops, ops[1:]):
+            if h2[1] - h1[2] > 10 or (h1[2] - h1[1]) + (h1[4] - h1[3]) > 30 or (h2[2] - h2[1]) + (h2[4] - h2[3]) > 12:
+                continue
+            before = "".join(a)
+            # the history: hunk 1 applied to the old file
+            text_l = a[:h1[1]] + b[h1[3]:h1[4]] + a[h1[2]:]
+            text = "".join(text_l)
+            anchor = len("".join(text_l[:h1[1] + (h1[4] - h1[3])]))  # the end of hunk 1
+            if h1[4] > h1[3]:
+                anchor -= 1  # on its last line
+            shift = (h1[4] - h1[3]) - (h1[2] - h1[1])
+            s2, e2 = h2[1] + shift, h2[2] + shift  # hunk 2 in `text` lines
+            done_l = text_l[:s2] + b[h2[3]:h2[4]] + text_l[e2:]
+            w = window_at(text, max(anchor, 0))
+            start_line, end_line = text.count("\n", 0, w.start), text.count("\n", 0, w.end)
+            if not (start_line <= s2 and e2 <= end_line):
+                continue  # the expected edit is outside the window: not a next edit we ask for
+            done = "".join(done_l)
+            expected = done[w.start:len(done) - (len(text) - w.end)]
+            out.append(Case("release", f"{path}:{h2[1] + 1}", before, text, anchor, [expected]))
+            if len(out) >= n:
+                return out
+    return out
+
+
+def changed_lines(region: str, after: str) -> str:
+    return "".join(l for l in difflib.unified_diff(region.splitlines(True), after.splitlines(True), n=0)
+                   if l[:1] in "+-" and not l.startswith(("+++", "---")))
+
+
+def run_case(engine, tok, case: Case, with_ar: bool) -> dict:
+    from completiond.core.engine import Request
+
+    h = History()
+    h.record("file:///" + case.name.split(":")[0], case.before, case.text, now=0.0)
+    path = case.name.split(":")[0]
+    w = window_at(case.text, case.anchor)
+    region = case.text[w.start:w.end]
+    ids, stops = next_edit_prompt(tok, case.text, w, [e.diff(path) for e in h.recent()], path, "python")
+    max_tokens = 2 * len(tok.encode(region, add_special_tokens=False)) + 64
+    spec = engine.complete(Request(prompt=ids, mode="pld", max_tokens=max_tokens, stops=stops, reuse_prefix=False))
+    answer = answer_text(spec.text, region)
+    found = edits(region, answer, 0, spec.stopped_by != "max_tokens")
+    after = region
+    for e in sorted(found, key=lambda e: -e.start):
+        after = after[:e.start] + e.text + after[e.end:]
+    exact = after in case.expected
+    want, got = changed_lines(region, case.expected[0]), changed_lines(region, after)
+    sim = 1.0 if want == got else difflib.SequenceMatcher(None, want, got, autojunk=False).ratio()
+    row = {"kind": case.kind, "case": case.name, "exact": exact, "edit_similarity": round(sim, 4),
+           "edits": len(found), "expected_change": want, "predicted_change": got,
+           "prompt_tokens": len(ids), "tokens": len(spec.token_ids), "stopped_by": spec.stopped_by,
+           "pld": {"ms_total": round(spec.ms_total, 1), "ms_first_token": round(spec.ms_first_token, 1),
+                   "passes": spec.target_passes, "mean_accepted": round(spec.mean_accepted, 3)}}
+    if with_ar:  # the prompt is cached now: both decode timings exclude the prefill
+        ar = engine.complete(Request(prompt=ids, mode="ar", max_tokens=max_tokens, stops=stops))
+        row["ar"] = {"ms_total": round(ar.ms_total, 1), "ms_first_token": round(ar.ms_first_token, 1),
+                     "passes": ar.target_passes}
+        row["identical"] = ar.token_ids == spec.token_ids
+        d_spec, d_ar = spec.ms_total - spec.ms_first_token, ar.ms_total - ar.ms_first_token
+        row["decode_speedup"] = round(d_ar / d_spec, 3) if d_spec > 0 else None
+        row["pass_ratio"] = round(ar.target_passes / max(spec.target_passes, 1), 3)
+    return row
+
+
+def summary(sel: list[dict]) -> dict:
+    if not sel:
+        return {}
+    lat = [r["pld"]["ms_total"] for r in sel]
+    ar = [r for r in sel if "ar" in r]
+    out = {"cases": len(sel), "exact_edit_rate": round(float(np.mean([r["exact"] for r in sel])), 3),
+           "edit_similarity": round(float(np.mean([r["edit_similarity"] for r in sel])), 3),
+           "latency_ms_p50": round(float(np.percentile(lat, 50)), 1),
+           "latency_ms_p95": round(float(np.percentile(lat, 95)), 1)}
+    if ar:
+        dec_spec = sum(r["pld"]["ms_total"] - r["pld"]["ms_first_token"] for r in ar)
+        dec_ar = sum(r["ar"]["ms_total"] - r["ar"]["ms_first_token"] for r in ar)
+        out.update({"identical": f"{sum(r['identical'] for r in ar)}/{len(ar)}",
+                    "decode_speedup_total": round(dec_ar / dec_spec, 3) if dec_spec else None,
+                    "decode_speedup_p50": round(float(np.median([r["decode_speedup"] for r in ar
+                                                                 if r["decode_speedup"]])), 3),
+                    "pass_ratio_total": round(sum(r["ar"]["passes"] for r in ar)
+                                              / max(1, sum(r["pld"]["passes"] for r in ar)), 3)})
+    return out
+
+
+def write(a: argparse.Namespace, rows: list[dict], n_cases: int, target, engine, calibration: str,
+          load_s: float) -> dict:
+    result = {
+        "command": " ".join(sys.argv), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu": cpu_name(), "target": target.name, "dtype": str(target.dtype).replace("torch.", ""),
+        "quant": target.meta.get("quant", "none"), "calibration": calibration,
+        "pass_cost_ms": {str(k): round(v, 2) for k, v in engine.budget.costs().items()},
+        "load_s": round(load_s, 1), "packages": a.packages, "cases_done": f"{len(rows)}/{n_cases}",
+        "note": "2-core machine shared with ~7 other agents: ms are noisy; passes and identity are not",
+        "summary": {"all": summary(rows), "rename": summary([r for r in rows if r["kind"] == "rename"]),
+                    "release": summary([r for r in rows if r["kind"] == "release"])},
+        "cases": rows,
+    }
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default="qwen2.5-coder-0.5b")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--quant", default="auto")
+    p.add_argument("--packages", nargs="+", default=PACKAGES, help="NAME==OLD:NEW (consecutive releases)")
+    p.add_argument("--renames", type=int, default=8, help="rename cases (from the newer release of each package, split)")
+    p.add_argument("--releases", type=int, default=6, help="release-diff cases per package (at most)")
+    p.add_argument("--ar", type=int, default=1000, help="run plain decoding on the first N cases only (it is slow)")
+    p.add_argument("--json", type=Path)
+    a = p.parse_args()
+
+    from completiond.core.engine import Engine
+    from completiond.models import load
+
+    cases: list[Case] = []
+    per_pkg_r, per_pkg_d = -(-a.renames // len(a.packages)), a.releases
+    for spec in a.packages:
+        name, versions = spec.split("==")
+        old_v, new_v = versions.split(":")
+        old, new = wheel_files(f"{name}=={old_v}"), wheel_files(f"{name}=={new_v}")
+        cases += rename_cases(new, per_pkg_r)
+        cases += release_cases(old, new, per_pkg_d)
+    print(f"{len(cases)} cases: {sum(c.kind == 'rename' for c in cases)} rename, "
+          f"{sum(c.kind == 'release' for c in cases)} release", flush=True)
+
+    t0 = time.time()
+    target = load(a.target, "target", "cpu", a.dtype, a.quant)
+    engine = Engine(target)
+    calibration = engine.calibrate_cached()
+    load_s = time.time() - t0
+    rows: list[dict] = []
+    for i, c in enumerate(cases):
+        row = run_case(engine, target.tokenizer, c, with_ar=i < a.ar)
+        rows.append(row)
+        if a.json:  # after every case: a run stopped early keeps what it measured
+            write(a, rows, len(cases), target, engine, calibration, load_s)
+        print(json.dumps({k: row[k] for k in ("kind", "case", "exact", "edit_similarity", "tokens")}
+                         | {"pld_ms": row["pld"]["ms_total"], "passes": row["pld"]["passes"],
+                            "ar_passes": row.get("ar", {}).get("passes"), "identical": row.get("identical"),
+                            "decode_speedup": row.get("decode_speedup")}), flush=True)
+
+    result = write(a, rows, len(cases), target, engine, calibration, load_s)
+    print(json.dumps(result["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
