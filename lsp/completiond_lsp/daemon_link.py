@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import subprocess
@@ -18,6 +19,16 @@ log = logging.getLogger("completiond.lsp")
 INITIALIZE_TIMEOUT = 60.0  # s: how long the handshake with a daemon whose socket is up may take
 STATUS_TIMEOUT = 2.0  # s: a loading daemon's status; the editor's message keeps counting meanwhile
 
+
+
+def daemon_log(socket: Path) -> Path:
+    """The log of the daemon serving `socket`: named after the socket, so two daemons (another
+    socket, a test's) never write into one file. The default socket's is `logs/daemon.log`."""
+    sock = Path(socket)
+    if sock == socket_path():
+        return cache_root() / "logs" / "daemon.log"
+    digest = hashlib.sha256(str(sock.resolve()).encode()).hexdigest()[:10]
+    return cache_root() / "logs" / f"daemon-{sock.stem}-{digest}.log"
 
 class DaemonUnavailable(Exception):
     pass
@@ -152,8 +163,8 @@ class DaemonLink:
 
     async def _start(self) -> Client:
         """Start a daemon in its own session (it outlives this editor) and wait for its socket."""
-        log_file = cache_root() / "daemon.log"
-        log_file.parent.mkdir(parents=True, exist_ok=True)
+        log_file = daemon_log(self.socket)
+        log_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "completiond", "serve", "--socket", str(self.socket), *self.serve_args]
         self.on_status("loading", f"completiond: starting the daemon (log: {log_file})",
                        {"phase": "starting", "elapsed_s": 0.0})
