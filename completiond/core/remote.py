@@ -102,6 +102,9 @@ class _NoBudget:
     def cost(self, n: int) -> float:
         return 1.0
 
+    def table_status(self) -> dict:  # status.pass_costs: a remote target runs no passes here
+        return {"origin": "remote", "sizes": {}}
+
 
 @dataclass
 class _Runner:
