@@ -303,7 +303,7 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
         lane = "quick" if lanes.get("chosen") is not None and lanes["chosen"].slot != slot else "full"
         return {**P.Completion.of(res, text=clean(res.text, True)).to_wire(), "prompt_lane": lane}
 
-    return Prepared(doc.uri, mode, make, "complete/partial", result, lanes, clean)
+    return Prepared(doc.uri, mode, make, "complete/partial", result, lanes, clean=clean)
 
 
 def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> Prepared:
