@@ -93,7 +93,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from .flags import UsageError
     from .service.daemon import Daemon
     from .core.remote import RemoteError, is_remote, parse_remote
-    from .service.http import StartError as HttpStartError, parse_http
+    from .service.http import parse_http
     from .service.transport import StartError, claim, parse_tcp
 
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -114,7 +114,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
             parse_remote(a.target)  # a malformed spec stops here, before the socket
         remote_token = Path(a.remote_token_file).read_text().strip() if a.remote_token_file else None
         lock = claim(sock)  # before the slow model load: a second `serve` on this path stops here
-    except (StartError, HttpStartError, RemoteError, ValueError, OSError) as e:
+    except (StartError, RemoteError, ValueError, OSError) as e:
         raise UsageError(str(e)) from None
 
     def load_models(index, phase) -> tuple[Engine, dict]:

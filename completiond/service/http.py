@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import itertools
 import logging
 import time
@@ -40,6 +39,7 @@ from .http_api import (Ask, Done, _held, _stop_type, _usage, client_cut, finish_
                        json_body, openai_ask, pick_fields, position)
 from .http_io import MAX_HEADER_BYTES, Conn, HttpError, Request, _dumps, _linger, read_request
 from .session import Session
+from .transport import StartError, parse_loopback  # noqa: F401 (StartError: what parse_http raises)
 
 if TYPE_CHECKING:
     from .daemon import Daemon
@@ -53,24 +53,8 @@ URI = "completiond-http:/"
 POLL_S = 0.05  # how often a waiting request checks that its client is still there
 
 
-class StartError(Exception):
-    pass
-
-
 def parse_http(spec: str) -> tuple[str, int]:
-    """`--http HOST:PORT` with a loopback IP (the daemon serves one user's editors, not a network)."""
-    host, _, port = spec.rpartition(":")
-    host = host.strip("[]")
-    try:
-        ip = ipaddress.ip_address(host)
-        port_n = int(port)
-    except ValueError:
-        raise StartError(f"--http wants HOST:PORT with a loopback IP, got {spec!r}") from None
-    if not ip.is_loopback:
-        raise StartError(f"--http {host}: only loopback addresses (127.0.0.0/8, ::1) are allowed")
-    if not 0 < port_n < 65536:
-        raise StartError(f"--http port {port_n} out of range")
-    return host, port_n
+    return parse_loopback(spec, "--http")
 
 
 # ---- the bridge: HTTP requests as the daemon's own frames ----------------------------------------

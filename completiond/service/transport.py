@@ -139,19 +139,24 @@ def remove_own(path: Path, ident: tuple[int, int]) -> None:
         log.warning("%s is no longer this daemon's socket: leaving it", path)
 
 
-def parse_tcp(spec: str) -> tuple[str, int]:
+def parse_loopback(spec: str, flag: str = "--tcp") -> tuple[str, int]:
+    """`FLAG HOST:PORT` with a loopback IP (--tcp, --http: the daemon serves one user, not a network)."""
     host, _, port = spec.rpartition(":")
     host = host.strip("[]")
     try:
         ip = ipaddress.ip_address(host)
         port_n = int(port)
     except ValueError:
-        raise StartError(f"--tcp wants HOST:PORT with a loopback IP, got {spec!r}") from None
+        raise StartError(f"{flag} wants HOST:PORT with a loopback IP, got {spec!r}") from None
     if not ip.is_loopback:
-        raise StartError(f"--tcp {host}: only loopback addresses (127.0.0.0/8, ::1) are allowed")
+        raise StartError(f"{flag} {host}: only loopback addresses (127.0.0.0/8, ::1) are allowed")
     if not 0 < port_n < 65536:
-        raise StartError(f"--tcp port {port_n} out of range")
+        raise StartError(f"{flag} port {port_n} out of range")
     return host, port_n
+
+
+def parse_tcp(spec: str) -> tuple[str, int]:
+    return parse_loopback(spec, "--tcp")
 
 
 # ---- the byte stream ----------------------------------------------------------------------------
