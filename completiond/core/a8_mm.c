@@ -129,13 +129,6 @@ static inline __attribute__((always_inline)) void block_avx2(int R, int C, const
 #define C2 2
 #define C1 4
 #include "a8_tiles.h"  // tile_avx2, rows_avx2, mm_avx2
-#undef BLOCK
-#undef SUFFIX
-#undef RB
-#undef CB
-#undef C3
-#undef C2
-#undef C1
 
 // ---- AVX512-VNNI: 512-bit vpdpbusd ----
 #pragma GCC push_options
@@ -179,13 +172,6 @@ static inline __attribute__((always_inline)) void block_vnni512(int R, int C, co
 #define C2 4
 #define C1 4
 #include "a8_tiles.h"  // tile_vnni512, rows_vnni512, mm_vnni512
-#undef BLOCK
-#undef SUFFIX
-#undef RB
-#undef CB
-#undef C3
-#undef C2
-#undef C1
 #pragma GCC pop_options
 
 // ---- AVX-VNNI: 256-bit vpdpbusd ----
@@ -232,13 +218,6 @@ static inline __attribute__((always_inline)) void block_avxvnni(int R, int C, co
 #define C2 2
 #define C1 4
 #include "a8_tiles.h"  // tile_avxvnni, rows_avxvnni, mm_avxvnni
-#undef BLOCK
-#undef SUFFIX
-#undef RB
-#undef CB
-#undef C3
-#undef C2
-#undef C1
 #pragma GCC pop_options
 
 void completiond_mm_a8(int sums, const float *x, const int8_t *w, const float *scale, float *y, int64_t M,

@@ -65,3 +65,11 @@ static void MM(const A8Rows *a, const int8_t *w, const float *scale, float *y, i
 #undef MM
 #undef A8_CAT
 #undef A8_CAT_
+// the includer's parameters end here too, so each inclusion sets them afresh
+#undef BLOCK
+#undef SUFFIX
+#undef RB
+#undef CB
+#undef C3
+#undef C2
+#undef C1
