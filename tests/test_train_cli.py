@@ -135,7 +135,8 @@ def test_export_writes_a_loadable_draft(capsys, tmp_path, no_models):
 
     cfg = TrainConfig(vocab=64, hidden=64, layers=1, heads=1, intermediate=128, window=16)
     keep = np.arange(63)
-    ck = {"cfg": dataclasses.asdict(cfg), "keep": keep, "model": make_model(cfg, None, keep, 2, 1).state_dict(),
+    ck = {"cfg": dataclasses.asdict(cfg), "keep": torch.from_numpy(keep),
+          "model": make_model(cfg, None, keep, 2, 1).state_dict(),
           "step": 0, "log": []}
     torch.save(ck, tmp_path / "checkpoint.pt")
     corpus = tmp_path / "corpus"
@@ -146,3 +147,28 @@ def test_export_writes_a_loadable_draft(capsys, tmp_path, no_models):
                      "--out", str(out)]) == 0, capsys.readouterr().err
     assert {"model.safetensors", "config.json", "vocab_map.json", "MODEL_CARD.md", "training_files.json"} <= {
         p.name for p in out.iterdir()}
+
+
+class _Payload:
+    """Unpickling this runs code: a planted checkpoint must not get that far."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_checkpoint_cannot_run_code(tmp_path):
+    """`torch.load` without weights_only unpickles anything: a checkpoint.pt found in an output folder
+    (someone else's, or a planted one) would run its code on `train-draft` resume or export."""
+    import torch
+
+    from completiond.draft.train import load_checkpoint
+
+    marker = tmp_path / "ran"
+    torch.save({"cfg": {}, "keep": [], "model": {}, "step": 0, "log": [], "x": _Payload(marker)},
+               tmp_path / "checkpoint.pt")
+    with pytest.raises(ValueError, match="not a train-draft checkpoint"):
+        load_checkpoint(tmp_path / "checkpoint.pt")
+    assert not marker.exists()

@@ -126,14 +126,16 @@ CHECKPOINT_KEYS = {"cfg", "keep", "model", "step", "log"}
 
 
 def load_checkpoint(path: Path) -> dict:
-    """A checkpoint written by `train`; ValueError (one line) for anything else."""
+    """A checkpoint written by `train`; ValueError (one line) for anything else. Tensors and plain
+    values only (weights_only): a pickle in the file cannot run code."""
     try:
-        ck = torch.load(path, weights_only=False, map_location="cpu")
+        ck = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:  # torch raises many kinds (pickle, zip, EOF) for a file that is not a checkpoint
         raise ValueError(f"{path}: not a train-draft checkpoint ({type(e).__name__})") from None
     if not isinstance(ck, dict) or not CHECKPOINT_KEYS <= ck.keys():
         missing = sorted(CHECKPOINT_KEYS - ck.keys()) if isinstance(ck, dict) else "everything"
         raise ValueError(f"{path}: not a train-draft checkpoint (missing {missing})")
+    ck["keep"] = np.asarray(ck["keep"], dtype=np.int64)  # saved as a tensor (weights_only has no numpy)
     return ck
 
 
@@ -189,7 +191,7 @@ def train(corpus: Path, out: Path, cfg: TrainConfig, target_embed_fn=None, speci
             log[-1]["heldout_agree"] = round(evaluate(model, held, from_target, unk, cfg), 4)
             log[-1]["elapsed_s"] = round(time.time() - t0, 1)
             tmp = ckpt_path.with_suffix(".tmp")
-            torch.save({"cfg": asdict(cfg), "keep": keep, "model": model.state_dict(), "opt": opt.state_dict(),
+            torch.save({"cfg": asdict(cfg), "keep": torch.from_numpy(keep), "model": model.state_dict(), "opt": opt.state_dict(),
                         "step": step, "log": log, "rng": torch.get_rng_state()}, tmp)
             tmp.rename(ckpt_path)
             bar.write(f"step {step}: loss {log[-1]['loss']} heldout top-1 agreement {log[-1]['heldout_agree']}")
