@@ -131,7 +131,10 @@ async def main(a: argparse.Namespace) -> dict:
             proc.wait(timeout=30)
         log.close()
         out["daemon_exit"] = proc.returncode
-        out["daemon_log_tail"] = (tmp / "daemon.log").read_text(errors="replace")[-2000:]
+        text = (tmp / "daemon.log").read_text(errors="replace")
+        # a traceback that escaped to asyncio closed a connection: the daemon survived, that client did not
+        out["unhandled_exceptions"] = text.count("Unhandled exception")
+        out["daemon_log_tail"] = text[-2000:]
     return out
 
 
@@ -150,10 +153,12 @@ def cli() -> int:
     path = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / f"fuzz-{model}.json"
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"{out['cpu']}, target {a.target}: crashed {out['crashed']}, internal errors {out.get('internal_errors')}, "
+          f"unhandled exceptions {out.get('unhandled_exceptions')}, "
           f"after: {out.get('after')}, RSS {out.get('rss_mb')}, {out.get('error', '')}\nwrote {path}")
     for e in out.get("extremes", []):
         print(f"  {e['case']}: closed {e['closed_by_daemon']} in {e['ms']} ms, answers {str(e.get('answers'))[:200]}")
-    return 0 if not out["crashed"] and out.get("internal_errors") == 0 and "error" not in out else 1
+    ok = not out["crashed"] and out.get("internal_errors") == 0 and not out.get("unhandled_exceptions")
+    return 0 if ok and "error" not in out else 1
 
 
 if __name__ == "__main__":

@@ -270,6 +270,23 @@ async def test_bad_frames_get_errors_and_daemon_keeps_serving(daemon, case):
     await c.close()
 
 
+@pytest.mark.parametrize("method,params", [
+    ("document/open", {"uri": {"a": 1}, "text": "x", "version": 1}),
+    ("document/change", {"uri": ["x"], "version": 2, "changes": []}),
+    ("document/close", {"uri": {"a": 1}}),
+])
+@pytest.mark.parametrize("kind", ["request", "notification"])
+async def test_a_bad_message_costs_itself_not_the_connection(daemon, method, params, kind):
+    """Found by benchmarks/fuzz.py on the real model: a map or list as `uri` was answered with an
+    error and then raised in the after-edit hook (unhashable type), which closed the connection."""
+    bad = msgpack.packb([0, 7, method, params] if kind == "request" else [2, method, params])
+    frames = await raw(daemon, bad + req("status", {}, msgid=8), read_timeout=3.0)
+    answers = {f[1]: f for f in frames if isinstance(f, list) and f[0] == 1}
+    assert "closed" not in frames and 8 in answers and answers[8][2] is None, frames
+    if kind == "request":
+        assert answers[7][2]["code"] == -32602
+
+
 async def test_truncated_and_oversize_frames(daemon):
     frames = await raw(daemon, req("status", {})[:-3], read_timeout=1.0)  # waits for the rest: no answer
     assert frames == []

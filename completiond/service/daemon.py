@@ -228,9 +228,10 @@ class Daemon:
 
     def _edited(self, s: Session, frame: P.Frame) -> None:
         """After document/open|change (request or notification): warm that document when typing pauses."""
-        if frame.method in ("document/open", "document/change") and s.authed and isinstance(frame.params, dict) \
-                and frame.params.get("uri") in s.docs:
-            self.warmer.touched(s, frame.params["uri"], cursor_after(frame.params.get("changes"), s.encoding),
+        uri = frame.params.get("uri") if isinstance(frame.params, dict) else None
+        if frame.method in ("document/open", "document/change") and s.authed and isinstance(uri, str) \
+                and uri in s.docs:  # a rejected frame's uri may be any value (a map is unhashable)
+            self.warmer.touched(s, uri, cursor_after(frame.params.get("changes"), s.encoding),
                                 0.0 if frame.method == "document/open" else WARM_AFTER_S)
 
     async def _call(self, s: Session, frame: P.Frame, method: Method):
