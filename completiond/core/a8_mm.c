@@ -37,6 +37,22 @@ typedef struct {
     int64_t kp, nb;
 } A8Rows;
 
+// The weights of a thread's next block of NB channels, fetched while the current block computes.
+// Every row block re-reads the current block from cache and issues no memory traffic of its own, so
+// a prefetch only a few tiles ahead (the old way) left the memory idle during the second half of an
+// 8-row pass and then stalled on the next block: the loads added to the arithmetic instead of
+// overlapping it (an 8-row pass cost its 1-row pass's memory time plus its in-cache arithmetic). Here
+// the next block's lines are spread over all of the current block's steps: `per` lines per 64-byte
+// step, from cur up to end.
+typedef struct {
+    const char *cur, *end;
+    int per;
+} A8Prefetch;
+
+static inline __attribute__((always_inline)) void prefetch_step(A8Prefetch *pf) {
+    for (int i = 0; i < pf->per && pf->cur < pf->end; i++, pf->cur += 64) _mm_prefetch(pf->cur, _MM_HINT_T0);
+}
+
 // Row x [K] -> q [kp], s [nb], corr [nb, 16]. A block holding inf/nan gets scale nan (and zeros), so
 // the outputs it feeds are nan, as float arithmetic would make them.
 static void quantize_row(const float *x, int64_t K, int64_t kp, int8_t *q, float *s, int32_t *corr) {
@@ -88,7 +104,7 @@ static inline void tail_copy(int8_t *dst, const int8_t *src, int64_t n, int widt
 static inline __attribute__((always_inline)) void block_avx2(int R, int C, const int8_t *q, int64_t kp,
                                                               const int32_t *corr, int64_t nb, int64_t b,
                                                               const int8_t *w, int64_t K, int64_t k0, int64_t len,
-                                                              __m256i dot[8][4]) {
+                                                              A8Prefetch *pf, __m256i dot[8][4]) {
     (void)corr, (void)nb, (void)b;
     const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < R; r++)
@@ -99,10 +115,7 @@ static inline __attribute__((always_inline)) void block_avx2(int R, int C, const
         int64_t k = k0 + j;
         __m256i wv[4];
         if (j + 32 <= len) {
-            // the tile's C rows are contiguous (C x K bytes): fetch the tile after next at the same
-            // pace, since rows of under 1 KB are too short for the hardware prefetcher to start
-            if ((k & 63) == 0)
-                for (int c = 0; c < C; c++) _mm_prefetch((const char *)(w + 2 * C * K + k * C + c * 64), _MM_HINT_T0);
+            if ((j & 63) == 0) prefetch_step(pf);  // rows of under 1 KB are too short for the hardware prefetcher
             for (int c = 0; c < C; c++) wv[c] = _mm256_loadu_si256((const __m256i *)(w + c * K + k));
         } else {
             for (int c = 0; c < C; c++) {
@@ -136,7 +149,7 @@ static inline __attribute__((always_inline)) void block_avx2(int R, int C, const
 static inline __attribute__((always_inline)) void block_vnni512(int R, int C, const int8_t *q, int64_t kp,
                                                                  const int32_t *corr, int64_t nb, int64_t b,
                                                                  const int8_t *w, int64_t K, int64_t k0,
-                                                                 int64_t len, __m256i dot[8][4]) {
+                                                                 int64_t len, A8Prefetch *pf, __m256i dot[8][4]) {
     const __m512i bias = _mm512_set1_epi8((char)0x80);
     __m512i wide[8][4];
     for (int r = 0; r < R; r++) {
@@ -147,7 +160,7 @@ static inline __attribute__((always_inline)) void block_vnni512(int R, int C, co
         int64_t k = k0 + j;
         __m512i wv[4];
         if (j + 64 <= len) {
-            for (int c = 0; c < C; c++) _mm_prefetch((const char *)(w + 2 * C * K + k * C + c * 64), _MM_HINT_T0);
+            prefetch_step(pf);
             for (int c = 0; c < C; c++)
                 wv[c] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(w + c * K + k)), bias);
         } else {  // masked-off bytes are not read (no fault past the last row)
@@ -180,7 +193,7 @@ static inline __attribute__((always_inline)) void block_vnni512(int R, int C, co
 static inline __attribute__((always_inline)) void block_avxvnni(int R, int C, const int8_t *q, int64_t kp,
                                                                  const int32_t *corr, int64_t nb, int64_t b,
                                                                  const int8_t *w, int64_t K, int64_t k0,
-                                                                 int64_t len, __m256i dot[8][4]) {
+                                                                 int64_t len, A8Prefetch *pf, __m256i dot[8][4]) {
     const __m256i bias = _mm256_set1_epi8((char)0x80);
     for (int r = 0; r < R; r++) {
         const int32_t *cr = corr + (r * nb + b) * 16;
@@ -193,8 +206,7 @@ static inline __attribute__((always_inline)) void block_avxvnni(int R, int C, co
         int64_t k = k0 + j;
         __m256i wv[4];
         if (j + 32 <= len) {
-            if ((k & 63) == 0)
-                for (int c = 0; c < C; c++) _mm_prefetch((const char *)(w + 2 * C * K + k * C + c * 64), _MM_HINT_T0);
+            if ((j & 63) == 0) prefetch_step(pf);
             for (int c = 0; c < C; c++)
                 wv[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + c * K + k)), bias);
         } else {
