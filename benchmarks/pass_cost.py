@@ -165,9 +165,17 @@ def main(argv: list[str] | None = None) -> int:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     t_start = time.perf_counter()
 
+    runtime_form = False
     if args.target:
         args.model = cache_root() / "models" / args.target
-    if args.random:
+        # a named target loads from its runtime form (mapped, already int8) once the float checkpoint
+        # is gone from models/; --kernels-only needs no more than that
+        runtime_form = args.kernels_only and not args.model.is_dir()
+    if runtime_form:
+        from completiond import models as completiond_models
+        loaded = completiond_models.load(args.target, quant="int8")
+        bf16, name = loaded.model, args.target
+    elif args.random:
         bf16, name = random_05b(), "random Qwen2.5-Coder-0.5B shapes"
     else:
         if not args.model.is_dir():
@@ -181,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         if not cpu_kernel.enabled():
             print("pass_cost: --kernels-only needs completiond's int8 kernel", file=sys.stderr)
             return 2
-        quant.quantize(bf16, "int8")  # as the daemon loads it (no full-precision copy of an untied head)
+        if not runtime_form:  # as the daemon loads it (no full-precision copy of an untied head)
+            quant.quantize(bf16, "int8")
         models = {"int8": bf16}
     else:
         models = {"bf16": bf16, "fp32": copy.deepcopy(bf16).float()}
@@ -194,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     runners: dict[str, Runner] = {}
     variant_kind: dict[str, str] = {}
     for weights, m in models.items():
-        lm = LoadedModel(name=name, model=m, tokenizer=None, device=torch.device("cpu"), dtype=next(m.parameters()).dtype)
+        lm = LoadedModel(name=name, model=m, tokenizer=None, device=torch.device("cpu"), dtype=loaded.dtype if runtime_form else next(m.parameters()).dtype)
         if weights == "int8" and cpu_kernel.enabled():  # each kernel kind on the same weights
             for k in kinds:
                 runners[kind_variant(k)] = Runner(lm, capacity=args.context + 256, backend="lean")

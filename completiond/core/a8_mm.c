@@ -14,9 +14,12 @@
 // - AVX2: vpmaddubsw(|xq|, sign(w, xq)) (the sign trick: |xq| is a valid u8 and no int16 pair can
 //   saturate, 2 * 127 * 127 < 32767; it needs w != -128, hence weights in [-127, 127]), vpmaddwd
 //   by ones to int32.
-// - AVX512-VNNI: vpdpbusd(w + 128 as u8, xq) over 64 bytes, its 16 lanes folded to 8 (lane i +
-//   lane i + 8) at the block's end; the sums start at -128 * (each lane's sum of xq), computed once
-//   per row and block when the row is rounded, so no weight-side correction is read.
+// - AVX512-VNNI: vpdpbusd(w + 128 as u8, xq) on 256-bit vectors (AVX512-VL; kind int8+avx512-vnni),
+//   whose 8 lanes are already the AVX2 path's; the sums start at -128 * (each lane's sum of xq),
+//   computed once per row and block when the row is rounded, so no weight-side correction is read.
+//   The 512-bit form (64 bytes, 16 lanes folded to 8 at the block's end: lane i + lane i + 8) is
+//   kept behind -DA8_ZMM: on AMD Zen 4 it did the same multiply-adds per cycle with two more ops per
+//   (row, channel, block), and measured 1-5 % slower on whole passes.
 // - AVX-VNNI: the same with 256-bit vpdpbusd.
 #include <math.h>
 #include <stdlib.h>
@@ -36,6 +39,22 @@ typedef struct {
     int32_t *corr;  // [M, nb, 16] -128 * (sum of xq over each 512-bit lane's bytes), for the u8 x s8 paths
     int64_t kp, nb;
 } A8Rows;
+
+// The weights of a thread's next block of NB channels, fetched while the current block computes.
+// Every row block re-reads the current block from cache and issues no memory traffic of its own, so
+// a prefetch only a few tiles ahead (the old way) left the memory idle during the second half of an
+// 8-row pass and then stalled on the next block: the loads added to the arithmetic instead of
+// overlapping it (an 8-row pass cost its 1-row pass's memory time plus its in-cache arithmetic). Here
+// the next block's lines are spread over all of the current block's steps: `per` lines per 64-byte
+// step, from cur up to end.
+typedef struct {
+    const char *cur, *end;
+    int per;
+} A8Prefetch;
+
+static inline __attribute__((always_inline)) void prefetch_step(A8Prefetch *pf) {
+    for (int i = 0; i < pf->per && pf->cur < pf->end; i++, pf->cur += 64) _mm_prefetch(pf->cur, _MM_HINT_T0);
+}
 
 // Row x [K] -> q [kp], s [nb], corr [nb, 16]. A block holding inf/nan gets scale nan (and zeros), so
 // the outputs it feeds are nan, as float arithmetic would make them.
@@ -88,7 +107,7 @@ static inline void tail_copy(int8_t *dst, const int8_t *src, int64_t n, int widt
 static inline __attribute__((always_inline)) void block_avx2(int R, int C, const int8_t *q, int64_t kp,
                                                               const int32_t *corr, int64_t nb, int64_t b,
                                                               const int8_t *w, int64_t K, int64_t k0, int64_t len,
-                                                              __m256i dot[8][4]) {
+                                                              A8Prefetch *pf, __m256i dot[8][4]) {
     (void)corr, (void)nb, (void)b;
     const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < R; r++)
@@ -99,10 +118,7 @@ static inline __attribute__((always_inline)) void block_avx2(int R, int C, const
         int64_t k = k0 + j;
         __m256i wv[4];
         if (j + 32 <= len) {
-            // the tile's C rows are contiguous (C x K bytes): fetch the tile after next at the same
-            // pace, since rows of under 1 KB are too short for the hardware prefetcher to start
-            if ((k & 63) == 0)
-                for (int c = 0; c < C; c++) _mm_prefetch((const char *)(w + 2 * C * K + k * C + c * 64), _MM_HINT_T0);
+            if ((j & 63) == 0) prefetch_step(pf);  // rows of under 1 KB are too short for the hardware prefetcher
             for (int c = 0; c < C; c++) wv[c] = _mm256_loadu_si256((const __m256i *)(w + c * K + k));
         } else {
             for (int c = 0; c < C; c++) {
@@ -136,7 +152,7 @@ static inline __attribute__((always_inline)) void block_avx2(int R, int C, const
 static inline __attribute__((always_inline)) void block_vnni512(int R, int C, const int8_t *q, int64_t kp,
                                                                  const int32_t *corr, int64_t nb, int64_t b,
                                                                  const int8_t *w, int64_t K, int64_t k0,
-                                                                 int64_t len, __m256i dot[8][4]) {
+                                                                 int64_t len, A8Prefetch *pf, __m256i dot[8][4]) {
     const __m512i bias = _mm512_set1_epi8((char)0x80);
     __m512i wide[8][4];
     for (int r = 0; r < R; r++) {
@@ -147,7 +163,7 @@ static inline __attribute__((always_inline)) void block_vnni512(int R, int C, co
         int64_t k = k0 + j;
         __m512i wv[4];
         if (j + 64 <= len) {
-            for (int c = 0; c < C; c++) _mm_prefetch((const char *)(w + 2 * C * K + k * C + c * 64), _MM_HINT_T0);
+            prefetch_step(pf);
             for (int c = 0; c < C; c++)
                 wv[c] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(w + c * K + k)), bias);
         } else {  // masked-off bytes are not read (no fault past the last row)
@@ -172,6 +188,48 @@ static inline __attribute__((always_inline)) void block_vnni512(int R, int C, co
 #define C2 4
 #define C1 4
 #include "a8_tiles.h"  // tile_vnni512, rows_vnni512, mm_vnni512
+
+// The same sums from 256-bit vpdpbusd (AVX512-VL): each lane already holds bytes 4i..4i+3 of every
+// 32-byte piece, as the AVX2 path's, so no 16 -> 8 fold per (row, channel, block): two ops of the
+// float side instead of four. On a CPU whose 512-bit ops run as two 256-bit halves (AMD Zen 4)
+// that is the same multiply-adds per cycle with fewer ops beside them.
+static inline __attribute__((always_inline)) void block_vnni256(int R, int C, const int8_t *q, int64_t kp,
+                                                                 const int32_t *corr, int64_t nb, int64_t b,
+                                                                 const int8_t *w, int64_t K, int64_t k0,
+                                                                 int64_t len, A8Prefetch *pf, __m256i dot[8][4]) {
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    for (int r = 0; r < R; r++) {
+        const int32_t *cr = corr + (r * nb + b) * 16;
+        __m256i c0 = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)cr),
+                                      _mm256_loadu_si256((const __m256i *)(cr + 8)));
+        for (int c = 0; c < C; c++) dot[r][c] = c0;
+    }
+    for (int64_t j = 0; j < len; j += 32) {
+        int64_t k = k0 + j;
+        __m256i wv[4];
+        if (j + 32 <= len) {
+            if ((j & 63) == 0) prefetch_step(pf);
+            for (int c = 0; c < C; c++)
+                wv[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + c * K + k)), bias);
+        } else {  // masked-off bytes are not read (no fault past the last row)
+            __mmask32 m = _cvtu32_mask32((1U << (len - j)) - 1);
+            for (int c = 0; c < C; c++) wv[c] = _mm256_xor_si256(_mm256_maskz_loadu_epi8(m, w + c * K + k), bias);
+        }
+        for (int r = 0; r < R; r++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(q + r * kp + k));
+            for (int c = 0; c < C; c++) dot[r][c] = _mm256_dpbusd_epi32(dot[r][c], wv[c], xv);
+        }
+    }
+}
+
+#define BLOCK block_vnni256
+#define SUFFIX _vnni256
+#define RB 4  // 12 int32 sums + 12 float accumulators + 3 weight vectors: within 32 registers
+#define CB 3
+#define C3 4
+#define C2 4
+#define C1 4
+#include "a8_tiles.h"  // tile_vnni256, rows_vnni256, mm_vnni256
 #pragma GCC pop_options
 
 // ---- AVX-VNNI: 256-bit vpdpbusd ----
@@ -180,7 +238,7 @@ static inline __attribute__((always_inline)) void block_vnni512(int R, int C, co
 static inline __attribute__((always_inline)) void block_avxvnni(int R, int C, const int8_t *q, int64_t kp,
                                                                  const int32_t *corr, int64_t nb, int64_t b,
                                                                  const int8_t *w, int64_t K, int64_t k0,
-                                                                 int64_t len, __m256i dot[8][4]) {
+                                                                 int64_t len, A8Prefetch *pf, __m256i dot[8][4]) {
     const __m256i bias = _mm256_set1_epi8((char)0x80);
     for (int r = 0; r < R; r++) {
         const int32_t *cr = corr + (r * nb + b) * 16;
@@ -193,8 +251,7 @@ static inline __attribute__((always_inline)) void block_avxvnni(int R, int C, co
         int64_t k = k0 + j;
         __m256i wv[4];
         if (j + 32 <= len) {
-            if ((k & 63) == 0)
-                for (int c = 0; c < C; c++) _mm_prefetch((const char *)(w + 2 * C * K + k * C + c * 64), _MM_HINT_T0);
+            if ((j & 63) == 0) prefetch_step(pf);
             for (int c = 0; c < C; c++)
                 wv[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + c * K + k)), bias);
         } else {
@@ -232,7 +289,11 @@ void completiond_mm_a8(int sums, const float *x, const int8_t *w, const float *s
     for (int64_t m = 0; m < M; m++)
         quantize_row(x + m * K, K, a.kp, a.q + m * a.kp, a.s + m * a.nb, a.corr + m * a.nb * 16);
     if (sums == 1)
+#ifdef A8_ZMM
         mm_vnni512(&a, w, scale, y, M, K, N, threads);
+#else
+        mm_vnni256(&a, w, scale, y, M, K, N, threads);
+#endif
     else if (sums == 2)
         mm_avxvnni(&a, w, scale, y, M, K, N, threads);
     else

@@ -97,6 +97,22 @@ static inline void rotate(float *v, const float *c, const float *s, int64_t d) {
     }
 }
 
+// hsum8 of 8 vectors at once, lane i the sum of v_i, each in hsum8's order (lo + hi halves, then
+// lanes 0 + 2 and 1 + 3, then those two) so every lane has hsum8's bits: 21 shuffles and adds for 8
+// sums instead of 48. A score is 8 FMAs over d = 64, so hsum8 alone had cost most of that again.
+static inline __m256 hsum8x8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4, __m256 v5, __m256 v6,
+                             __m256 v7) {
+#define HALVES(a, b) _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31))
+    __m256 t01 = HALVES(v0, v1), t23 = HALVES(v2, v3), t45 = HALVES(v4, v5), t67 = HALVES(v6, v7);
+#undef HALVES
+    // per 128-bit lane: [x0 + x2, x1 + x3] of the two vectors it holds
+    __m256 w0 = _mm256_add_ps(_mm256_shuffle_ps(t01, t23, 0x44), _mm256_shuffle_ps(t01, t23, 0xee));
+    __m256 w1 = _mm256_add_ps(_mm256_shuffle_ps(t45, t67, 0x44), _mm256_shuffle_ps(t45, t67, 0xee));
+    // lanes [v0, v2, v4, v6, v1, v3, v5, v7] -> [v0 ... v7]
+    __m256 r = _mm256_add_ps(_mm256_shuffle_ps(w0, w1, 0x88), _mm256_shuffle_ps(w0, w1, 0xdd));
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 // Scores of Q queries (rows of q, stride d) against K keys (rows of k, stride d) into s [Q, K]:
 // each (query, key) is one 8-lane accumulation over d then hsum8, whatever tile computes it.
 static inline __attribute__((always_inline)) void score_tile(int QB, int KB, const float *q, const float *k,
@@ -111,6 +127,13 @@ static inline __attribute__((always_inline)) void score_tile(int QB, int KB, con
             __m256 qv = _mm256_loadu_ps(q + i * d + j);
             for (int t = 0; t < KB; t++) acc[i][t] = _mm256_fmadd_ps(qv, kv[t], acc[i][t]);
         }
+    }
+    if (QB == 2 && KB == 4) {  // the common tile: its 8 sums at once, each with hsum8's bits
+        __m256 r = _mm256_mul_ps(hsum8x8(acc[0][0], acc[0][1], acc[0][2], acc[0][3], acc[1][0], acc[1][1], acc[1][2],
+                                         acc[1][3]), _mm256_set1_ps(scale));
+        _mm_storeu_ps(s, _mm256_castps256_ps128(r));
+        _mm_storeu_ps(s + lds, _mm256_extractf128_ps(r, 1));
+        return;
     }
     for (int i = 0; i < QB; i++)
         for (int t = 0; t < KB; t++) s[i * lds + t] = hsum8(acc[i][t]) * scale;
@@ -140,18 +163,51 @@ static void scores_of(const float *q, int64_t nq, const void *kc, int bf16, int6
     }
 }
 
-// Scores s [keys] (overwritten) -> softmax numerators e^(s - max) over the visible keys; returns
-// their sum, in slot order.
-static float softmax_weights(float *s, const uint8_t *vis, int64_t keys) {
-    float mx = -INFINITY;
-    for (int64_t t = 0; t < keys; t++)
+// Scores s [keys] (overwritten) -> softmax numerators e^(s - max) over the visible keys. The max is
+// exact in any order (NaN scores never win, as before), so it runs 8 lanes wide; the sum is
+// softmax_sums'.
+static void softmax_weights(float *s, const uint8_t *vis, int64_t keys) {
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
+    const __m256 ninf = m8;
+    int64_t t = 0;
+    for (; t + 8 <= keys; t += 8) {
+        __m128i b = _mm_loadl_epi64((const __m128i *)(vis + t));
+        __m256 on = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(b), _mm256_setzero_si256()));
+        m8 = _mm256_max_ps(_mm256_blendv_ps(ninf, _mm256_loadu_ps(s + t), on), m8);  // a NaN score gives m8
+    }
+    float lanes[8], mx = -INFINITY;
+    _mm256_storeu_ps(lanes, m8);
+    for (int i = 0; i < 8; i++) mx = lanes[i] > mx ? lanes[i] : mx;
+    for (; t < keys; t++)
         if (vis[t] && s[t] > mx) mx = s[t];
-    for (int64_t t = 0; t < keys; t++) s[t] -= mx;  // masked keys may exceed 0: clamped in exp8, unused
+    __m256 mv = _mm256_set1_ps(mx);
+    for (t = 0; t + 8 <= keys; t += 8) _mm256_storeu_ps(s + t, _mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
+    for (; t < keys; t++) s[t] -= mx;  // masked keys may exceed 0: clamped in exp8, unused
     exp_inplace(s, keys);
-    float sum = 0.0f;
-    for (int64_t t = 0; t < keys; t++)
-        if (vis[t]) sum += s[t];
-    return sum;
+}
+
+// sums[i] = the sum of query i's softmax numerators s [i * keys ...] over its visible keys (mask row
+// vis(i)), each in slot order. One query's sum is a chain of dependent adds (latency bound: it cost
+// more than the scores of an 8-row pass), so 8 queries' chains run interleaved, each in its own order.
+// A masked key adds +0.0f, which leaves a sum (never -0.0f: it starts at +0.0f and adds e^x >= 0) as it is.
+static void softmax_sums(const float *s, int64_t nq, int64_t keys, const uint8_t *mask, int64_t g, float *sums) {
+    int64_t i = 0;
+    for (; i + 8 <= nq; i += 8) {
+        float acc[8] = {0};
+        const float *si[8];
+        const uint8_t *vi[8];
+        for (int u = 0; u < 8; u++) si[u] = s + (i + u) * keys, vi[u] = mask + ((i + u) / g) * keys;
+        for (int64_t t = 0; t < keys; t++)
+            for (int u = 0; u < 8; u++) acc[u] += vi[u][t] ? si[u][t] : 0.0f;
+        for (int u = 0; u < 8; u++) sums[i + u] = acc[u];
+    }
+    for (; i < nq; i++) {
+        const float *si = s + i * keys;
+        const uint8_t *vi = mask + (i / g) * keys;
+        float acc = 0.0f;
+        for (int64_t t = 0; t < keys; t++) acc += vi[t] ? si[t] : 0.0f;
+        sums[i] = acc;
+    }
 }
 
 // acc[0, 8 CB) += p[t] v[t][0, 8 CB) for the visible keys t in [t0, t1), in slot order (v rows of
@@ -258,9 +314,10 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
             memcpy(qj + (r - r0) * g * d, y + r * nqkv + kv * g * d, sizeof(float) * g * d);
         scores_of(qj, nqj, kh, kv_bf16, keys, d, scale, s, buf);
         for (int64_t i = 0; i < nqj; i++) {  // qj becomes the running value sums
-            sums[i] = softmax_weights(s + i * keys, mask + (r0 + i / g) * keys, keys);
+            softmax_weights(s + i * keys, mask + (r0 + i / g) * keys, keys);
             memset(qj + i * d, 0, sizeof(float) * d);
         }
+        softmax_sums(s, nqj, keys, mask + r0 * keys, g, sums);
         for (int64_t t0 = 0; t0 < keys; t0 += KEY_BLOCK) {  // a block of values stays in L1 for all queries
             int64_t t1 = t0 + KEY_BLOCK < keys ? t0 + KEY_BLOCK : keys;
             const float *v = cache_rows(vh, kv_bf16, t0, t1 - t0, d, buf);  // v + (t - t0) * d: value t
