@@ -176,3 +176,43 @@ def test_what_it_does_not_implement_comes_from_transformers(pair):
     assert fast.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
         hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert fast.model_max_length == hf.model_max_length  # any other attribute: the transformers tokenizer's
+
+
+def test_prompt_tables_kept_between_starts_equal_built_ones(pair, tmp_path):
+    """prepare_tokenizer saves the byte tables once and a later start reads them (no 152k-token
+    loop); what it reads equals what it builds; a damaged file is built and written again."""
+    from completiond.models.tokenizer import TableStore
+
+    fast, hf = pair
+    folder = Path(fast.folder)
+    built = FastTokenizer(folder)
+    built.prompt_tables = None  # no store: built from the vocabulary
+    prompt.prepare_tokenizer(built)
+    store = TableStore(tmp_path / "tables.marshal")
+    first = FastTokenizer(folder)
+    first.prompt_tables = store
+    prompt.prepare_tokenizer(first)  # builds and saves
+    assert store.path.exists()
+    again = FastTokenizer(folder)
+    again.prompt_tables = store
+    read = store.load()
+    assert read is not None
+
+    def refuse(*a, **k):
+        raise AssertionError("the tables were built, not read")
+
+    again.convert_ids_to_tokens = refuse  # the 152k-token walk that builds them
+    prompt.prepare_tokenizer(again)
+    assert prompt._VOCAB[again] == read[0]
+    assert prompt._VOCAB[again] == prompt._vocab_bytes(built)
+    assert prompt.after_indent(again, "    ").allowed == prompt.after_indent(built, "    ").allowed
+    assert prompt.after_indent(again, "\t").allowed == prompt.after_indent(built, "\t").allowed
+    data = bytearray(store.path.read_bytes())
+    data[100] ^= 1
+    store.path.write_bytes(bytes(data))
+    assert store.load() is None
+    damaged = FastTokenizer(folder)
+    damaged.prompt_tables = store
+    prompt.prepare_tokenizer(damaged)
+    assert prompt._VOCAB[damaged] == prompt._vocab_bytes(built) and store.load() is not None
+    assert TableStore.of(folder) is not None and TableStore.of(tmp_path) is None  # no digests, no store

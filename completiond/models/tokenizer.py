@@ -11,10 +11,15 @@ first use. tests/test_fast_tokenizer.py holds both to the same backend pipeline 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import marshal
+import os
 import threading
 from pathlib import Path
 from typing import Any
+
+from ..paths import cache_root
 
 # tokenizer_class -> (its default special tokens when tokenizer_config.json leaves them out, and
 # the normalizer transformers' class installs over the file's). Only classes checked against
@@ -68,6 +73,7 @@ class FastTokenizer:
         self.clean_up_tokenization_spaces = bool(cfg.get("clean_up_tokenization_spaces", False))
         self._hf_tokenizer = None
         self._hf_lock = threading.Lock()
+        self.prompt_tables = TableStore.of(self.folder)  # core/prompt.prepare_tokenizer reads and fills it
 
     # the special tokens, as transformers names them
     def _id(self, attr: str) -> int | None:
@@ -160,6 +166,53 @@ class FastTokenizer:
 
     def __repr__(self) -> str:
         return f"FastTokenizer({self.name_or_path!r}, vocab={len(self)})"
+
+
+class TableStore:
+    """core/prompt.py's byte tables of one tokenizer (every token's bytes by first byte, the ids
+    allowed after an indentation), kept between starts: ~0.35 CPU-s to build from 152k tokens,
+    ~0.03 s to read. A file under the cache named by the digests of the tokenizer's files (the
+    runtime folder's manifest) and the format; its payload's sha256 heads it. A missing, damaged
+    or unreadable file only means building the tables again (and writing them)."""
+
+    FORMAT = 1
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @classmethod
+    def of(cls, folder: Path) -> TableStore | None:
+        from tokenizers import __version__ as tokenizers_version
+
+        from .integrity import read_manifest
+
+        files = read_manifest(folder)
+        digests = [files.get(n, {}).get("sha256") for n in ("tokenizer.json", "tokenizer_config.json")]
+        if not all(digests):
+            return None  # a folder without digests: nothing names its contents
+        key = hashlib.sha256(json.dumps([cls.FORMAT, tokenizers_version, *digests]).encode()).hexdigest()[:32]
+        return cls(cache_root() / "prompt-tables" / f"{key}.marshal")
+
+    def load(self) -> Any:
+        try:
+            data = self.path.read_bytes()
+            payload = data[64:]
+            if hashlib.sha256(payload).hexdigest().encode() != data[:64]:
+                return None
+            tables = marshal.loads(payload)
+        except (OSError, ValueError, EOFError, TypeError):
+            return None
+        return tables if isinstance(tables, tuple) and len(tables) == 2 else None
+
+    def save(self, tables: Any) -> None:
+        payload = marshal.dumps(tables)
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            tmp.write_bytes(hashlib.sha256(payload).hexdigest().encode() + payload)
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a read-only cache: built again next time
 
 
 def load_tokenizer(folder: Path):
