@@ -49,6 +49,12 @@ def mem_mb(pid: int) -> dict:
     return out
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (what contention inflates least)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+
+
 def status(sock: Path, timeout: float = 5.0) -> dict:
     import msgpack
 
@@ -91,7 +97,8 @@ def daemon_start(code: Path, cache: Path, target: str, sock: Path, timeout: floa
             ready = time.perf_counter() - t0
             log.seek(0)
             phases = [ln.split("start-up: ", 1)[1].strip() for ln in log if "start-up: " in ln]
-            return proc, {"start_to_ready_s": round(ready, 2), "rss_ready_mb": mem_mb(proc.pid),
+            return proc, {"start_to_ready_s": round(ready, 2), "cpu_s_at_ready": cpu_s(proc.pid),
+                          "loadavg_1min_at_ready": round(os.getloadavg()[0], 2), "rss_ready_mb": mem_mb(proc.pid),
                           "log": phases, "dtype": st.get("dtype"), "quant": st.get("quant")}
         if st.get("state") == "failed":
             raise RuntimeError(f"daemon failed: {st.get('error')}")
@@ -165,6 +172,7 @@ def summary(runs: list[dict]) -> dict:
         "runs": runs,
         "median": {
             "start_to_ready_s": med([r["start_to_ready_s"] for r in runs]),
+            "cpu_s_at_ready": med([r["cpu_s_at_ready"] for r in runs]),
             "rss_ready_mb": med([r["rss_ready_mb"]["VmRSS"] for r in runs]),
             "rss_after_first_completion_mb": med([r["rss_after_first_completion_mb"]["VmRSS"] for r in runs]),
             "complete_no_daemon_wall_s": med([r["no_daemon"]["wall_s"] for r in runs]),

@@ -287,6 +287,9 @@ def test_the_transformers_backend_and_self_drafts_run_on_the_mapped_skeleton(ggu
     assert type(lm.model).__name__ == "Qwen2Skeleton"
     prompt = lm.tokenizer.encode("def add(a, b):\n    return", add_special_tokens=False)
     lean = Runner(lm, backend="lean").extend(prompt)
+    with torch.inference_mode():  # tools that call the model (corpus, evaluation) get transformers' forward
+        eager = lm.model(torch.tensor([prompt])).logits[0, -1].float()
+    torch.testing.assert_close(eager, lean, rtol=1e-4, atol=1e-4)
     plain = greedy(lm, prompt)
     draft = load_draft("self:1", lm)
     assert draft.model.model.layers[0] is lm.model.model.layers[0]

@@ -152,7 +152,8 @@ class Decoder(nn.Module):
         self.rotary_emb = Rotary(cfg, where.get("device", "cpu"))
 
     def forward(self, *args: Any, **kwargs: Any):
-        raise RuntimeError("the skeleton has no eager forward: use the lean backend, or to_transformers()")
+        """transformers' eager forward on these tensors (corpus building, evaluation: not the hot path)."""
+        return self.__dict__["owner"].to_transformers().model(*args, **kwargs)
 
 
 class Qwen2Skeleton(nn.Module):
@@ -170,6 +171,7 @@ class Qwen2Skeleton(nn.Module):
         self.folder = folder  # for to_transformers: its config and generation config
         self.dtype = dtype
         self.model = Decoder(cfg, **where)
+        self.model.__dict__["owner"] = self  # not a submodule
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False, **where)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -182,7 +184,12 @@ class Qwen2Skeleton(nn.Module):
         return self.lm_head
 
     def forward(self, *args: Any, **kwargs: Any):
-        raise RuntimeError("the skeleton has no eager forward: use the lean backend, or to_transformers()")
+        """transformers' eager forward on these tensors (tools that call the model: draft training,
+        evaluation); the engine runs the lean forward."""
+        return self.to_transformers()(*args, **kwargs)
+
+    def generate(self, *args: Any, **kwargs: Any):
+        return self.to_transformers().generate(*args, **kwargs)
 
     def to_transformers(self) -> nn.Module:
         """transformers' Qwen2ForCausalLM holding this model's tensors and modules (no copy), for the
