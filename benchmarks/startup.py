@@ -3,7 +3,9 @@ when ready and after its first completion, the cache's size, a second `completio
 no daemon, and one answered by a running daemon.
 
     python benchmarks/startup.py [--target qwen2.5-coder-0.5b] [--cache DIR] [--repeat 3]
-        [--baseline /work/main --baseline-cache ~/.cache/completiond]
+        [--baseline /work/main --baseline-cache ~/.cache/completiond] [--ready-only | --load-cpu-only]
+
+--ready-only: only daemon starts -> `ready` (wall, the daemon's CPU seconds, RSS, load average).
 
 Each command runs as a fresh process (real `completiond serve` / `completiond complete`, no mocks),
 with COMPLETIOND_CACHE=--cache (converted first if needed: not timed). `--baseline CHECKOUT` runs
@@ -49,6 +51,12 @@ def mem_mb(pid: int) -> dict:
     return out
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (what contention inflates least)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+
+
 def status(sock: Path, timeout: float = 5.0) -> dict:
     import msgpack
 
@@ -91,7 +99,8 @@ def daemon_start(code: Path, cache: Path, target: str, sock: Path, timeout: floa
             ready = time.perf_counter() - t0
             log.seek(0)
             phases = [ln.split("start-up: ", 1)[1].strip() for ln in log if "start-up: " in ln]
-            return proc, {"start_to_ready_s": round(ready, 2), "rss_ready_mb": mem_mb(proc.pid),
+            return proc, {"start_to_ready_s": round(ready, 2), "cpu_s_at_ready": cpu_s(proc.pid),
+                          "loadavg_1min_at_ready": round(os.getloadavg()[0], 2), "rss_ready_mb": mem_mb(proc.pid),
                           "log": phases, "dtype": st.get("dtype"), "quant": st.get("quant")}
         if st.get("state") == "failed":
             raise RuntimeError(f"daemon failed: {st.get('error')}")
@@ -165,6 +174,7 @@ def summary(runs: list[dict]) -> dict:
         "runs": runs,
         "median": {
             "start_to_ready_s": med([r["start_to_ready_s"] for r in runs]),
+            "cpu_s_at_ready": med([r["cpu_s_at_ready"] for r in runs]),
             "rss_ready_mb": med([r["rss_ready_mb"]["VmRSS"] for r in runs]),
             "rss_after_first_completion_mb": med([r["rss_after_first_completion_mb"]["VmRSS"] for r in runs]),
             "complete_no_daemon_wall_s": med([r["no_daemon"]["wall_s"] for r in runs]),
@@ -183,6 +193,8 @@ def main() -> int:
     ap.add_argument("--baseline", default=None, help="another checkout to measure side by side")
     ap.add_argument("--baseline-cache", default=None, help="its COMPLETIOND_CACHE (default: --cache)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--ready-only", action="store_true",
+                    help="only daemon starts -> ready (wall, CPU seconds, RSS), interleaved with the baseline")
     ap.add_argument("--load-cpu-only", action="store_true",
                     help="only the CPU time of loading, in fresh processes, interleaved with the baseline")
     a = ap.parse_args()
@@ -192,6 +204,11 @@ def main() -> int:
     # convert (untimed) and make sure the kernel is built and the calibrations are cached
     if a.load_cpu_only:
         load_cpu(ROOT, cache, a.target)
+    elif a.ready_only:
+        with tempfile.TemporaryDirectory() as tmp:  # converts if needed, and writes the prompt tables
+            proc, _ = daemon_start(ROOT, cache, a.target, Path(tmp) / "d.sock")
+            proc.terminate()
+            proc.wait(30)
     else:
         cli_complete(ROOT, cache, a.target, ["--no-daemon"])
     load = os.getloadavg()
@@ -216,6 +233,24 @@ def main() -> int:
         out = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / f"startup-load-cpu-{a.target}.json"
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({k: result[k]["load"] for k in ("this", "baseline") if result[k]["load"]}, indent=1))
+        return 0
+    if a.ready_only:
+        for key in ("this", "baseline"):
+            result[key] = {"ready": []}
+        for _ in range(a.repeat):
+            for key, code, c in (("this", ROOT, cache), ("baseline", base, bcache)):
+                if code is None:
+                    continue
+                with tempfile.TemporaryDirectory() as tmp:
+                    proc, got = daemon_start(code, c, a.target, Path(tmp) / "d.sock")
+                    proc.terminate()
+                    proc.wait(30)
+                result[key]["ready"].append(got)
+        result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        out = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / f"startup-ready-only-{a.target}.json"
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps({k: [(r["start_to_ready_s"], r["cpu_s_at_ready"], r["loadavg_1min_at_ready"])
+                              for r in result[k]["ready"]] for k in ("this", "baseline")}, indent=1))
         return 0
     this, other = [], []
     for _ in range(a.repeat):  # interleaved: both see the same machine load

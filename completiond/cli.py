@@ -97,18 +97,21 @@ def cmd_complete(a: argparse.Namespace) -> int:
                   answered["text"] + ("\n" if not answered["text"].endswith("\n") else ""), end="")
             return 0
 
-    from .core.engine import Engine, Request
-    from .models import ModelError, draft_label, load, load_draft
-    from .core.prompt import build_prompt
-    from .core.verify import Sampling
-    from .service.protocol import prefill_dtype
-    from .service.workspace import index_workspace
+    from .gc_pause import paused_gc
 
-    try:
-        target = load(a.target, "target", a.device, a.dtype, a.quant)
-        draft = load_draft(a.draft, target) if a.mode in ("draft", "combined") else None
-    except ModelError as e:
-        raise UsageError(str(e)) from None
+    with paused_gc():  # imports and loading (gc_pause.py)
+        from .core.engine import Engine, Request
+        from .models import ModelError, draft_label, load, load_draft
+        from .core.prompt import build_prompt
+        from .core.verify import Sampling
+        from .service.protocol import prefill_dtype
+        from .service.workspace import index_workspace
+
+        try:
+            target = load(a.target, "target", a.device, a.dtype, a.quant)
+            draft = load_draft(a.draft, target) if a.mode in ("draft", "combined") else None
+        except ModelError as e:
+            raise UsageError(str(e)) from None
     if a.mode == "draft" and draft is None:
         raise UsageError(f"--mode draft needs a draft model; {draft_label(a.draft, None, target)}")
     engine = Engine(target, draft, backend=a.backend)

@@ -119,6 +119,12 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
     def load_models(index, phase) -> tuple[Engine, dict]:
         """On a loader thread, after the socket is up: `status` meanwhile reports each phase."""
+        from .gc_pause import paused_gc
+
+        with paused_gc():
+            return _load_models(index, phase)
+
+    def _load_models(index, phase) -> tuple[Engine, dict]:
         t0 = time.perf_counter()
         phase("importing torch")
         from .core.remote import load_remote

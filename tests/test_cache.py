@@ -86,8 +86,13 @@ def test_runtime_form_is_bit_identical_to_quantizing_the_float_checkpoint(gguf, 
     assert a.keys() == b.keys()
     for name in a:
         assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
-    config = lambda lm: {k: v for k, v in lm.model.config.to_dict().items() if k != "_name_or_path"}  # noqa: E731
-    assert config(before) == config(after)
+    # the runtime form of a Qwen2 loads without transformers (models/skeleton.py): its config has
+    # config.json's fields with Qwen2Config's values, and what the code reads of a config matches
+    assert type(after.model).__name__ == "Qwen2Skeleton" and type(after.tokenizer).__name__ == "FastTokenizer"
+    ours = after.model.config
+    for key in [k for k in vars(ours) if k != "dtype"] + ["model_type", "final_logit_softcapping", "head_dim",
+                                                          "attn_logit_softcapping", "query_pre_attn_scalar"]:
+        assert getattr(ours, key, None) == getattr(before.model.config, key, None), key
     assert before.eos_ids() == after.eos_ids()
     prompt = after.tokenizer.encode((tiny.STDLIB / "textwrap.py").read_text()[:600], add_special_tokens=False)
     assert before.tokenizer.encode("def f(x):\n    return x") == after.tokenizer.encode("def f(x):\n    return x")
@@ -269,3 +274,29 @@ def test_tied_models_round_trip(tmp_path, config):
     prompt = list(range(5, 40))
     mapped = tiny.LoadedModel(name="m", model=got, tokenizer=lm.tokenizer, device=lm.device, dtype=lm.dtype)
     assert greedy(lm, prompt) == greedy(mapped, prompt)
+
+
+def test_the_transformers_backend_and_self_drafts_run_on_the_mapped_skeleton(gguf):
+    """A Qwen2 runtime form loads as models/skeleton.py's module tree (no transformers import);
+    `--backend transformers` gets transformers' model around the same tensors, and a self:N
+    draft shares the target's layers; both complete as the lean forward does."""
+    from completiond.core.runner import Runner
+    from completiond.models import load_draft
+
+    lm = load(str(gguf), "target", "cpu", "float32", "none")
+    assert type(lm.model).__name__ == "Qwen2Skeleton"
+    prompt = lm.tokenizer.encode("def add(a, b):\n    return", add_special_tokens=False)
+    lean = Runner(lm, backend="lean").extend(prompt)
+    with torch.inference_mode():  # tools that call the model (corpus, evaluation) get transformers' forward
+        eager = lm.model(torch.tensor([prompt])).logits[0, -1].float()
+    torch.testing.assert_close(eager, lean, rtol=1e-4, atol=1e-4)
+    plain = greedy(lm, prompt)
+    draft = load_draft("self:1", lm)
+    assert draft.model.model.layers[0] is lm.model.model.layers[0]
+    with_draft = Engine(lm, draft, backend="lean").complete(Request(prompt=prompt, mode="draft", max_tokens=12))
+    assert with_draft.token_ids == plain
+    embed = lm.model.get_input_embeddings().weight
+    ref = Runner(lm, backend="transformers")
+    assert type(lm.model).__name__ == "Qwen2ForCausalLM"
+    assert lm.model.get_input_embeddings().weight is embed  # the same mapped tensor, not a copy
+    torch.testing.assert_close(ref.extend(prompt), lean, rtol=1e-4, atol=1e-4)

@@ -49,18 +49,23 @@ def full_vocab_draft(draft: LoadedModel, vocab: int) -> torch.nn.Module:
     return m
 
 
+def _hf(model: torch.nn.Module) -> torch.nn.Module:
+    """transformers' model for HF generate: a converted Qwen2 loads as models/skeleton.py's tree."""
+    return model.to_transformers() if hasattr(model, "to_transformers") else model
+
+
 def _hf_assistant(engine: Engine):
     d = engine.draft.lm if engine.draft is not None else None
     if d is None:
         return None, None
     if d.to_target is None:
-        return d.model, d.name
+        return _hf(d.model), d.name
     return full_vocab_draft(d, engine.target.vocab_size), d.name + " (expanded to the full vocabulary)"
 
 
 @torch.inference_mode()
 def run_transformers(engine: Engine, prepared: list[Prepared], peers: list[str]) -> dict[str, list[dict]]:
-    model = engine.target.model
+    model = _hf(engine.target.model)
     assistant, assistant_name = _hf_assistant(engine) if "hf-assisted" in peers else (None, None)
     out: dict[str, list[dict]] = {p: [] for p in peers if p.startswith("hf-")}
     if "hf-assisted" in out and assistant is None:

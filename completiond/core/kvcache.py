@@ -11,13 +11,15 @@ to restore evicted entries; the runner hands them only the last `window` keys an
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
-from transformers.cache_utils import Cache
 
 
-class TreeKVCache(Cache):
+class TreeKVCache:
+    """The lean forward's cache. transformers' eager forward needs a `Cache` subclass: `for_transformers()`."""
+
     def __init__(self, capacity: int = 4096):
-        super().__init__(layers=[])
         self.capacity = capacity
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
@@ -89,3 +91,17 @@ def _grow(buf: torch.Tensor, capacity: int) -> torch.Tensor:
     new = buf.new_zeros((*buf.shape[:2], capacity, buf.shape[3]))
     new[:, :, :buf.shape[2]] = buf
     return new
+
+
+@cache
+def for_transformers() -> type[TreeKVCache]:
+    """TreeKVCache as a transformers `Cache` (what its eager forward takes), made on first use: a
+    lean start does not import transformers (1.5 s)."""
+    from transformers.cache_utils import Cache
+
+    class HFTreeKVCache(TreeKVCache, Cache):
+        def __init__(self, capacity: int = 4096):
+            Cache.__init__(self, layers=[])
+            TreeKVCache.__init__(self, capacity)
+
+    return HFTreeKVCache

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kvcache import TreeKVCache
+from .kvcache import TreeKVCache, for_transformers
 from .lean import lean_decoder, supports_lean
 from ..models import LoadedModel
 from .quant import bulk, QuantLinear, exact_head_logits, head_rows
@@ -74,6 +74,8 @@ class Runner:
             raise ValueError("cheap_head needs a quantized output layer (completiond.core.quant.quantize)")
         if cheap_head and lm.model.get_output_embeddings().full_weight is None:
             raise ValueError("cheap_head needs the full-precision output layer: quantize(..., full_head=True)")
+        if backend == "transformers" and hasattr(lm.model, "to_transformers"):
+            lm.model = lm.model.to_transformers()  # models/skeleton.py: no eager forward of its own
         self.lm = lm
         self.model = lm.model
         self.base = getattr(lm.model, lm.model.base_model_prefix)  # the decoder without its output layer
@@ -93,7 +95,8 @@ class Runner:
         else:
             self.layer_types = None  # one mask for every layer (with the window if the model has one)
         self.capacity = capacity
-        self.cache = TreeKVCache(capacity)
+        self._cache_type = TreeKVCache if self.backend == "lean" else for_transformers()
+        self.cache = self._cache_type(capacity)
         self.tokens: list[int] = []  # ids held by cache slots [0, length)
         self._pass_ids: list[int] = []  # uncommitted nodes since the last keep/rollback, and their parents
         self._pass_parents: list[int] = []
@@ -150,7 +153,7 @@ class Runner:
 
     def new_held(self, capacity: int | None = None) -> Held:
         """An empty sequence; its cache starts at `capacity` slots (default the runner's) and grows."""
-        return Held(TreeKVCache(capacity or self.capacity), [])
+        return Held(self._cache_type(capacity or self.capacity), [])
 
     @torch.inference_mode()
     def forward(self, ids: Sequence[int], parents: Sequence[int], logits_at: Sequence[int],

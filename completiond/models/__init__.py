@@ -213,17 +213,29 @@ def _dequantize(gguf: Path, out: Path) -> None:
 
 
 def open_runtime(folder: Path, gguf: Path, dtype: torch.dtype, scheme: str) -> tuple[torch.nn.Module, object]:
-    """(model, tokenizer) from the runtime form in folder, converted or repaired first if needed."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    """(model, tokenizer) from the runtime form in folder, converted or repaired first if needed.
+
+    A Qwen2 the lean forward runs loads without transformers (skeleton.py, tokenizer.py: ~5 CPU-s
+    less of a start); other models get transformers' modules and tokenizer."""
+    from .skeleton import Config, generation_config
+    from .tokenizer import load_tokenizer
 
     for attempt in (1, 2):
         ensure_runtime(gguf, folder, dtype, scheme)
         try:
-            config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+            config = Config.read(folder)
+            if config is None:
+                from transformers import AutoConfig
+
+                config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
             model = runtime.open_model(folder, config, dtype, scheme)
-            if (folder / "generation_config.json").exists():
+            if isinstance(config, Config):
+                model.generation_config = generation_config(folder)
+            elif (folder / "generation_config.json").exists():
+                from transformers import GenerationConfig
+
                 model.generation_config = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
-            tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            tokenizer = load_tokenizer(folder)
             return model, tokenizer
         except (runtime.RuntimeFormError, OSError, ValueError, KeyError) as e:
             # intact by digest but unusable (written by another version?): rebuild once
@@ -300,10 +312,6 @@ def _check_hub_reachable(repo_id: str) -> None:
 def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "auto",
          quant: str = "none") -> LoadedModel:
     """Load a model from a spec; errors become ModelError with a message a user can act on."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from transformers.utils import logging as hf_logging
-
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     scheme = pick_quant(quant, dev, dt, dtype_asked=dtype != "auto")
@@ -320,6 +328,9 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
 
             loaded.meta["int8_kernel"] = cpu_kernel.name()
         return loaded
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
     hf_logging.disable_progress_bar()  # "Loading weights" on every start is noise; conversion keeps its bars
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     try:
@@ -411,10 +422,15 @@ def self_draft(target: LoadedModel, layers: int) -> LoadedModel:
     cfg.num_hidden_layers = layers
     if hasattr(cfg, "layer_types") and cfg.layer_types:
         cfg.layer_types = cfg.layer_types[:layers]
-    from transformers import AutoModelForCausalLM
+    from .skeleton import Config, Qwen2Skeleton
 
-    with torch.device("meta"):
-        small = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    if isinstance(cfg, Config):
+        small = Qwen2Skeleton(cfg, target.model.folder, target.dtype)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            small = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
     small.model.embed_tokens = target.model.model.embed_tokens
     small.model.layers = torch.nn.ModuleList(target.model.model.layers[:layers])
     small.model.norm = target.model.model.norm

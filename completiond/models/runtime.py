@@ -182,18 +182,23 @@ def map_file(path: Path) -> dict[str, torch.Tensor | dict]:
 
 def open_model(folder: Path, config, dtype: torch.dtype, scheme: str) -> nn.Module:
     """The model of `config` in `dtype` with `scheme` weights, every tensor mapped from folder's
-    runtime files (written by `save`). RuntimeFormError if they do not fill the model."""
-    from transformers import AutoModelForCausalLM
-
+    runtime files (written by `save`). RuntimeFormError if they do not fill the model. A
+    `skeleton.Config` builds the transformers-free Qwen2Skeleton, any other config transformers' model."""
     from ..core.quant import QuantLinear
+    from .skeleton import Config, Qwen2Skeleton
 
     files = map_file(folder / weights_file(dtype, scheme))
     meta = files.pop("__metadata__")
     if meta.get("format") != FORMAT or meta.get("dtype") != dtype_name(dtype) or meta.get("scheme") != scheme:
         raise RuntimeFormError(f"{weights_file(dtype, scheme)} is not a {FORMAT} file of this form")
     layout = json.loads(meta["layout"])
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    if isinstance(config, Config):  # Qwen2 for the lean forward: no transformers import (skeleton.py)
+        model = Qwen2Skeleton(config, folder, dtype)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     embed_shape = tuple(model.get_submodule(layout["embed"].rsplit(".", 1)[0]).weight.shape)
     n_embed = embed_shape[0] * embed_shape[1]
     embed_path = folder / embed_file(dtype)
@@ -213,7 +218,9 @@ def open_model(folder: Path, config, dtype: torch.dtype, scheme: str) -> nn.Modu
 
     for path, q in layout["quant"].items():
         t = {a: tensor(f"{path}.{a}") for a in q["tensors"]}
-        layer = QuantLinear(q["scheme"], t["packed"], t["scales"], q["out"], q["in"], t.get("bias"), q["group"])
+        # checked: quantize wrote these weights (in range) and the file's digest was verified
+        layer = QuantLinear(q["scheme"], t["packed"], t["scales"], q["out"], q["in"], t.get("bias"), q["group"],
+                            checked=True)
         if "residual_q" in t:
             layer.residual = (t["residual_q"], t["residual_s"])
         layer.err_norm, layer.deq_norm = t.get("err_norm"), t.get("deq_norm")
