@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from ..core.engine import Engine, Request, Result
-from ..core.context import related_files
+from ..core.prompt.context import related_files
 from ..core.prompt import build_prompt
 from .repo import Position, read_text_file, score, source_files
 
@@ -50,7 +50,7 @@ def prepare(engine: Engine, root: Path, positions: list[Position], multiline: bo
             context: bool = False) -> list[Prepared]:
     """The prompt the daemon would build at each position: FIM and, with `context` (serve
     --repo-context), the workspace files the document imports in Qwen's repository format
-    (core.context.related_files; a bench has no other open buffers)."""
+    (core.prompt.context.related_files; a bench has no other open buffers)."""
     tok = engine.target.tokenizer
     workspace = [(f.relative_to(root).as_posix(), f) for f in source_files(root)] if context else []
     out = []

@@ -33,10 +33,8 @@ import time
 from collections.abc import Callable, Generator, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-if TYPE_CHECKING:
-    from .engine import Engine
+from contextlib import AbstractContextManager
+from typing import Any, NamedTuple, Protocol
 
 log = logging.getLogger(__name__)
 MAX_WAIT_S = 5.0  # a job that waited this long for a turn gets the next one, and is not preempted in it
@@ -73,8 +71,20 @@ class Job:
         return self.slot if self.held is None else self.held
 
 
+class Turns(Protocol):
+    """What the scheduler needs of an engine (the local `Engine` or the remote target): a turn
+    for one job's step, its slots, and the price of work left. A protocol, so that the engine,
+    which yields `Work`, imports this module and not the other way round."""
+    slots: Any
+
+    def turn(self, slot: Hashable = None, check: Callable[[], None] | None = None,
+             preempt: Callable[[], bool] | None = None, pinned: Any = ()) -> AbstractContextManager[None]: ...
+
+    def work_ms(self, work: Work) -> float: ...
+
+
 class Scheduler:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Turns):
         self.engine = engine
         self.jobs: list[Job] = []
         self.cond = threading.Condition()
@@ -158,7 +168,7 @@ class Scheduler:
             return False
 
     def _turn(self, job: Job, pinned: set) -> None:
-        from .runner import Cancelled  # here: the daemon imports this module before torch is loaded
+        from .forward.runner import Cancelled  # here: the daemon imports this module before torch is loaded
 
         done, value, error = False, None, None
 

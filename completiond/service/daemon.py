@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import protocol as P
-from .handlers import METHODS, Method, Prepared
-from ..core.index import TokenIndex
+from .handlers import METHODS, Method
+from .plan import Prepared
+from ..core.speculation.index import TokenIndex
 from ..core.scheduler import Scheduler
 from .session import Job, Session
 from .warmup import WARM_AFTER_S, Warmer, cursor_after
@@ -60,7 +61,7 @@ class Daemon:
         # a completion whose full prompt lacks more prefill than this (ms) answers from the quick
         # prompt around the cursor while the full one warms (handlers.Lane); < 0: never
         self.quick_prompt_ms = quick_prompt_ms
-        # other files in the prompt (core.context.related_files); off by default: README "Repository context"
+        # other files in the prompt (core.prompt.context.related_files); off by default: README "Repository context"
         self.repo_context = repo_context
         self.engine: Engine | None = None if callable(engine) else engine
         # model work: one engine thread, every client's jobs in turns (core/scheduler.py)

@@ -13,18 +13,20 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from . import protocol as P
-from ..core.context import locate, related_files
+from ..core.prompt.context import locate, related_files
 from .documents import Document, DocumentError
 from ..core.prompt import Heal, build_prompt, extend_middle, fim_tokens, stops_at
-from ..core.rewrite import TooLarge, check_selection, finish, rewrite_prompt
+from ..core.prompt.rewrite import TooLarge, check_selection, finish, rewrite_prompt
 from .history import change_span, job_key
-from ..core.stops import drop_repeated_head
+from .next_edit import prepare as prepare_next_edit
+from .plan import Prepared
+from ..core.prompt.stops import drop_repeated_head
 from .session import Session
 
 if TYPE_CHECKING:  # torch stays unimported until the models load (the socket is up before)
@@ -33,20 +35,6 @@ if TYPE_CHECKING:  # torch stays unimported until the models load (the socket is
 
 
 MAX_OTHER_BUFFERS = 16  # open buffers a completion considers for its repository context
-
-
-@dataclass
-class Prepared:
-    uri: str
-    mode: str
-    make: Callable[[], Request]  # called on the engine thread: tokenizing stays off the event loop
-    partial: str  # the notification that streams text while it runs
-    result: Callable[[Result], dict]
-    lanes: dict = field(default_factory=dict)  # complete: the prompts make() chose between (Lane by name)
-    low: bool = False  # after every request, like a warm-up (next_edit)
-    superseded: Callable[[], dict] | None = None  # the answer when cancelled before it ran (else a Completion's)
-    # complete: the text so far as the editor may show it (final=False: streaming), None to hold it back
-    clean: Callable[[str, bool], str | None] = lambda text, final: text
 
 
 @dataclass(frozen=True)
@@ -257,7 +245,7 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
 
     def make() -> Request:
         from ..core.engine import Request
-        from ..core.verify import Sampling
+        from ..core.speculation.verify import Sampling
 
         common = dict(mode=mode, max_tokens=p.max_tokens, seed=p.seed, sampling=Sampling(p.temperature, p.top_p, p.top_k),
                       deadline_ms=p.deadline_ms, reuse_prefix=p.reuse_prefix, typed_through=greedy)
@@ -335,12 +323,6 @@ def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> Prepared:
     return Prepared(doc.uri, mode, make, "rewrite/partial", result)
 
 
-def next_edit(d: Daemon, s: Session, p: P.NextEdit) -> Prepared:
-    from .next_edit import prepare  # it builds on Prepared (this module)
-
-    return prepare(d, s, p)
-
-
 METHODS: dict[str, Method] = {
     "initialize": Method(P.Initialize, initialize), "document/open": Method(P.DocumentOpen, doc_open),
     "document/change": Method(P.DocumentChange, doc_change), "document/close": Method(P.DocumentClose, doc_close),
@@ -348,5 +330,5 @@ METHODS: dict[str, Method] = {
     "complete": Method(P.Complete, complete, job=True), "rewrite": Method(P.Rewrite, rewrite, job=True),
     "cancel": Method(P.Cancel, cancel), "status": Method(P.Empty, status), "shutdown": Method(P.Empty, shutdown),
     "debug/lookup": Method(P.Lookup, lookup),
-    "next_edit": Method(P.NextEdit, next_edit, job=True),
+    "next_edit": Method(P.NextEdit, prepare_next_edit, job=True),
 }

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import protocol as P
-from ..core.context import locate
-from ..core.next_edit import TextEdit, answer_text, edits, next_edit_prompt, window_at
-from .handlers import Prepared
+from ..core.prompt.context import locate
+from ..core.prompt.next_edit import TextEdit, answer_text, edits, next_edit_prompt, window_at
+from .plan import Prepared
 from .history import job_key
 from .session import Session
 
