@@ -27,7 +27,7 @@ from .handlers import METHODS, Method
 from .plan import Prepared
 from ..core.speculation.index import TokenIndex
 from ..core.scheduler import Scheduler
-from .session import Job, Session
+from .session import InFlight, Session
 from .warmup import WARM_AFTER_S, Warmer, cursor_after
 from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, WAITING_GRACE_S, bind_unix, drain, read_frames, remove_own
 from .workspace import WorkspaceWatcher
@@ -253,7 +253,7 @@ class Daemon:
             log.exception("%s failed", frame.method, exc_info=e)
             s.send(P.response(frame.msgid, P.RpcError(P.INTERNAL_ERROR, f"{type(e).__name__}: {e}")))
 
-    async def _run(self, s: Session, job: Job, prep: Prepared) -> dict:
+    async def _run(self, s: Session, job: InFlight, prep: Prepared) -> dict:
         """Run one request on the engine thread, in turns with other documents' jobs, and stream its
         partial text; the latest per document wins."""
         loop = asyncio.get_running_loop()
