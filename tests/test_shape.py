@@ -25,8 +25,6 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"completiond": ROOT / "completiond", "completiond_lsp": ROOT / "lsp" / "completiond_lsp"}
 
@@ -155,7 +153,6 @@ def test_imports_run_down_the_layers() -> None:
     assert bad == []
 
 
-@pytest.mark.xfail(strict=True, reason="Job, Position, Prepared, Request each twice")
 def test_one_class_per_name() -> None:
     where = defaultdict(list)
     for name, path in modules().items():
