@@ -160,3 +160,27 @@ def test_one_class_per_name() -> None:
             if isinstance(node, ast.ClassDef):
                 where[node.name].append(name)
     assert {n: ms for n, ms in where.items() if len(ms) > 1} == {}
+
+
+def test_the_engine_thread_writes_no_session_state() -> None:
+    """The guard behind the thread rule (service/plan.py): session state written on the engine
+    thread fails, so every daemon test that completes shows the engine thread wrote none."""
+    import threading
+
+    from completiond.core.scheduler import ENGINE_THREAD
+    from completiond.service.plan import LoopOwned
+
+    anchors = LoopOwned()
+    anchors["on the loop"] = 1
+    failed: list[BaseException] = []
+
+    def engine() -> None:
+        try:
+            anchors["on the engine thread"] = 2
+        except AssertionError as e:
+            failed.append(e)
+
+    t = threading.Thread(target=engine, name=ENGINE_THREAD)
+    t.start()
+    t.join()
+    assert failed and list(anchors) == ["on the loop"]

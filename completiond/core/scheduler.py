@@ -43,6 +43,7 @@ PREEMPT_MS = 1000.0  # a prefill chunk stops for a new request only when its job
 # a prefill's temporaries otherwise stay in the daemon's RSS (~130 MB after a cancelled rewrite in
 # the soak). Not between keystrokes: the next prefill would fault those pages in again.
 IDLE_TRIM_S = 1.0
+ENGINE_THREAD = "engine"  # the thread's name: the service checks it writes no session state
 
 
 class Work(NamedTuple):
@@ -94,7 +95,7 @@ class Scheduler:
         self._worked = False  # turns ran since the last trim (IDLE_TRIM_S)
         self.trim: Callable[[], None] = _trim_heap
         self.stats = {"jobs": 0, "turns": 0, "preempted": 0, "trims": 0}
-        self.thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self.thread = threading.Thread(target=self._loop, name=ENGINE_THREAD, daemon=True)
         self.thread.start()
 
     def submit(self, start: Callable[[], Any], slot: Hashable = None, cancel: threading.Event | None = None,

@@ -16,6 +16,7 @@ from typing import Any
 from . import protocol as P
 from .documents import Document, IndexView
 from .history import History
+from .plan import LoopOwned
 from ..core.prompt import PositionError
 
 MAX_INDEXED_BUFFERS = 16  # stale open buffers re-tokenized for prompt lookup per request, most recent first
@@ -40,8 +41,8 @@ class Session:
     jobs: dict[int, InFlight] = field(default_factory=dict)
     latest: dict[str, InFlight] = field(default_factory=dict)
     # uri -> handlers.Anchor: the last prompt built from scratch, which typing at its cursor extends
-    # (set on the engine thread by the request that built it; a plain dict store)
-    anchors: dict[str, Any] = field(default_factory=dict)
+    # (built on the engine thread, stored by the event loop: plan.Built)
+    anchors: dict[str, Any] = field(default_factory=lambda: LoopOwned())
     history: History = field(default_factory=History)  # recent edits of its documents (next_edit)
     closed: bool = False
     received: int = 0  # bytes read so far (bounded before authentication)
