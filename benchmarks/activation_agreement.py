@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from completiond.core import cpu_kernel
-from completiond.core.runner import Runner
+from completiond.models.kernels import cpu_kernel
+from completiond.core.forward.runner import Runner
 from completiond.models import load
 from completiond.models.device import cpu_name
 

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from completiond.bench.cli import machine
 from completiond.bench.modes import warm
 from completiond.bench.repo import mean_scores, read_text_file, resolve_repo, sample_positions, score
-from completiond.core import cpu_kernel
+from completiond.models.kernels import cpu_kernel
 from completiond.core.engine import Engine, Request
 from completiond.core.prompt import build_prompt
 from completiond.models import load

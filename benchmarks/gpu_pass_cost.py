@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from pass_cost import SIZES, fill_cache, tree  # noqa: E402
 
-from completiond.core.runner import Runner  # noqa: E402
+from completiond.core.forward.runner import Runner  # noqa: E402
 from completiond.models import LoadedModel  # noqa: E402
 
 SHAPES = {"qwen2.5-coder-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from completiond.bench.repo import read_text_file, resolve_repo, sample_positions  # noqa: E402
-from completiond.core import budget as B  # noqa: E402
+from completiond.core.speculation import budget as B  # noqa: E402
 from completiond.paths import cache_root  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""completiond's int8 kernel (core/int8_mm.c) against torch's `_weight_int8pack_mm`, side by side.
+"""completiond's int8 kernel (models/kernels/int8_mm.c) against torch's `_weight_int8pack_mm`, side by side.
 
 The matmuls of one Qwen2.5-Coder-0.5B pass (24 x [q/k/v 1152x896, o 896x896, gate/up 9728x896,
 down 896x4864] + the 151,936 x 896 output layer: 494 MB of int8), random weights, bf16 activations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from completiond.core import cpu_kernel
+from completiond.models.kernels import cpu_kernel
 from completiond.models.device import cpu_features, cpu_name
 
 LAYERS = 24

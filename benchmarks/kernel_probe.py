@@ -1,10 +1,10 @@
 """What would make a decode or verify pass cheaper on this CPU? Kernel probes beside completiond's
-int8 kernel (core/int8_mm.c, float32 activations), not part of the product.
+int8 kernel (models/kernels/int8_mm.c, float32 activations), not part of the product.
 
 - 5-bit weights (`kernel_probe/q5_mm.c`): the Qwen2.5-Coder GGUFs store most matrices as Q5_0
   (5 bits + a scale per 32 weights), 0.69-0.75x the bytes of int8. A one-node pass is memory bound,
   so fewer bytes could make it cheaper, if decoding them costs less than the bytes save.
-- int16 activations (`core/a16_mm.c`, a probe here until it measured faster on some AVX2 hosts; now
+- int16 activations (`models/kernels/a16_mm.c`, a probe here until it measured faster on some AVX2 hosts; now
   the native layer's kernel where cpu_kernel's calibration picks it): vpmaddwd does 16 int16
   multiply-adds per instruction, exactly in int32, where a float FMA does 8.
 - One core's ceilings (`ceilings` in bench.c): float FMAs with operands in registers, with one
@@ -40,7 +40,7 @@ from completiond.models.device import cpu_features, cpu_name  # noqa: E402
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / "kernel_probe" / n for n in ("bench.c", "q5_mm.c")] + [
-    HERE.parent / "completiond" / "core" / n for n in ("int8_mm.c", "a16_mm.c", "a8_mm.c", "mm.c")]
+    HERE.parent / "completiond" / "models" / "kernels" / n for n in ("int8_mm.c", "a16_mm.c", "a8_mm.c", "mm.c")]
 
 
 def cpu_family_model() -> str:
@@ -64,7 +64,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "kernel_probe"
         subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off",
-                        "-I", str(HERE.parent / "completiond" / "core"), "-o", str(exe),
+                        "-I", str(HERE.parent / "completiond" / "models" / "kernels"), "-o", str(exe),
                         *map(str, SOURCES), "-lm"], check=True)
         for _ in tqdm(range(a.runs), desc="kernel probe", unit="run"):
             lines = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()

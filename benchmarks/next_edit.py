@@ -39,7 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from completiond.core.next_edit import answer_text, edits, next_edit_prompt, window_at  # noqa: E402
+from completiond.core.prompt.next_edit import answer_text, edits, next_edit_prompt, window_at  # noqa: E402
 from completiond.models import cache_root  # noqa: E402
 from completiond.models.device import cpu_name  # noqa: E402
 from completiond.service.history import History  # noqa: E402

@@ -6,7 +6,7 @@ tree of n nodes with logits at every node, as verification does, and rolls it ba
 variants are interleaved rep by rep so that this shared machine's noise hits them alike; each cell
 is the fastest of at least --min-reps passes (contention only ever adds time).
 Variants: backend (transformers / lean) x weights (bf16, fp32, int8, int4: weight-only, bf16
-activations, completiond.core.quant), plus the lean int8/int4 target with the exact cheap head,
+activations, completiond.models.quant), plus the lean int8/int4 target with the exact cheap head,
 and where completiond's int8 kernel runs, the lean int8 target on torch's kernel (before/after),
 as torch ops around completiond's kernel where the native Qwen2 layer runs (before/after), and
 on every matmul kind of completiond's kernel this CPU runs (`lean/int8 [kind]`: float32, int16 or
@@ -39,9 +39,10 @@ from pathlib import Path
 
 import torch
 
-from completiond.core import cpu_kernel, quant
+from completiond.models import quant
+from completiond.models.kernels import cpu_kernel
 from completiond.models import LoadedModel
-from completiond.core.runner import Runner
+from completiond.core.forward.runner import Runner
 from completiond.paths import cache_root
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         "cache": "random K/V for the context (pass cost does not depend on the values)",
         "int8_kernel": cpu_kernel.name(), "torch_kernel_variant": TORCH_KERNEL, "torch_ops_variant": TORCH_OPS,
         "kind_variants": {kind_variant(k): k for k in kinds},
-        "native_layer": "lean/int8 runs each Qwen2 layer in one C call (core/qwen2_layer.c) where "
+        "native_layer": "lean/int8 runs each Qwen2 layer in one C call (models/kernels/qwen2_layer.c) where "
                         f"{TORCH_OPS} is listed",
         "quantization": {"int8": f"per-output-channel symmetric, {cpu_kernel.name()} kernel",
                          "int4": f"group {quant.INT4_GROUP} asymmetric, aten._weight_int4pack_mm_for_cpu",

@@ -7,7 +7,7 @@ torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
 import completiond
 try:  # this layout, or a checkout from before the folders (the "before" run of the closing note)
     from completiond.core.engine import Engine, Request
-    from completiond.core.runner import Cancelled
+    from completiond.core.forward.runner import Cancelled
 except ImportError:
     from completiond.engine import Engine, Request
     from completiond.runner import Cancelled

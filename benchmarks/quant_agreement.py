@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from completiond.core import quant
+from completiond.models import quant
 from completiond.models import load
 from completiond.models.device import cpu_name
 from completiond.paths import cache_root
@@ -46,7 +46,7 @@ def logits(scheme: str, keep: tuple[str, ...] | None, texts: list[str], tokens: 
 def refined_argmax(scheme: str, full_head: bool, texts: list[str], tokens: int) -> list[torch.Tensor]:
     """The daemon's next-token choice, teacher-forced: the runner's output layer with its float32
     refinement of the top rows (full-precision rows, or with full_head=False int8 + residual rows)."""
-    from completiond.core.runner import Runner
+    from completiond.core.forward.runner import Runner
 
     t = load("default", "target", "cpu", "bfloat16", "none")
     if scheme != "none":

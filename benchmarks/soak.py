@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from completiond.service import protocol as P  # noqa: E402
 from completiond.service.client import Client, DaemonError  # noqa: E402
 
-SOURCE = (ROOT / "completiond" / "core" / "prompt.py").read_text()  # a realistic file to type into
+SOURCE = (ROOT / "completiond" / "core" / "prompt" / "__init__.py").read_text()  # a realistic file to type into
 TYPED = "    total = accumulate(total, value * weight, index=i)  # running sum\n"
 BIG_LINE = "row_{:06d} = compute({}, 'abc') + offset\n"
 

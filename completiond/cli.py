@@ -103,7 +103,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
         from .core.engine import Engine, Request
         from .models import ModelError, draft_label, load, load_draft
         from .core.prompt import build_prompt
-        from .core.verify import Sampling
+        from .core.speculation.verify import Sampling
         from .service.protocol import prefill_dtype
         from .service.workspace import index_workspace
 

@@ -14,7 +14,7 @@ from completiond.service.client import Client, DaemonError
 from completiond.service.documents import INDEX_WINDOW_CHARS, Document, DocumentError
 from completiond.service.handlers import doc_change, doc_open
 from completiond.core.prompt import build_prompt, line_index, line_starts
-from completiond.core.rewrite import PROBE_CHARS, TooLarge, check_selection, rewrite_prompt
+from completiond.core.prompt.rewrite import PROBE_CHARS, TooLarge, check_selection, rewrite_prompt
 from completiond.service.session import MAX_INDEXED_BUFFERS, Session
 
 BUDGET = P.MAX_PROMPT_TOKENS

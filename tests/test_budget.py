@@ -1,12 +1,12 @@
-"""The tree-size controller (core/budget.py): costs per exact tree size that follow this machine both
+"""The tree-size controller (core/speculation/budget.py): costs per exact tree size that follow this machine both
 ways (issue 44). Synthetic timings: deterministic."""
 
 import itertools
 import json
 import time
 
-from completiond.core import budget as B
-from completiond.core.budget import PRIOR_WEIGHT, PROBE_AFTER, PROBE_SHARE, TreeBudget
+from completiond.core.speculation import budget as B
+from completiond.core.speculation.budget import PRIOR_WEIGHT, PROBE_AFTER, PROBE_SHARE, TreeBudget
 
 # a pass's true cost by tree size (ms): flat to 4 nodes, then growing (the shape of a calibrated CPU table)
 TRUE = {1: 20.0, 2: 21.0, 3: 24.0, 4: 25.0, 8: 42.0, 16: 98.0, 64: 400.0}

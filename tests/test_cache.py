@@ -21,7 +21,7 @@ import tiny
 from tiny_gguf import write_qwen2_gguf
 from completiond import cli
 from completiond.core.engine import Engine, Request
-from completiond.core.quant import QuantLinear
+from completiond.models.quant import QuantLinear
 from completiond.models import _dequantize, integrity, load, runtime, runtime_dir
 
 FORMS = [("bfloat16", "int8"), ("float32", "int8"), ("bfloat16", "none"), ("float32", "int4")]
@@ -102,7 +102,7 @@ def test_runtime_form_is_bit_identical_to_quantizing_the_float_checkpoint(gguf, 
 def test_a_start_reads_no_float_checkpoint_and_quantizes_nothing(gguf, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from completiond.core import quant
+    from completiond.models import quant
 
     first = load(str(gguf), "target", "cpu", "bfloat16", "int8")
     folder = folder_of(gguf)
@@ -260,7 +260,7 @@ def test_named_model_folders_live_under_runtime(cache):
 def test_tied_models_round_trip(tmp_path, config):
     """Tied output layers (Gemma 3): the embedding is stored once and the quantized head's
     full-precision weight is the mapped embedding itself."""
-    from completiond.core.quant import quantize
+    from completiond.models.quant import quantize
 
     cfg = tiny.gemma_config() if config == "gemma" else tiny.qwen2_config(tied=True)
     lm = tiny.loaded(cfg, seed=1, dtype=torch.bfloat16)
@@ -280,7 +280,7 @@ def test_the_transformers_backend_and_self_drafts_run_on_the_mapped_skeleton(ggu
     """A Qwen2 runtime form loads as models/skeleton.py's module tree (no transformers import);
     `--backend transformers` gets transformers' model around the same tensors, and a self:N
     draft shares the target's layers; both complete as the lean forward does."""
-    from completiond.core.runner import Runner
+    from completiond.core.forward.runner import Runner
     from completiond.models import load_draft
 
     lm = load(str(gguf), "target", "cpu", "float32", "none")

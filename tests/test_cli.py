@@ -127,7 +127,7 @@ def test_quantized_target_reported_in_json(capsys, src, tiny_dir):
     assert code == 0, err
     res = json.loads(out)
     assert res["quant"] == "int8" and res["backend"] == "lean" and res["dtype"] == "bfloat16"
-    from completiond.core import cpu_kernel
+    from completiond.models.kernels import cpu_kernel
     assert res["int8_kernel"] == cpu_kernel.name() and res["int8_kernel"] in (
         "completiond-avx2", "completiond-avx2+int16-activations", "completiond-avx2+int16-activations+avx512-vnni",
         "completiond-avx2+int8-activations", "completiond-avx2+int8-activations+avx512-vnni",
@@ -141,7 +141,7 @@ def test_quant_auto_by_device_and_dtype():
 
     cpu = torch.device("cpu")
     assert pick_quant("auto", cpu, torch.bfloat16) == "int8"
-    from completiond.core import cpu_kernel
+    from completiond.models.kernels import cpu_kernel
     # torch's int8 kernel wants bf16 activations; completiond's own runs float32 ones as fast
     want = "int8" if cpu_kernel.enabled() else "none"
     assert pick_quant("auto", cpu, torch.float32) == want  # float32 chosen by --dtype auto

@@ -1,4 +1,4 @@
-"""completiond's own int8 kernel (core/int8_mm.c): batch invariance, accuracy, build and fallback."""
+"""completiond's own int8 kernel (models/kernels/int8_mm.c): batch invariance, accuracy, build and fallback."""
 
 import ctypes
 import os
@@ -9,8 +9,9 @@ import sys
 import pytest
 import torch
 
-from completiond.core import cpu_kernel, quant
-from completiond.core.quant import QuantLinear
+from completiond.models import quant
+from completiond.models.kernels import cpu_kernel
+from completiond.models.quant import QuantLinear
 from completiond.models.device import cpu_flags
 
 needs_kernel = pytest.mark.skipif(not cpu_kernel.wanted(), reason="no x86 CPU with AVX2 + FMA here")
@@ -200,7 +201,7 @@ def test_build_is_cached_and_safe_from_two_processes(tmp_path):
     """Two processes building into an empty folder at once both get the same library; a third reuses it."""
     if not cpu_kernel.wanted():
         pytest.skip("no x86 CPU with AVX2 + FMA here")
-    code = ("import sys; from pathlib import Path; from completiond.core import cpu_kernel; "
+    code = ("import sys; from pathlib import Path; from completiond.models.kernels import cpu_kernel; "
             "print(cpu_kernel.build(Path(sys.argv[1])))")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
              for _ in range(2)]
@@ -218,7 +219,7 @@ def test_torch_kernel_when_asked(monkeypatch):
     and a load reports which kernel runs."""
     monkeypatch.setenv("COMPLETIOND_INT8_KERNEL", "torch")
     assert not cpu_kernel.wanted()
-    code = ("import torch; from completiond.core import cpu_kernel, quant; "
+    code = ("import torch; from completiond.models import quant; from completiond.models.kernels import cpu_kernel; "
             "l = quant.QuantLinear.from_linear(torch.nn.Linear(64, 32), 'int8'); x = torch.randn(2, 64); "
             "ref = torch.ops.aten._weight_int8pack_mm(x, l.packed, l.scales.float()) + l.bias; "
             "assert torch.equal(l(x), ref); print(cpu_kernel.name())")
@@ -230,7 +231,7 @@ def test_torch_kernel_when_asked(monkeypatch):
 
 def test_no_compiler_falls_back(tmp_path):
     """A machine without a C compiler: the build says so, and the model runs torch's kernel."""
-    code = ("import sys; from pathlib import Path; from completiond.core import cpu_kernel\n"
+    code = ("import sys; from pathlib import Path; from completiond.models.kernels import cpu_kernel\n"
             "try:\n    cpu_kernel.build(Path(sys.argv[1]))\nexcept RuntimeError as e:\n    print(e)\n"
             "print(cpu_kernel.name())")
     env = {k: v for k, v in os.environ.items() if k != "CC"}
@@ -258,7 +259,7 @@ def test_override_forces_completiond_kernel(tmp_path):
     """COMPLETIOND_INT8_KERNEL=completiond skips the measurement (where the kernel builds)."""
     if not cpu_kernel.wanted():
         pytest.skip("no x86 CPU with AVX2 + FMA here")
-    code = "from completiond.core import cpu_kernel; print(cpu_kernel.name())"
+    code = "from completiond.models.kernels import cpu_kernel; print(cpu_kernel.name())"
     vnni = "+avx512-vnni" if cpu_kernel.AVX512_VNNI <= cpu_flags() else ""  # where integer sums run on it
     for acts, name in (("float32", "completiond-avx2"), ("int16", "completiond-avx2+int16-activations" + vnni),
                        ("int8", "completiond-avx2+int8-activations" + vnni)):

@@ -8,7 +8,7 @@ import torch
 
 import tiny
 from completiond.core.engine import MODES, Engine, Request
-from completiond.core.runner import Runner
+from completiond.core.forward.runner import Runner
 from completiond.models import self_draft
 from test_lossless import prompts
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from completiond.core.stops import drop_repeated_head, repeated_head
+from completiond.core.prompt.stops import drop_repeated_head, repeated_head
 
 # Real line heads (the text before the cursor on its line) and a completion that writes the line's
 # last words again, with what the editor must get instead.

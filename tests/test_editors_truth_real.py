@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from completiond.core.stops import repeated_head
+from completiond.core.prompt.stops import repeated_head
 from completiond.service.client import Client
 from daemon_util import stop_daemon, wait_for_socket, wait_ready
 

@@ -1,7 +1,7 @@
 """models/tokenizer.py's FastTokenizer (the `tokenizers` library on the cached tokenizer.json, no
 transformers) against transformers' AutoTokenizer on the same folder: the same backend pipeline,
 special ids, vocabulary, and the same ids and text on many strings (code, unicode that NFC changes,
-FIM and other special tokens written in the text, whitespace runs, CRLF), and core/prompt.py's
+FIM and other special tokens written in the text, whitespace runs, CRLF), and core/prompt/__init__.py's
 byte tables built from it equal to a byte-by-byte reference.
 
 Folders: the tiny Qwen2 GGUF converted in a temporary cache, and the real qwen2.5-coder-0.5b's
@@ -118,7 +118,7 @@ def test_the_same_ids_and_text(pair):
 def test_prompt_byte_tables_match_a_byte_by_byte_reference(pair):
     fast, hf = pair
 
-    def reference(tok):  # core/prompt.py's _vocab_bytes before it used str.translate
+    def reference(tok):  # core/prompt/__init__.py's _vocab_bytes before it used str.translate
         special = set(tok.all_special_ids) | set(tok.added_tokens_decoder)
         out: dict = {}
         for i, piece in enumerate(tok.convert_ids_to_tokens(list(range(len(tok))))):

@@ -6,7 +6,7 @@ import torch
 import tiny
 from completiond.core.engine import Engine, Request
 from completiond.core.prompt import ContextFile, build_prompt, extend_middle, fim_tokens
-from completiond.core.stops import StopRules
+from completiond.core.prompt.stops import StopRules
 
 TEXT = "import util\n\ndef area(r):\n    return 3.14 * r * r\n\n\ndef main():\n    print(area(2))\n"
 
@@ -126,7 +126,7 @@ def test_lossless_with_a_tiny_qwen2_and_fim_prompts(mode):
 def test_rewrite_uses_the_chat_template_and_keeps_the_selection_in_the_prompt():
     import copy
 
-    from completiond.core.rewrite import rewrite_prompt
+    from completiond.core.prompt.rewrite import rewrite_prompt
 
     tok = copy.deepcopy(tiny.qwen_tokenizer())
     tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -142,7 +142,7 @@ def test_rewrite_uses_the_chat_template_and_keeps_the_selection_in_the_prompt():
 
 
 def test_related_files_open_buffers_first_then_imported_workspace_files(tmp_path):
-    from completiond.core.context import related_files
+    from completiond.core.prompt.context import related_files
 
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "util.py").write_text("def helper():\n    return 1\n")
@@ -155,7 +155,7 @@ def test_related_files_open_buffers_first_then_imported_workspace_files(tmp_path
 
 
 def test_related_files_resolve_relative_imports_and_not_a_stdlib_name_inside_a_package(tmp_path):
-    from completiond.core.context import related_files
+    from completiond.core.prompt.context import related_files
 
     files = {"pkg/__init__.py": "", "pkg/utils.py": "NO_DEFAULT = object()\n",
              "pkg/curried/__init__.py": "", "pkg/curried/operator.py": "from operator import *\n",

@@ -8,7 +8,7 @@ import torch
 
 import tiny
 from completiond.core.engine import Engine, Request
-from completiond.core.heads import EagleHead, MedusaHeads, save_heads
+from completiond.models.heads import EagleHead, MedusaHeads, save_heads
 from completiond.draft import heads as train_mod
 from completiond.models import ModelError, load_draft
 

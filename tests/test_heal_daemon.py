@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from completiond.core import budget as B
+from completiond.core.speculation import budget as B
 from completiond.service.client import Client
 from daemon_util import daemon_status, start_daemon, stop_daemon
 

@@ -10,10 +10,10 @@ import torch
 import tiny
 from completiond.core.engine import Engine, Request
 from completiond.models import self_draft
-from completiond.core.runner import CHUNK, Cancelled, Runner
+from completiond.core.forward.runner import CHUNK, Cancelled, Runner
 from completiond.core.scheduler import Scheduler
-from completiond.core.stops import StopRules
-from completiond.core.verify import Sampling
+from completiond.core.prompt.stops import StopRules
+from completiond.core.speculation.verify import Sampling
 
 
 class Gate(threading.Event):

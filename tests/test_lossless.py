@@ -7,9 +7,9 @@ import torch
 
 import tiny
 from completiond.core.engine import MODES, Engine, Request
-from completiond.core.heads import EagleHead, MedusaHeads
+from completiond.models.heads import EagleHead, MedusaHeads
 from completiond.models import self_draft
-from completiond.core.stops import StopRules
+from completiond.core.prompt.stops import StopRules
 
 N_PROMPTS = 50
 

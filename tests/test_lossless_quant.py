@@ -6,10 +6,10 @@ import random
 import pytest
 
 import tiny
-from completiond.core import cpu_kernel
+from completiond.models.kernels import cpu_kernel
 from completiond.core.engine import Engine, Request
 from completiond.models import self_draft
-from completiond.core.quant import quantize, scheme_of
+from completiond.models.quant import quantize, scheme_of
 
 
 @pytest.mark.parametrize("scheme,acts", [("int8", "float32"), ("int8", "int16"), ("int8", "int8"), ("int4", "float32")])

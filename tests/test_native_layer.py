@@ -1,13 +1,13 @@
-"""The native Qwen2 layer (core/qwen2_layer.c): the same model as the torch ops it replaces, and a
+"""The native Qwen2 layer (models/kernels/qwen2_layer.c): the same model as the torch ops it replaces, and a
 tree node bit-identical to the same token in a one-token pass (what greedy identity rests on)."""
 
 import pytest
 import torch
 
 import tiny
-from completiond.core import cpu_kernel
-from completiond.core.quant import quantize
-from completiond.core.runner import Runner
+from completiond.models.kernels import cpu_kernel
+from completiond.models.quant import quantize
+from completiond.core.forward.runner import Runner
 
 needs_kernel = pytest.mark.skipif(not cpu_kernel.wanted(), reason="no x86 CPU with AVX2 + FMA here")
 PROMPT = list(range(5, 70))

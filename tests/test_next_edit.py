@@ -4,7 +4,7 @@ import pytest
 
 import tiny
 from completiond.core.engine import Engine, Request
-from completiond.core.next_edit import END, START, Window, answer_text, edits, next_edit_prompt, window_at
+from completiond.core.prompt.next_edit import END, START, Window, answer_text, edits, next_edit_prompt, window_at
 from completiond.service.history import History, common_span
 
 SRC = "def area(w, h):\n    return w * h\n\n\ndef scale(x, k):\n    y = x * k\n    return y + x\n"

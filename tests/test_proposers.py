@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import tiny
-from completiond.core.proposers import DraftModel, Limits
+from completiond.core.speculation.proposers import DraftModel, Limits
 
 
 def reference_top(lm, ids: list[int], k: int) -> tuple[list[int], list[float]]:

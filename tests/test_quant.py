@@ -7,9 +7,10 @@ import torch
 from torch import nn
 
 import tiny
-from completiond.core import cpu_kernel, quant
-from completiond.core.quant import QuantLinear, exact_head_logits, head_bound, quantize
-from completiond.core.runner import Runner
+from completiond.models import quant
+from completiond.models.kernels import cpu_kernel
+from completiond.models.quant import QuantLinear, exact_head_logits, head_bound, quantize
+from completiond.core.forward.runner import Runner
 from test_runner import load
 
 SCHEMES = ["int8", "int4"]
@@ -268,7 +269,7 @@ def test_runner_cheap_head_is_the_full_heads_argmax(scheme, code_ids):
 def test_int8_prefill_in_bulk_equals_the_kernel_path():
     """Prefill chunks run int8 layers on dequantized weights (cheaper for many rows); the logits
     equal the per-row kernel's within float32 rounding."""
-    from completiond.core.quant import bulk
+    from completiond.models.quant import bulk
 
     lm = tiny.loaded(tiny.qwen2_config(hidden=128), seed=4)
     quantize(lm.model, "int8")
@@ -355,7 +356,7 @@ def test_untied_head_keeps_an_int8_residual_instead_of_a_full_precision_copy(cod
     copy's bytes): the rows the bf16 refinement rescores with are the full-precision ones within
     2^-15 of each row's largest weight, and the refined logits those rows' float32 dot products.
     A tied one keeps the embedding (no copy)."""
-    from completiond.core.quant import full_weight, head_rows
+    from completiond.models.quant import full_weight, head_rows
 
     lm = tiny.loaded(tiny.qwen2_config(hidden=128), dtype=torch.bfloat16, scale=4.0)
     full = lm.model.get_output_embeddings().weight.detach().float().clone()

@@ -100,7 +100,7 @@ def test_slow_start_big_document_two_clients(tmp_path):
         assert statuses[0] == "loading" and set(statuses) <= {"loading", "ready"}, statuses
         ready = daemon_status(sock)
         assert ready["state"] == "ready" and ready["target"] == "qwen2.5-coder-0.5b" and ready["requests_served"] == 2
-        from completiond.core import cpu_kernel  # the daemon runs the int8 kernel this CPU's calibration chose
+        from completiond.models.kernels import cpu_kernel  # the daemon runs the int8 kernel this CPU's calibration chose
         assert ready["quant"] == "int8" and ready["int8_kernel"] == cpu_kernel.name(), ready
         # the big document was cold: its first completion came from the quick prompt around the cursor
         # (a full ~2.5k-token prompt takes seconds to prefill on CPU); once the warm-up has filled the

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import tiny
-from completiond.core.lean import LeanGemma3, LeanQwen2
-from completiond.core.runner import Runner
+from completiond.core.forward.lean import LeanGemma3, LeanQwen2
+from completiond.core.forward.runner import Runner
 
 
 def reference_logits(lm, ids):
@@ -13,7 +13,7 @@ def reference_logits(lm, ids):
         return lm.model(torch.tensor([ids])).logits[0]
 
 
-# name -> config; names ending in "-lean" run completiond.core.lean's forward (backend="lean").
+# name -> config; names ending in "-lean" run completiond.core.forward.lean's forward (backend="lean").
 CONFIGS = {
     "gemma-window8": lambda: tiny.gemma_config(window=8, layers=3),
     "gemma-window8-lean": lambda: tiny.gemma_config(window=8, layers=3),

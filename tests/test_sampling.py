@@ -9,9 +9,9 @@ from scipy.stats import chisquare
 import tiny
 from completiond.core.engine import Engine, Request
 from completiond.models import self_draft
-from completiond.core.heads import EagleHead, MedusaHeads
-from completiond.core.tree import Candidate, build_tree
-from completiond.core.verify import Sampling, accept, warp
+from completiond.models.heads import EagleHead, MedusaHeads
+from completiond.core.speculation.tree import Candidate, build_tree
+from completiond.core.speculation.verify import Sampling, accept, warp
 
 P_MIN = 1e-3  # fixed seeds: these tests are deterministic; a correct sampler passes with margin
 

@@ -11,7 +11,7 @@ import torch
 import tiny
 from completiond.core import slots as slots_mod
 from completiond.core.engine import Engine, Request
-from completiond.core.runner import CHUNK
+from completiond.core.forward.runner import CHUNK
 from completiond.core import scheduler as scheduler_mod
 from completiond.core.scheduler import Scheduler, Work
 
@@ -190,8 +190,8 @@ def test_a_prefill_that_ends_before_another_jobs_turn_keeps_its_own_state(target
     """Job a's last chunk runs, job b's first (non-final) chunk runs, then a goes on: a's first token
     and feature come from its own last chunk, not from the runner's latest pass (b's, which had no
     logits: an IndexError in the soak before)."""
-    from completiond.core.heads import MedusaHeads
-    from completiond.core.runner import drain
+    from completiond.models.heads import MedusaHeads
+    from completiond.core.forward.runner import drain
 
     heads = MedusaHeads(target.model.config.hidden_size, 2, torch.arange(target.vocab_size))
     e = Engine(target, heads)

@@ -3,7 +3,7 @@ daemon forwards them as `complete/partial`); a cancel set from a step stops the 
 
 import tiny
 from completiond.core.engine import Engine, Request, Step
-from completiond.core.stops import StopRules
+from completiond.core.prompt.stops import StopRules
 
 STOPS = StopRules(multiline=True, cursor_indent=100)
 

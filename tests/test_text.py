@@ -5,9 +5,9 @@ import pytest
 
 import tiny
 from tokenizers import processors
-from completiond.core.index import Segment, TokenIndex, continuations
+from completiond.core.speculation.index import Segment, TokenIndex, continuations
 from completiond.core.prompt import PositionError, build_prompt, offset_at
-from completiond.core.stops import StopRules
+from completiond.core.prompt.stops import StopRules
 
 
 def test_utf16_positions():

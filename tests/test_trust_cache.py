@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from completiond.core import cpu_kernel
+from completiond.models.kernels import cpu_kernel
 
 needs_kernel = pytest.mark.skipif(not cpu_kernel.wanted() or not shutil.which("gcc"),
                                   reason="no x86 CPU with AVX2 + FMA, or no gcc, here")
@@ -96,7 +96,7 @@ def test_a_library_without_the_kernels_symbols_falls_back_to_torch(tmp_path, ker
     folder.mkdir(mode=0o700)
     so = folder / kernel_name
     shutil.copy(planted_library(tmp_path, marker, symbols=True), so)
-    code = ("import sys; from pathlib import Path; from completiond.core import cpu_kernel\n"
+    code = ("import sys; from pathlib import Path; from completiond.models.kernels import cpu_kernel\n"
             "cpu_kernel.build = lambda out_dir=None: Path(sys.argv[1])\n"
             "print(cpu_kernel.library(), cpu_kernel.name())")
     res = subprocess.run([sys.executable, "-c", code, str(so)], capture_output=True, text=True, timeout=120,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import tiny
-from completiond.core.index import TokenIndex
+from completiond.core.speculation.index import TokenIndex
 from completiond.service.client import Client
 from completiond.service.workspace import Ignore, index_workspace, read_text_file
 from daemon_util import start_daemon, stop_daemon

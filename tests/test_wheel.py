@@ -49,9 +49,9 @@ def test_wheel_carries_package_data_and_entry_points(wheel):
     for w in WEIGHTS:
         assert f"completiond/draft/weights/{w}" in names
     assert "completiond_lsp/server.py" in names and "completiond/cli.py" in names
-    from completiond.core import cpu_kernel
+    from completiond.models.kernels import cpu_kernel
     for src in cpu_kernel.SOURCES + cpu_kernel.HEADERS:  # the int8 kernel's sources, compiled on first use
-        assert f"completiond/core/{src.name}" in names, src.name
+        assert f"completiond/models/kernels/{src.name}" in names, src.name
     entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry).decode()
     assert "completiond-lsp = completiond_lsp.server:main" in text and "completiond = completiond.cli:main" in text

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import tiny
-from completiond.core.index import TokenIndex
+from completiond.core.speculation.index import TokenIndex
 from completiond.service.workspace import WorkspaceWatcher, index_workspace, iter_files
 
 

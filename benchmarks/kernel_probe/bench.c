@@ -1,5 +1,5 @@
 // Times completiond's int8 kernel (float activations), the q5_mm.c probe (5-bit weights) and the
-// int16-activation kernel (core/a16_mm.c, once a probe here) on 12 [4864, 896] matrices (a decode pass's MLP shape, read
+// int16-activation kernel (models/kernels/a16_mm.c, once a probe here) on 12 [4864, 896] matrices (a decode pass's MLP shape, read
 // from memory in turn) at 1/2/4/8/16 rows, 2 threads; prints JSON lines. Run through
 // benchmarks/kernel_probe.py.
 #include <stdio.h>

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from ..core.engine import Engine, Request
-from ..core.rewrite import rewrite_prompt
+from ..core.prompt.rewrite import rewrite_prompt
 from .modes import warm
 from .repo import read_text_file, source_files
 

@@ -15,9 +15,9 @@ import torch
 from tqdm import tqdm
 
 from ..core.engine import Engine, Request, Result
-from ..core.context import related_files
+from ..core.prompt.context import related_files
 from ..core.prompt import build_prompt
-from .repo import Position, read_text_file, score, source_files
+from .repo import Cursor, read_text_file, score, source_files
 
 WARM_GAP = 8
 
@@ -35,7 +35,7 @@ class Run:
 
 
 @dataclass
-class Prepared:
+class BenchPrompt:
     prompt: list[int]
     doc_text: str
     stops: object
@@ -46,11 +46,11 @@ class Prepared:
     context_files: list[str] = field(default_factory=list)  # paths of the other files in the prompt
 
 
-def prepare(engine: Engine, root: Path, positions: list[Position], multiline: bool, max_prompt: int,
-            context: bool = False) -> list[Prepared]:
+def prepare(engine: Engine, root: Path, positions: list[Cursor], multiline: bool, max_prompt: int,
+            context: bool = False) -> list[BenchPrompt]:
     """The prompt the daemon would build at each position: FIM and, with `context` (serve
     --repo-context), the workspace files the document imports in Qwen's repository format
-    (core.context.related_files; a bench has no other open buffers)."""
+    (core.prompt.context.related_files; a bench has no other open buffers)."""
     tok = engine.target.tokenizer
     workspace = [(f.relative_to(root).as_posix(), f) for f in source_files(root)] if context else []
     out = []
@@ -61,7 +61,7 @@ def prepare(engine: Engine, root: Path, positions: list[Position], multiline: bo
         files = related_files(rel, doc, [], workspace) if context else None
         pr = build_prompt(tok, doc, offset, multiline=multiline, max_tokens=max_prompt, path=rel, repo=root.name,
                           context=files)
-        out.append(Prepared(pr.ids, doc, pr.stops, p.reference, p.file, heal=pr.heal,
+        out.append(BenchPrompt(pr.ids, doc, pr.stops, p.reference, p.file, heal=pr.heal,
                             context_files=[f.path for f in files or []]))
     return out
 
@@ -78,7 +78,7 @@ def warm(engine: Engine, prompt: list[int]) -> int:
     return cut
 
 
-def open_position(engine: Engine, files: dict[Path, list[int]], pp: Prepared, current: Path | None) -> Path:
+def open_position(engine: Engine, files: dict[Path, list[int]], pp: BenchPrompt, current: Path | None) -> Path:
     """Prompt lookup sees what an editor at `pp` would: the document as the open buffer, every other
     file of the repository as the workspace (rebuilt only when the file changes from `current`).
     Returns pp's file, the next call's `current`."""
@@ -93,9 +93,9 @@ def open_position(engine: Engine, files: dict[Path, list[int]], pp: Prepared, cu
     return pp.file
 
 
-def run_modes(engine: Engine, root: Path, positions: list[Position], modes: list[str], max_tokens: int,
+def run_modes(engine: Engine, root: Path, positions: list[Cursor], modes: list[str], max_tokens: int,
               multiline: bool = True, max_prompt: int = 2048, progress: bool = True, context: bool = False
-              ) -> list[Prepared]:
+              ) -> list[BenchPrompt]:
     """Every mode at every position; returns the prepared positions with their runs."""
     files = index_repo(engine, root)
     prepared = prepare(engine, root, positions, multiline, max_prompt, context)

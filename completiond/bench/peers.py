@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from ..core.engine import Engine
 from ..models import LoadedModel
 from ..paths import cache_root
-from .modes import WARM_GAP, Prepared
+from .modes import WARM_GAP, BenchPrompt
 from .repo import score
 
 
@@ -64,7 +64,7 @@ def _hf_assistant(engine: Engine):
 
 
 @torch.inference_mode()
-def run_transformers(engine: Engine, prepared: list[Prepared], peers: list[str]) -> dict[str, list[dict]]:
+def run_transformers(engine: Engine, prepared: list[BenchPrompt], peers: list[str]) -> dict[str, list[dict]]:
     model = _hf(engine.target.model)
     assistant, assistant_name = _hf_assistant(engine) if "hf-assisted" in peers else (None, None)
     out: dict[str, list[dict]] = {p: [] for p in peers if p.startswith("hf-")}
@@ -155,7 +155,7 @@ class LlamaCppPeer:
         self.close()
 
 
-def run_llama_cpp(engine: Engine, prepared: list[Prepared], threads: int) -> tuple[dict[str, list[dict]], dict]:
+def run_llama_cpp(engine: Engine, prepared: list[BenchPrompt], threads: int) -> tuple[dict[str, list[dict]], dict]:
     """llama.cpp on the same GGUF and prompts (token ids): plain greedy decoding and its prompt-lookup
     predictor, from the same warm cache as ours; plus cold prefill of the same prompts, ours and its,
     side by side. Returns (peer rows, a 'prefill' summary)."""

@@ -19,13 +19,13 @@ import numpy as np
 
 from ..daemon_cli import wait_ready
 from ..service.client import Client
-from .repo import Position, read_text_file
+from .repo import Cursor, read_text_file
 
 CHAR_INTERVAL_S = 0.12  # ~100 words per minute
 READY_TIMEOUT_S = 900.0  # a first start converts the model (minutes on 2 cores)
 
 
-async def _type_line(client: Client, uri: str, pos: Position, text: str, reuse: bool, max_tokens: int,
+async def _type_line(client: Client, uri: str, pos: Cursor, text: str, reuse: bool, max_tokens: int,
                      pause_s: float = 0.0, cursor: bool = False, accept: bool = False) -> dict:
     """pause_s: the user looks at the freshly opened file this long before typing (warm-up time);
     cursor: the editor says where its cursor rests (`document/cursor`, as both editor plugins do);
@@ -101,7 +101,7 @@ async def _accept(client: Client, uri: str, version: int, line: int, col: int, s
             "after_accept_served": res.get("served_tokens", 0) > 0}
 
 
-def replay(a, root: Path, positions: list[Position]) -> dict:
+def replay(a, root: Path, positions: list[Cursor]) -> dict:
     """Start a daemon with the bench's model flags, wait until it is ready (not only bound: a loading
     daemon's status has no scheduler yet), replay the lines twice (reuse on / off)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,7 +125,7 @@ def _p(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 1) if xs else None
 
 
-async def _replay(sock: Path, positions: list[Position], max_tokens: int, proc: subprocess.Popen) -> dict:
+async def _replay(sock: Path, positions: list[Cursor], max_tokens: int, proc: subprocess.Popen) -> dict:
     await wait_ready(sock, proc, READY_TIMEOUT_S)
     client = await Client.connect(sock)
     await client.request("initialize", {"client": "bench", "protocol": 1})

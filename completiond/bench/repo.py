@@ -67,7 +67,7 @@ def source_files(root: Path) -> list[Path]:
 
 
 @dataclass
-class Position:
+class Cursor:
     file: Path
     line: int  # 0-based
     col: int  # cursor column (characters)
@@ -102,7 +102,7 @@ def code_lines(text: str) -> list[int]:
     return out
 
 
-def sample_positions(root: Path, n: int, cursor: str = "both", seed: int = 0) -> list[Position]:
+def sample_positions(root: Path, n: int, cursor: str = "both", seed: int = 0) -> list[Cursor]:
     rng = random.Random(seed)
     candidates: list[tuple[Path, int, str]] = []
     texts: dict[Path, str] = {}
@@ -111,7 +111,7 @@ def sample_positions(root: Path, n: int, cursor: str = "both", seed: int = 0) ->
         candidates += [(f, i, texts[f].splitlines()[i]) for i in code_lines(texts[f])]
     rng.shuffle(candidates)
     kinds = ["line-start", "mid-line"] if cursor == "both" else [cursor]
-    out: list[Position] = []
+    out: list[Cursor] = []
     for f, i, line in candidates:
         kind = kinds[len(out) % len(kinds)]
         indent = len(line) - len(line.lstrip())
@@ -126,7 +126,7 @@ def sample_positions(root: Path, n: int, cursor: str = "both", seed: int = 0) ->
         ref = line[col:].rstrip()
         if len(ref) < 3:
             continue
-        out.append(Position(f, i, col, kind, ref))
+        out.append(Cursor(f, i, col, kind, ref))
         if len(out) >= n:
             break
     return out

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .modes import Prepared
+from .modes import BenchPrompt
 
 
 def _pct(values: list[float], q: float) -> float:
     return round(float(np.percentile(values, q)), 2) if values else float("nan")
 
 
-def summarize_modes(prepared: list[Prepared], modes: list[str]) -> dict:
+def summarize_modes(prepared: list[BenchPrompt], modes: list[str]) -> dict:
     out = {}
     ar_ms = [pp.runs["ar"].result.ms_total for pp in prepared]
     for mode in modes:
@@ -46,7 +46,7 @@ def summarize_modes(prepared: list[Prepared], modes: list[str]) -> dict:
     return out
 
 
-def details(prepared: list[Prepared], positions, root) -> list[dict]:
+def details(prepared: list[BenchPrompt], positions, root) -> list[dict]:
     """One row per position: where, the reference line, ar's text, and each mode's numbers."""
     rows = []
     for pp, pos in zip(prepared, positions):
@@ -63,7 +63,7 @@ def details(prepared: list[Prepared], positions, root) -> list[dict]:
     return rows
 
 
-def summarize_peers(prepared: list[Prepared], peer_rows: dict[str, list[dict]]) -> dict:
+def summarize_peers(prepared: list[BenchPrompt], peer_rows: dict[str, list[dict]]) -> dict:
     out = {}
     for name, rows in peer_rows.items():
         if not rows:

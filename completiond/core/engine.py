@@ -22,20 +22,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .budget import (CALIBRATION_SIZES, LOADED, MAX_AGE_S, QUICK_SIZES, OthersBusy, TreeBudget, calibration_path,
-                     load_table, loadavg, measure_costs, quiet_now, save_costs, stale_reason)
-from .index import TokenIndex
-from .heads import EagleHead, MedusaHeads, head_proposer
+from .speculation.budget import (CALIBRATION_SIZES, LOADED, MAX_AGE_S, QUICK_SIZES, OthersBusy, TreeBudget,
+                                 calibration_path, load_table, loadavg, measure_costs, quiet_now, save_costs, stale_reason)
+from .speculation.index import TokenIndex
+from ..models.heads import EagleHead, MedusaHeads
+from .speculation.heads import head_proposer
 from ..models import LoadedModel
 from .prompt import Heal
-from .proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
-from .runner import Cancelled, Runner, drain
+from .speculation.proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
+from .forward.runner import Cancelled, Runner, drain
 from .scheduler import Work
 from .slots import Slots
-from .tree import TokenTree, build_tree, truncate
+from .speculation.tree import TokenTree, build_tree, truncate
 from .request import Request, Result  # part of this module's API (defined apart to keep it short)
-from .typed import Detokenizer, Step, TypedThrough, typed_prompt  # Step: part of this module's API
-from .verify import accept, sample
+from .prompt.typed import Detokenizer, Step, TypedThrough, typed_prompt  # Step: part of this module's API
+from .speculation.verify import accept, sample
 
 MODES = ("ar", "pld", "draft", "combined")
 

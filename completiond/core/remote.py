@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from .index import TokenIndex
+from .speculation.index import TokenIndex
 from .scheduler import Work
 
 if TYPE_CHECKING:  # torch comes with these; `serve` checks a remote spec before loading anything
     from .request import Request, Result
-    from .typed import Step
+    from .prompt.typed import Step
 
 SCHEMES = ("openai", "llamacpp")
 CONNECT_S = 5.0
@@ -196,7 +196,7 @@ class RemoteEngine:
 
     def run(self, req: Request, on_step: Callable[[Step], None] | None = None) -> Generator[Work, None, Result]:
         from .request import Result
-        from .typed import Step
+        from .prompt.typed import Step
 
         t0 = time.perf_counter()
         if on_step is None:  # the warm-up's speculative follow-up (nothing streams): memory we lack here

@@ -7,8 +7,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from .prompt import Heal
-from .stops import StopRules
-from .verify import Sampling
+from .prompt.stops import StopRules
+from .speculation.verify import Sampling
 
 
 @dataclass

@@ -33,10 +33,8 @@ import time
 from collections.abc import Callable, Generator, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-if TYPE_CHECKING:
-    from .engine import Engine
+from contextlib import AbstractContextManager
+from typing import Any, NamedTuple, Protocol
 
 log = logging.getLogger(__name__)
 MAX_WAIT_S = 5.0  # a job that waited this long for a turn gets the next one, and is not preempted in it
@@ -45,6 +43,7 @@ PREEMPT_MS = 1000.0  # a prefill chunk stops for a new request only when its job
 # a prefill's temporaries otherwise stay in the daemon's RSS (~130 MB after a cancelled rewrite in
 # the soak). Not between keystrokes: the next prefill would fault those pages in again.
 IDLE_TRIM_S = 1.0
+ENGINE_THREAD = "engine"  # the thread's name: the service checks it writes no session state
 
 
 class Work(NamedTuple):
@@ -73,8 +72,20 @@ class Job:
         return self.slot if self.held is None else self.held
 
 
+class Turns(Protocol):
+    """What the scheduler needs of an engine (the local `Engine` or the remote target): a turn
+    for one job's step, its slots, and the price of work left. A protocol, so that the engine,
+    which yields `Work`, imports this module and not the other way round."""
+    slots: Any
+
+    def turn(self, slot: Hashable = None, check: Callable[[], None] | None = None,
+             preempt: Callable[[], bool] | None = None, pinned: Any = ()) -> AbstractContextManager[None]: ...
+
+    def work_ms(self, work: Work) -> float: ...
+
+
 class Scheduler:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Turns):
         self.engine = engine
         self.jobs: list[Job] = []
         self.cond = threading.Condition()
@@ -84,7 +95,7 @@ class Scheduler:
         self._worked = False  # turns ran since the last trim (IDLE_TRIM_S)
         self.trim: Callable[[], None] = _trim_heap
         self.stats = {"jobs": 0, "turns": 0, "preempted": 0, "trims": 0}
-        self.thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self.thread = threading.Thread(target=self._loop, name=ENGINE_THREAD, daemon=True)
         self.thread.start()
 
     def submit(self, start: Callable[[], Any], slot: Hashable = None, cancel: threading.Event | None = None,
@@ -158,7 +169,7 @@ class Scheduler:
             return False
 
     def _turn(self, job: Job, pinned: set) -> None:
-        from .runner import Cancelled  # here: the daemon imports this module before torch is loaded
+        from .forward.runner import Cancelled  # here: the daemon imports this module before torch is loaded
 
         done, value, error = False, None, None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Hashable
 
-from .runner import Held, Runner
+from .forward.runner import Held, Runner
 
 MAX_SLOTS = 6  # 0.5B Qwen, 4k tokens: ~50 MB each in bf16 (a quick prompt's: ~6 MB, see handlers.Lane)
 

@@ -175,7 +175,7 @@ def cmd_heads(a: argparse.Namespace) -> int:
     if a.lr <= 0:
         raise _usage(f"--lr {a.lr}: must be positive")
     _out_dir("--out", a.out)
-    from ..core.heads import shipped_path
+    from ..models.heads import shipped_path
     from ..models import load
     from .heads import export, train_heads
 

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from ..bench.modes import warm
 from ..core.engine import Engine, Request
 from ..models import LoadedModel
-from ..core.runner import Runner
+from ..core.forward.runner import Runner
 
 
 @torch.inference_mode()

@@ -1,5 +1,5 @@
 """`completiond train-draft heads --kind medusa|eagle`: drafts that read the target's own hidden
-states (core/heads.py), distilled from the target on code.
+states (models/heads.py), distilled from the target on code.
 
 1. features: the target reads code windows (`corpus.windows`, every 20th file held out); its final
    hidden states h_t [N, H], the tokens x_t and its greedy next token g_t (argmax over the whole
@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from ..core.heads import EagleHead, MedusaHeads, save_heads
-from ..core.quant import full_weight
+from ..models.heads import EagleHead, MedusaHeads, save_heads
+from ..models.quant import full_weight
 from ..models import LoadedModel
 from .corpus import source_files, windows
 

@@ -24,7 +24,8 @@ import torch
 
 from . import integrity, runtime
 from .catalog import GEMMA_270M, NAMED, ModelError, assemble, default_models, file_lock, installed
-from .device import cpu_has_fast_bf16, pick_bulk_dtype, pick_device, pick_dtype, pick_quant  # noqa: F401 (re-exported)
+from .device import cpu_has_fast_bf16, pick_bulk_dtype, pick_device, pick_dtype  # noqa: F401 (re-exported)
+from .quant import pick_quant  # noqa: F401 (re-exported)
 from ..paths import cache_root  # torch-free, shared with the LSP
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ def _convert(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progress
         model = AutoModelForCausalLM.from_pretrained(str(dense), dtype=dtype, attn_implementation="sdpa",
                                                      local_files_only=True).eval()
         if scheme != "none":
-            from ..core.quant import quantize
+            from .quant import quantize
 
             quantize(model, scheme)
         digests = runtime.save(model, tmp, dtype, scheme, progress)
@@ -324,7 +325,7 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
         loaded.meta.update(gguf=str(gguf), quant=scheme, runtime=str(where / runtime.weights_file(dt, scheme)),
                            embedding="mapped" if dev.type == "cpu" else "in memory")
         if scheme != "none" and dev.type == "cpu":
-            from ..core import cpu_kernel
+            from .kernels import cpu_kernel
 
             loaded.meta["int8_kernel"] = cpu_kernel.name()
         return loaded
@@ -351,12 +352,12 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
     if isinstance(where, Path) and (where / VOCAB_MAP_FILE).exists():
         attach_vocab_map(loaded, json.loads((where / VOCAB_MAP_FILE).read_text()))
     if scheme != "none":
-        from ..core.quant import quantize
+        from .quant import quantize
 
         quantize(model, scheme)  # every linear layer and the output layer; embeddings stay bf16
     loaded.meta["quant"] = scheme
     if scheme != "none" and dev.type == "cpu":
-        from ..core import cpu_kernel
+        from .kernels import cpu_kernel
 
         loaded.meta["int8_kernel"] = cpu_kernel.name()
     if isinstance(where, Path) and where.resolve().is_relative_to(cache_root().resolve()):
@@ -373,7 +374,7 @@ def map_embedding(model: torch.nn.Module, folder: Path) -> bool:
     for the 0.5B), so only the pages of the tokens a session uses become resident, and they are
     clean pages the kernel can drop (the soak's ready RSS on an AVX2 EPYC: 1,389 -> 1,132 MB,
     README). The values are the same bf16 weights bit for bit. Returns whether it mapped."""
-    from ..core.quant import QuantLinear
+    from .quant import QuantLinear
 
     emb = model.get_input_embeddings()
     head = model.get_output_embeddings()
@@ -478,7 +479,7 @@ def load_draft(spec: str | None, target: LoadedModel):
 
 
 def load_draft_heads(spec: str, target: LoadedModel):
-    from ..core.heads import load_heads, shipped_path
+    from .heads import load_heads, shipped_path
 
     kind = spec.split(":", 1)[0]
     path = Path(spec.split(":", 1)[1]).expanduser() if ":" in spec else shipped_path(target.name, kind)

@@ -169,32 +169,6 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return table[dtype]
 
 
-QUANTS = ("auto", "none", "int8", "int4")
-
-
-def pick_quant(quant: str, device: torch.device, dtype: torch.dtype, dtype_asked: bool = False) -> str:
-    """Weight-only quantization: auto = int8 on CPU with bf16 activations (a decode pass reads half
-    the bf16 bytes), and with float32 ones that --dtype auto chose where completiond's own int8
-    kernel runs (torch's wants bf16 activations: its float32 path is slower than a dense float32
-    matmul); none with an explicit --dtype float32 (a user asking for full precision) and on CUDA. int4
-    (MLP layers group-32 int4 requantized from the GGUF's dequantized weights, attention and output
-    layer int8) is faster still but measurably worse on the Q4_K_M models: selectable, not the
-    default (README "Fast target pass")."""
-    if quant not in QUANTS:
-        raise ModelError(f"unknown quantization {quant!r}: use {', '.join(QUANTS)}")
-    if quant == "auto":
-        if device.type != "cpu":
-            return "none"
-        if dtype == torch.bfloat16:
-            return "int8"
-        from ..core import cpu_kernel
-
-        return "int8" if dtype == torch.float32 and not dtype_asked and cpu_kernel.enabled() else "none"
-    if quant != "none" and device.type != "cpu":
-        raise ModelError(f"--quant {quant} runs on CPU kernels only; use --quant none on {device.type}")
-    return quant
-
-
 def trim_heap() -> None:
     """Give freed heap memory back to the system (glibc's malloc_trim; elsewhere nothing): loading
     and quantizing free ~0.7 GB of temporaries that malloc otherwise keeps in the process's RSS."""

@@ -66,7 +66,7 @@ def _quant_tensor(q: nn.Module, attr: str) -> torch.Tensor | None:
 def _ordered(model: nn.Module) -> tuple[list[tuple[str, torch.Tensor, str]], dict]:
     """(name, tensor, group) in file order, and the layout. Tensors shared by several names are
     stored once (the others are aliases); the input embedding is the alias target EMBED."""
-    from ..core.quant import QuantLinear
+    from .quant import QuantLinear
 
     embed = model.get_input_embeddings().weight
     key = lambda t: (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))  # noqa: E731
@@ -184,7 +184,7 @@ def open_model(folder: Path, config, dtype: torch.dtype, scheme: str) -> nn.Modu
     """The model of `config` in `dtype` with `scheme` weights, every tensor mapped from folder's
     runtime files (written by `save`). RuntimeFormError if they do not fill the model. A
     `skeleton.Config` builds the transformers-free Qwen2Skeleton, any other config transformers' model."""
-    from ..core.quant import QuantLinear
+    from .quant import QuantLinear
     from .skeleton import Config, Qwen2Skeleton
 
     files = map_file(folder / weights_file(dtype, scheme))

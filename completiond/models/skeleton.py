@@ -1,6 +1,6 @@
 """The module tree of a converted Qwen2 model, without transformers (a start imports no modeling code).
 
-The lean forward (core/lean.py, and the native layer under it) reads only tensors of the model:
+The lean forward (core/forward/lean.py, and the native layer under it) reads only tensors of the model:
 embedding, norms, the q/k/v/o and MLP layers, the rotary table and the output layer, by the same
 names transformers gives them. `Qwen2Skeleton` has exactly those modules, parameters and buffers,
 so runtime.open_model fills it from the mapped files as it fills transformers' Qwen2ForCausalLM,
@@ -9,7 +9,7 @@ fields with Qwen2Config's defaults and derived fields.
 
 Importing transformers and its Qwen2 modeling costs ~3 CPU-s of a start; `--backend transformers`
 (the eager reference forward) still gets transformers' model: `to_transformers()` builds it around
-the same tensors (core/runner.py calls it).
+the same tensors (core/forward/runner.py calls it).
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ class Qwen2Skeleton(nn.Module):
             return self.__dict__["_hf"]
         from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-        from ..core.quant import QuantLinear
+        from .quant import QuantLinear
 
         config = AutoConfig.from_pretrained(str(self.folder), local_files_only=True)
         config.num_hidden_layers = self.config.num_hidden_layers  # a self:N draft's

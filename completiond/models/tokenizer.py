@@ -169,7 +169,7 @@ class FastTokenizer:
 
 
 class TableStore:
-    """core/prompt.py's byte tables of one tokenizer (every token's bytes by first byte, the ids
+    """core/prompt/__init__.py's byte tables of one tokenizer (every token's bytes by first byte, the ids
     allowed after an indentation), kept between starts: ~0.35 CPU-s to build from 152k tokens,
     ~0.03 s to read. A file under the cache named by the digests of the tokenizer's files (the
     runtime folder's manifest) and the format; its payload's sha256 heads it. A missing, damaged

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import protocol as P
-from .handlers import METHODS, Method, Prepared
-from ..core.index import TokenIndex
+from .handlers import METHODS, Method
+from .plan import Prepared
+from ..core.speculation.index import TokenIndex
 from ..core.scheduler import Scheduler
-from .session import Job, Session
+from .documents import IndexView
+from .session import InFlight, Session
 from .warmup import WARM_AFTER_S, Warmer, cursor_after
 from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, WAITING_GRACE_S, bind_unix, drain, read_frames, remove_own
 from .workspace import WorkspaceWatcher
@@ -60,7 +62,7 @@ class Daemon:
         # a completion whose full prompt lacks more prefill than this (ms) answers from the quick
         # prompt around the cursor while the full one warms (handlers.Lane); < 0: never
         self.quick_prompt_ms = quick_prompt_ms
-        # other files in the prompt (core.context.related_files); off by default: README "Repository context"
+        # other files in the prompt (core.prompt.context.related_files); off by default: README "Repository context"
         self.repo_context = repo_context
         self.engine: Engine | None = None if callable(engine) else engine
         # model work: one engine thread, every client's jobs in turns (core/scheduler.py)
@@ -253,7 +255,7 @@ class Daemon:
             log.exception("%s failed", frame.method, exc_info=e)
             s.send(P.response(frame.msgid, P.RpcError(P.INTERNAL_ERROR, f"{type(e).__name__}: {e}")))
 
-    async def _run(self, s: Session, job: Job, prep: Prepared) -> dict:
+    async def _run(self, s: Session, job: InFlight, prep: Prepared) -> dict:
         """Run one request on the engine thread, in turns with other documents' jobs, and stream its
         partial text; the latest per document wins."""
         loop = asyncio.get_running_loop()
@@ -276,27 +278,30 @@ class Daemon:
                 return None
             for key, d, text, version in stale:
                 self.engine.index.set_open(key, tok.encode(text, add_special_tokens=False))
-                d.indexed_version = version
-            req = prep.make()
+                loop.call_soon_threadsafe(_indexed, d, version)  # the document is the event loop's to write
+            built = prep.make()
+            if prep.learned is not None:  # before the answer: the loop runs callbacks in order
+                loop.call_soon_threadsafe(prep.learned, built)
+            req = built.request
             req.cancel = job.cancel
             if req.slot is None:
                 req.slot = (s.id, prep.uri)
             elif req.slot != (s.id, prep.uri):  # the quick prompt (handlers.Lane): its own cached sequence
-                self.scheduler.move(req.slot, prep.lanes["chosen"].capacity)
+                self.scheduler.move(req.slot, built.lane.capacity)
             res = yield from self.engine.run(req, on_step)
             if time.time() - self._calibration_saved > CALIBRATION_SAVE_S:  # real passes refreshed the costs
                 self.engine.save_calibration()
                 self._calibration_saved = time.time()
-            return res
+            return res, built
 
         try:
-            res = await asyncio.wrap_future(self.scheduler.submit(work, (s.id, prep.uri), job.cancel, low=prep.low))
+            ran = await asyncio.wrap_future(self.scheduler.submit(work, (s.id, prep.uri), job.cancel, low=prep.low))
         finally:
             s.finish(job)
-        if res is None:
+        if ran is None:
             return prep.superseded() if prep.superseded else P.Completion.superseded(prep.mode).to_wire()
         self.served += 1
-        return prep.result(res)
+        return prep.result(*ran)
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def serve(self, sock_path: Path | None, tcp: tuple[str, int] | None = None) -> None:
@@ -338,3 +343,8 @@ def _close(writer: asyncio.StreamWriter) -> None:
         writer.close()
     except (ConnectionError, OSError, RuntimeError):
         pass
+
+
+def _indexed(view: IndexView, version: int) -> None:
+    """On the event loop: the prompt-lookup index has this version of an open buffer."""
+    view.indexed_version = version

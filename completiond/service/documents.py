@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.prompt import PositionError, line_index, offset_in, splice_index
+from .plan import not_engine_thread
 from .protocol import MAX_DOCUMENT_CHARS
 
 INDEX_WINDOW_CHARS = 128 * 1024  # what prompt lookup tokenizes of one buffer per edit (~30 ms, ~32k tokens)
@@ -93,6 +94,7 @@ class IndexView:
 
     @indexed_version.setter
     def indexed_version(self, version: int | None) -> None:
+        not_engine_thread("a document's indexed version")
         self.doc.indexed_version = version
 
 

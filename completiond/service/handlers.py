@@ -2,51 +2,42 @@
 
 Immediate methods run on the event loop. `complete` and `rewrite` are *prepared* there, in the order
 frames arrive (document, version, position and text are fixed at that moment), and return a
-`Prepared` whose `make` builds the engine request later on the engine thread.
+`Prepared` whose `make` builds the engine request later on the engine thread. A completion's inputs
+are one value (`CompletionPlan`); what the engine thread learns (its lanes, a new anchor) comes back
+in a `Built`, which the event loop applies: the engine thread writes no session state.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import itertools
 import os
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from . import protocol as P
-from ..core.context import locate, related_files
+from ..core.prompt.context import locate, related_files
 from .documents import Document, DocumentError
 from ..core.prompt import Heal, build_prompt, extend_middle, fim_tokens, stops_at
-from ..core.rewrite import TooLarge, check_selection, finish, rewrite_prompt
+from ..core.prompt.rewrite import TooLarge, check_selection, finish, rewrite_prompt
 from .history import change_span, job_key
-from ..core.stops import drop_repeated_head
+from .next_edit import prepare as prepare_next_edit
+from .plan import Built, Prepared
+from ..core.prompt.stops import drop_repeated_head
 from .session import Session
 
 if TYPE_CHECKING:  # torch stays unimported until the models load (the socket is up before)
     from .daemon import Daemon
-    from ..core.engine import Request, Result
+    from ..core.engine import Result
 
 
 MAX_OTHER_BUFFERS = 16  # open buffers a completion considers for its repository context
-
-
-@dataclass
-class Prepared:
-    uri: str
-    mode: str
-    make: Callable[[], Request]  # called on the engine thread: tokenizing stays off the event loop
-    partial: str  # the notification that streams text while it runs
-    result: Callable[[Result], dict]
-    lanes: dict = field(default_factory=dict)  # complete: the prompts make() chose between (Lane by name)
-    low: bool = False  # after every request, like a warm-up (next_edit)
-    superseded: Callable[[], dict] | None = None  # the answer when cancelled before it ran (else a Completion's)
-    # complete: the text so far as the editor may show it (final=False: streaming), None to hold it back
-    clean: Callable[[str, bool], str | None] = lambda text, final: text
 
 
 @dataclass(frozen=True)
@@ -236,74 +227,109 @@ def typed_since(a: Anchor | None, text: str, offset: int) -> str | None:
     return typed
 
 
-def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
+@dataclass(frozen=True)
+class CompletionPlan:
+    """A completion as the event loop fixed it, in frame order: the document's text and cursor, the
+    request's parameters, the repository context and the anchor as they were then. The engine
+    thread builds the prompt from it (`build_completion`) and reads nothing of the session."""
+    uri: str
+    slot: tuple[int, str]  # the document's cached sequence: (session id, uri)
+    mode: str
+    text: str
+    offset: int
+    starts: Any  # the document's line index (prompt.line_index), for position -> offset
+    params: P.Complete
+    greedy: bool
+    anchor: Anchor | None  # the document's anchor, used when `typed` is not None
+    typed: str | None  # typed at the anchor's cursor since: the prompt extends the anchor's
+    roots: tuple[Path, ...]
+    others: tuple[tuple[str, str], ...]  # other open buffers (uri, text), with serve --repo-context
+    indexed: tuple[tuple[Path, tuple[str, ...]], ...]  # indexed workspace files per root, likewise
+
+
+def plan_completion(d: Daemon, s: Session, p: P.Complete) -> CompletionPlan:
+    """Snapshot on the event loop everything a completion's prompt depends on."""
     doc = s.current(p.uri, p.version)
     offset = s.offset(doc, p.position)
-    mode, text, starts, tok = _mode(d, p.mode), doc.text, doc.starts, d.engine.target.tokenizer
     # Repository context, snapshotted on the event loop (the engine thread must not read sessions):
     # this client's other open documents, most recently opened first (a few: the prompt shows at
     # most context.MAX_FILES), and the indexed workspace files; only with serve --repo-context.
-    roots = list(d.watcher.roots)
-    others, indexed = [], []
+    roots = tuple(d.watcher.roots)
+    others, indexed = (), ()
     if d.repo_context:
         recent = itertools.islice(reversed(s.docs.values()), MAX_OTHER_BUFFERS + 1)
-        others = [(o.uri, o.text) for o in recent if o.uri != doc.uri][:MAX_OTHER_BUFFERS]
-        indexed = [(root, list(d.watcher.indexed.get(root, {}))) for root in roots]
+        others = tuple((o.uri, o.text) for o in recent if o.uri != doc.uri)[:MAX_OTHER_BUFFERS]
+        indexed = tuple((root, tuple(d.watcher.indexed.get(root, {}))) for root in roots)
     greedy = p.temperature < P.MIN_TEMPERATURE
     anchor = s.anchors.get(doc.uri) if greedy and p.reuse_prefix else None
-    typed = typed_since(anchor, text, offset)
-    slot = (s.id, doc.uri)
-    lanes: dict[str, Lane] = {}  # filled by make(): the lane it chose ("chosen") and the full one
+    return CompletionPlan(uri=doc.uri, slot=(s.id, doc.uri), mode=_mode(d, p.mode), text=doc.text, offset=offset,
+                          starts=doc.starts, params=p, greedy=greedy, anchor=anchor,
+                          typed=typed_since(anchor, doc.text, offset), roots=roots, others=others, indexed=indexed)
 
-    def make() -> Request:
-        from ..core.engine import Request
-        from ..core.verify import Sampling
 
-        common = dict(mode=mode, max_tokens=p.max_tokens, seed=p.seed, sampling=Sampling(p.temperature, p.top_p, p.top_k),
-                      deadline_ms=p.deadline_ms, reuse_prefix=p.reuse_prefix, typed_through=greedy)
-        if typed is not None:  # the user typed on at the anchor's cursor: keep its prompt, add what was typed
-            lane = pick_lane(d, anchor.full, anchor.quick)
-            stops = stops_at(text, offset, p.multiline, fim=True)
-            served = d.engine.typed_prompt(lane.ids, typed)  # typed what the suggestion said: no pass
-            line_head = text[text.rfind("\n", 0, offset) + 1:offset]
+def build_completion(d: Daemon, plan: CompletionPlan) -> Built:
+    """On the engine thread: the plan's prompt (tokenized here, off the event loop) in the lane
+    that pays, as a Request; the lanes and a new anchor come back for the event loop to keep."""
+    from ..core.engine import Request
+    from ..core.speculation.verify import Sampling
 
-            def extended(a: Lane) -> Lane:
-                ids, heal = extend_middle(tok, a.ids, (a.heal.text if a.heal else "") + typed,
-                                          heal_last=bool(line_head.strip()))
-                return Lane(ids, heal, a.slot, a.capacity)
+    p, text, offset, slot, tok = plan.params, plan.text, plan.offset, plan.slot, d.engine.target.tokenizer
+    common = dict(mode=plan.mode, max_tokens=p.max_tokens, seed=p.seed, sampling=Sampling(p.temperature, p.top_p, p.top_k),
+                  deadline_ms=p.deadline_ms, reuse_prefix=p.reuse_prefix, typed_through=plan.greedy)
+    if plan.typed is not None:  # the user typed on at the anchor's cursor: keep its prompt, add what was typed
+        anchor, typed = plan.anchor, plan.typed
+        lane = pick_lane(d, anchor.full, anchor.quick)
+        stops = stops_at(text, offset, p.multiline, fim=True)
+        served = d.engine.typed_prompt(lane.ids, typed)  # typed what the suggestion said: no pass
+        line_head = text[text.rfind("\n", 0, offset) + 1:offset]
 
-            chosen = Lane(*served, lane.slot, lane.capacity) if served is not None else extended(lane)
-            lanes.update(chosen=chosen, full=chosen if lane is anchor.full else extended(anchor.full))
-            return Request(prompt=chosen.ids, stops=stops, heal=chosen.heal, slot=chosen.slot, **common)
-        path, repo = locate(doc.uri, roots)
-        workspace = ((Path(f).relative_to(root).as_posix(), Path(f)) for root, files in indexed for f in files
-                     if Path(f).is_relative_to(root))  # walked only if the file imports something
-        context = related_files(path, text, [(locate(u, roots)[0], t) for u, t in others], workspace) \
-            if d.repo_context else None
-        prompt = build_prompt(tok, text, offset, multiline=p.multiline, path=path, repo=repo, context=context,
-                              starts=starts)
-        full = Lane(prompt.ids, prompt.heal, slot)
-        quick = None
-        if p.reuse_prefix and p.quick and d.quick_prompt_ms >= 0 and len(full.ids) > QUICK_PROMPT_TOKENS + 64:
-            q = build_prompt(tok, text, offset, multiline=p.multiline, max_tokens=QUICK_PROMPT_TOKENS, path=path,
-                             repo=repo, starts=starts)
-            quick = Lane(q.ids, q.heal, (*slot, "quick"), QUICK_CAPACITY)
-        s.anchors[doc.uri] = Anchor(text, offset, full, quick, fim=fim_tokens(tok) is not None)
-        chosen = pick_lane(d, full, quick)
-        lanes.update(chosen=chosen, full=full)
-        return Request(prompt=chosen.ids, stops=prompt.stops, heal=chosen.heal, slot=chosen.slot, **common)
+        def extended(a: Lane) -> Lane:
+            ids, heal = extend_middle(tok, a.ids, (a.heal.text if a.heal else "") + typed,
+                                      heal_last=bool(line_head.strip()))
+            return Lane(ids, heal, a.slot, a.capacity)
 
+        chosen = Lane(*served, lane.slot, lane.capacity) if served is not None else extended(lane)
+        full = chosen if lane is anchor.full else extended(anchor.full)
+        req = Request(prompt=chosen.ids, stops=stops, heal=chosen.heal, slot=chosen.slot, **common)
+        return Built(request=req, lane=chosen, full=full)
+    path, repo = locate(plan.uri, plan.roots)
+    workspace = ((Path(f).relative_to(root).as_posix(), Path(f)) for root, files in plan.indexed for f in files
+                 if Path(f).is_relative_to(root))  # walked only if the file imports something
+    context = related_files(path, text, [(locate(u, plan.roots)[0], t) for u, t in plan.others], workspace) \
+        if d.repo_context else None
+    prompt = build_prompt(tok, text, offset, multiline=p.multiline, path=path, repo=repo, context=context,
+                          starts=plan.starts)
+    full = Lane(prompt.ids, prompt.heal, slot)
+    quick = None
+    if p.reuse_prefix and p.quick and d.quick_prompt_ms >= 0 and len(full.ids) > QUICK_PROMPT_TOKENS + 64:
+        q = build_prompt(tok, text, offset, multiline=p.multiline, max_tokens=QUICK_PROMPT_TOKENS, path=path,
+                         repo=repo, starts=plan.starts)
+        quick = Lane(q.ids, q.heal, (*slot, "quick"), QUICK_CAPACITY)
+    chosen = pick_lane(d, full, quick)
+    req = Request(prompt=chosen.ids, stops=prompt.stops, heal=chosen.heal, slot=chosen.slot, **common)
+    return Built(request=req, lane=chosen, full=full,
+                 anchor=Anchor(text, offset, full, quick, fim=fim_tokens(tok) is not None))
+
+
+def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
+    plan = plan_completion(d, s, p)
+    text, offset = plan.text, plan.offset
     # a suggestion never writes the line's last words again (`    def ` + `def f(` -> `def def f(`)
     cursor_head = text[text.rfind("\n", 0, offset) + 1:offset]
 
     def clean(out: str, final: bool) -> str | None:
         return drop_repeated_head(cursor_head, out, final)
 
-    def result(res: Result) -> dict:
-        lane = "quick" if lanes.get("chosen") is not None and lanes["chosen"].slot != slot else "full"
+    def learned(built: Built) -> None:  # on the event loop, once the engine built the prompt
+        if built.anchor is not None:
+            s.anchors[plan.uri] = built.anchor
+
+    def result(res: Result, built: Built) -> dict:
+        lane = "quick" if built.lane is not None and built.lane.slot != plan.slot else "full"
         return {**P.Completion.of(res, text=clean(res.text, True)).to_wire(), "prompt_lane": lane}
 
-    return Prepared(doc.uri, mode, make, "complete/partial", result, lanes, clean=clean)
+    return Prepared(uri=plan.uri, mode=plan.mode, make=functools.partial(build_completion, d, plan),
+                    partial="complete/partial", result=result, learned=learned, clean=clean, plan=plan)
 
 
 def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> Prepared:
@@ -318,7 +344,7 @@ def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> Prepared:
     except TooLarge as e:
         raise P.RpcError(P.INVALID_PARAMS, str(e)) from None
 
-    def make() -> Request:
+    def make() -> Built:
         from ..core.engine import Request
 
         # default: room for the selection rewritten at twice its length
@@ -327,18 +353,12 @@ def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> Prepared:
             ids, stops = rewrite_prompt(tok, text, start, end, p.instruction, lang, max_tokens=P.MAX_PROMPT_TOKENS)
         except TooLarge as e:
             raise P.RpcError(P.INVALID_PARAMS, str(e)) from None
-        return Request(prompt=ids, mode=mode, max_tokens=max_tokens, stops=stops)
+        return Built(request=Request(prompt=ids, mode=mode, max_tokens=max_tokens, stops=stops))
 
-    def result(res: Result) -> dict:
+    def result(res: Result, built: Built) -> dict:
         return P.Completion.of(res, text=finish(res.text, text[start:end])).to_wire()
 
-    return Prepared(doc.uri, mode, make, "rewrite/partial", result)
-
-
-def next_edit(d: Daemon, s: Session, p: P.NextEdit) -> Prepared:
-    from .next_edit import prepare  # it builds on Prepared (this module)
-
-    return prepare(d, s, p)
+    return Prepared(uri=doc.uri, mode=mode, make=make, partial="rewrite/partial", result=result)
 
 
 METHODS: dict[str, Method] = {
@@ -348,5 +368,5 @@ METHODS: dict[str, Method] = {
     "complete": Method(P.Complete, complete, job=True), "rewrite": Method(P.Rewrite, rewrite, job=True),
     "cancel": Method(P.Cancel, cancel), "status": Method(P.Empty, status), "shutdown": Method(P.Empty, shutdown),
     "debug/lookup": Method(P.Lookup, lookup),
-    "next_edit": Method(P.NextEdit, next_edit, job=True),
+    "next_edit": Method(P.NextEdit, prepare_next_edit, job=True),
 }

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from . import protocol as P
 from .http_api import (Ask, Done, _held, _stop_type, _usage, client_cut, finish_reason, infill_ask, infill_json,
                        json_body, openai_ask, pick_fields, position)
-from .http_io import MAX_HEADER_BYTES, Conn, HttpError, Request, _dumps, _linger, read_request
+from .http_io import MAX_HEADER_BYTES, Conn, HttpError, HttpRequest, _dumps, _linger, read_request
 from .session import Session
 from .transport import StartError, parse_loopback  # noqa: F401 (StartError: what parse_http raises)
 
@@ -286,7 +286,7 @@ class HttpServer:
             except (ConnectionError, OSError, RuntimeError):
                 pass
 
-    async def handle(self, req: Request, conn: Conn, keep: bool) -> None:
+    async def handle(self, req: HttpRequest, conn: Conn, keep: bool) -> None:
         path = req.path.split("?", 1)[0].rstrip("/") or "/"
         routes = {"/health": ("GET", self.health), "/v1/health": ("GET", self.health),
                   "/infill": ("POST", self.infill), "/v1/completions": ("POST", self.completions),
@@ -301,7 +301,7 @@ class HttpServer:
             self.authorize(req)
         await fn(req, conn, keep)
 
-    def authorize(self, req: Request) -> None:
+    def authorize(self, req: HttpRequest) -> None:
         auth = req.headers.get("authorization", "")
         scheme, _, given = auth.partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
@@ -315,7 +315,7 @@ class HttpServer:
         if not self.d.ready.is_set():
             raise HttpError(503, "Loading model")
 
-    async def health(self, req: Request, conn: Conn, keep: bool) -> None:
+    async def health(self, req: HttpRequest, conn: Conn, keep: bool) -> None:
         if self.d.error:
             await conn.send(500, HttpError(500, f"models failed to load: {self.d.error}").body(), keep)
         elif not self.d.ready.is_set():
@@ -323,13 +323,13 @@ class HttpServer:
         else:
             await conn.send(200, {"status": "ok"}, keep)
 
-    async def models(self, req: Request, conn: Conn, keep: bool) -> None:
+    async def models(self, req: HttpRequest, conn: Conn, keep: bool) -> None:
         await conn.send(200, {"object": "list", "data": [{"id": self.d.info.get("target"), "object": "model",
                                                           "created": int(self.d.started), "owned_by": "completiond"}]},
                         keep)
 
     # ---- /infill ----
-    async def infill(self, req: Request, conn: Conn, keep: bool) -> None:
+    async def infill(self, req: HttpRequest, conn: Conn, keep: bool) -> None:
         body = json_body(req)
         ask, chunks = infill_ask(body)
         self._ready()
@@ -372,7 +372,7 @@ class HttpServer:
             await conn.send(200, outs[0] if ask.n == 1 else outs, keep)
 
     # ---- /v1/completions ----
-    async def completions(self, req: Request, conn: Conn, keep: bool) -> None:
+    async def completions(self, req: HttpRequest, conn: Conn, keep: bool) -> None:
         body = json_body(req)
         ask, echo = openai_ask(body)
         self._ready()

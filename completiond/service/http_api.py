@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import protocol as P
-from .http_io import HttpError, Request
+from .http_io import HttpError, HttpRequest
 
 if TYPE_CHECKING:
     from .daemon import Daemon
@@ -258,7 +258,7 @@ def _usage(done: Done) -> dict:
     return {"prompt_tokens": pt, "completion_tokens": done.predicted, "total_tokens": pt + done.predicted}
 
 
-def json_body(req: Request) -> dict:
+def json_body(req: HttpRequest) -> dict:
     try:
         body = json.loads(req.body.decode("utf-8"))
     except UnicodeDecodeError as e:

@@ -41,7 +41,7 @@ def _dumps(obj: Any) -> str:
 
 # ---- requests and answers on one connection -----------------------------------------------------
 @dataclass
-class Request:
+class HttpRequest:
     method: str
     path: str
     version: str
@@ -106,7 +106,7 @@ async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
 
 
 # ---- HTTP/1.1 framing ------------------------------------------------------------------------------
-async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Request | None:
+async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> HttpRequest | None:
     """The next request on a connection; None when the peer closed (or stayed idle IDLE_S)."""
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_S)
@@ -137,7 +137,7 @@ async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
         raise HttpError(408, f"request body not received within {READ_S:g} s", close=True) from None
     except asyncio.IncompleteReadError:
         return None
-    return Request(method, target, version, headers, body)
+    return HttpRequest(method, target, version, headers, body)
 
 
 async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], method: str) -> bytes:

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import protocol as P
-from ..core.context import locate
-from ..core.next_edit import TextEdit, answer_text, edits, next_edit_prompt, window_at
-from .handlers import Prepared
+from ..core.prompt.context import locate
+from ..core.prompt.next_edit import TextEdit, answer_text, edits, next_edit_prompt, window_at
+from .plan import Built, Prepared
 from .history import job_key
 from .session import Session
 
 if TYPE_CHECKING:
     from .daemon import Daemon
-    from ..core.engine import Request, Result
+    from ..core.engine import Result
 
 HISTORY_EDITS = 6  # recent edits shown to the model (all documents of the client, oldest first)
 
@@ -53,7 +53,7 @@ def prepare(d: Daemon, s: Session, p: P.NextEdit) -> Prepared:
     mode = p.mode or ("pld" if d.default_mode == "combined" else d.default_mode)
     t0 = time.perf_counter()
 
-    def make() -> Request:
+    def make() -> Built:
         from ..core.engine import Request
 
         try:
@@ -62,13 +62,13 @@ def prepare(d: Daemon, s: Session, p: P.NextEdit) -> Prepared:
             raise P.RpcError(P.INVALID_PARAMS, str(e)) from None
         n_region = len(tok.encode(region, add_special_tokens=False))
         max_tokens = min(P.MAX_REWRITE_TOKENS, 2 * n_region + 64) if p.max_tokens is None else p.max_tokens
-        return Request(prompt=ids, mode=mode, max_tokens=max_tokens, stops=stops)
+        return Built(request=Request(prompt=ids, mode=mode, max_tokens=max_tokens, stops=stops))
 
     def wire(e: TextEdit) -> dict:
         return {"range": {"start": position_of(text, starts, e.start, s.encoding),
                           "end": position_of(text, starts, e.end, s.encoding)}, "text": e.text}
 
-    def result(res: Result) -> dict:
+    def result(res: Result, built: Built) -> dict:
         answer = answer_text(res.text, region)
         found = [] if res.cancelled else edits(region, answer, window.start, finished=res.stopped_by != "max_tokens")
         return {"edits": [wire(e) for e in found], "ms": round((time.perf_counter() - t0) * 1000, 2),
@@ -83,4 +83,5 @@ def prepare(d: Daemon, s: Session, p: P.NextEdit) -> Prepared:
         return {"edits": [], "ms": round((time.perf_counter() - t0) * 1000, 2), "target_passes": 0,
                 "version": version, "cancelled": True, "stopped_by": "cancelled", "mode": mode}
 
-    return Prepared(job_key(doc.uri), mode, make, "next_edit/partial", result, low=True, superseded=superseded)
+    return Prepared(uri=job_key(doc.uri), mode=mode, make=make, partial="next_edit/partial", result=result, low=True,
+                    superseded=superseded)

@@ -15,10 +15,11 @@ from typing import Any
 
 import msgpack
 
+from ..limits import MAX_PROMPT_TOKENS, MIN_TEMPERATURE  # noqa: F401 (part of the protocol)
+
 REQUEST, RESPONSE, NOTIFICATION = 0, 1, 2
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 16 * 1024 * 1024
-MIN_TEMPERATURE = 1e-5  # a temperature under this is greedy decoding
 
 INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
@@ -203,7 +204,6 @@ MAX_INSTRUCTION_CHARS = 4000
 MAX_DOCUMENT_CHARS = 4 * 1024 * 1024  # cost per request no longer grows with it: prompts read a window
 MAX_OPEN_DOCUMENTS = 4096  # per connection, and MAX_SESSION_CHARS in all: memory is what they bound
 MAX_SESSION_CHARS = 16 * MAX_DOCUMENT_CHARS
-MAX_PROMPT_TOKENS = 3072  # one prompt, completion or rewrite (selection + instruction + context): prefill time
 QUICK_PROMPT_MS = 300.0  # serve --quick-prompt-ms: the prefill a cold prompt may cost before the quick one answers
 MAX_TEMPERATURE = 10.0
 MAX_LOOKUP_LEN = 256
@@ -364,7 +364,7 @@ def model_info(target: Any, draft: Any) -> dict:
     return {"target": target.name, "draft": draft.name if draft is not None else None, "device": str(target.device),
             "dtype": str(target.dtype).replace("torch.", ""), "quant": target.meta.get("quant", "none"),
             "prefill_dtype": prefill_dtype(target),
-            # who runs int8 decode passes on CPU: "completiond-avx2" (core/int8_mm.c) or "torch"; None unquantized
+            # who runs int8 decode passes on CPU: "completiond-avx2" (models/kernels/int8_mm.c) or "torch"; None unquantized
             "int8_kernel": target.meta.get("int8_kernel")}
 
 

@@ -1,6 +1,6 @@
 """Per-connection state: how the client speaks, its open documents and its requests in flight.
 
-A session lives on the event loop; only `Job.cancel` is read by the engine thread. The latest
+A session lives on the event loop; only `InFlight.cancel` is read by the engine thread. The latest
 `complete`/`rewrite` for a document supersedes the older one at the moment it arrives, so a request
 is never judged against a document version that a later keystroke produced.
 """
@@ -16,13 +16,14 @@ from typing import Any
 from . import protocol as P
 from .documents import Document, IndexView
 from .history import History
+from .plan import LoopOwned
 from ..core.prompt import PositionError
 
 MAX_INDEXED_BUFFERS = 16  # stale open buffers re-tokenized for prompt lookup per request, most recent first
 
 
 @dataclass
-class Job:
+class InFlight:
     msgid: int
     uri: str
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -37,11 +38,11 @@ class Session:
     encoding: str = "utf-16"
     name: str = ""
     docs: dict[str, Document] = field(default_factory=dict)
-    jobs: dict[int, Job] = field(default_factory=dict)
-    latest: dict[str, Job] = field(default_factory=dict)
+    jobs: dict[int, InFlight] = field(default_factory=dict)
+    latest: dict[str, InFlight] = field(default_factory=dict)
     # uri -> handlers.Anchor: the last prompt built from scratch, which typing at its cursor extends
-    # (set on the engine thread by the request that built it; a plain dict store)
-    anchors: dict[str, Any] = field(default_factory=dict)
+    # (built on the engine thread, stored by the event loop: plan.Built)
+    anchors: dict[str, Any] = field(default_factory=lambda: LoopOwned())
     history: History = field(default_factory=History)  # recent edits of its documents (next_edit)
     closed: bool = False
     received: int = 0  # bytes read so far (bounded before authentication)
@@ -73,16 +74,16 @@ class Session:
         except PositionError as e:
             raise P.RpcError(P.INVALID_PARAMS, f"{what} out of range: {e}") from None
 
-    def start(self, msgid: int, uri: str) -> Job:
+    def start(self, msgid: int, uri: str) -> InFlight:
         """Register a request; an older one for the same document is superseded (cancelled) now."""
         if (old := self.latest.get(uri)) is not None:
             old.cancel.set()
-        job = Job(msgid, uri)
+        job = InFlight(msgid, uri)
         self.jobs[msgid] = job
         self.latest[uri] = job
         return job
 
-    def finish(self, job: Job) -> None:
+    def finish(self, job: InFlight) -> None:
         self.jobs.pop(job.msgid, None)
         if self.latest.get(job.uri) is job:
             del self.latest[job.uri]

@@ -153,8 +153,9 @@ class Warmer:
         def work():  # a generator of steps, run by the scheduler after every request
             if cancel.is_set():
                 return None
-            req = prepared.make()
-            chosen, full = prepared.lanes["chosen"], prepared.lanes["full"]
+            built = prepared.make()
+            loop.call_soon_threadsafe(prepared.learned, built)  # the new anchor: the event loop keeps it
+            req, chosen, full = built.request, built.lane, built.full
             cold = chosen is not full  # the full prompt is cold: the quick one first, in its own sequence
             if cold:
                 d.scheduler.move(chosen.slot, chosen.capacity)

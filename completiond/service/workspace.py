@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pathspec
 
-from ..core.index import TokenIndex
+from ..core.speculation.index import TokenIndex
 from ..files import read_regular
 
 log = logging.getLogger(__name__)

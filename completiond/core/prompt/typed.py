@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .prompt import Heal
+from . import Heal
 from .stops import StopRules
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..service.protocol import MIN_TEMPERATURE  # greedy below it (defined torch-free, for the daemon's handlers)
+from ...limits import MIN_TEMPERATURE  # greedy below it (defined torch-free, for the daemon's handlers)
 from .tree import TokenTree
 
 # Below MIN_TEMPERATURE sampling is greedy: logits / T overflows float32 for T near 1e-38 (inf - inf

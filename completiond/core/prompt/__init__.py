@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..service.protocol import MAX_PROMPT_TOKENS
+from ...limits import MAX_PROMPT_TOKENS
 from .stops import StopRules, indent_width
 
 LINE_BREAK = re.compile(r"\r\n|\r|\n")

@@ -15,8 +15,8 @@ import torch
 
 from .budget import Ewma
 from .index import TokenIndex, continuations
-from ..models import LoadedModel
-from .runner import Runner
+from ...models import LoadedModel
+from ..forward.runner import Runner
 from .tree import Candidate
 
 

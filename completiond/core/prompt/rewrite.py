@@ -9,8 +9,8 @@ the rewrite ends at the closing fence.
 
 from __future__ import annotations
 
-from .prompt import bos_ids
-from ..service.protocol import MAX_PROMPT_TOKENS
+from . import bos_ids
+from ...limits import MAX_PROMPT_TOKENS
 from .stops import StopRules
 
 FENCE = "```"

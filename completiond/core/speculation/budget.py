@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..models.device import cpu_key
-from . import cpu_kernel
-from ..paths import cache_root
+from ...models.device import cpu_key
+from ...models.kernels import cpu_kernel
+from ...paths import cache_root
 
 if TYPE_CHECKING:
-    from ..models import LoadedModel
-    from .runner import Runner
+    from ...models import LoadedModel
+    from ..forward.runner import Runner
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # the sizes reported side by side (bench, pass-cost benchmarks)
 CALIBRATION_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64)  # `Engine.calibrate` (bench): odd sizes too

@@ -16,8 +16,8 @@ import torch
 
 from .kvcache import TreeKVCache, for_transformers
 from .lean import lean_decoder, supports_lean
-from ..models import LoadedModel
-from .quant import bulk, QuantLinear, exact_head_logits, head_rows
+from ...models import LoadedModel
+from ...models.quant import bulk, QuantLinear, exact_head_logits, head_rows
 
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 REFINE = 8  # top logits recomputed in float32 when the model runs in bf16/fp16
@@ -57,7 +57,7 @@ def _layer_hook(module, args) -> None:
 class Runner:
     def __init__(self, lm: LoadedModel, capacity: int = 4096, lean: bool = False, backend: str = "transformers",
                  refine: bool = True, cheap_head: bool = False):
-        """backend: "transformers" (the reference), "lean" (completiond.core.lean; an error for model types
+        """backend: "transformers" (the reference), "lean" (completiond.core.forward.lean; an error for model types
         it lacks) or "auto" (lean where the model type allows). refine: recompute the top REFINE
         logits in float32 when the model runs in bf16/fp16 (see _logits).
         cheap_head (greedy only, quantized output layer): logits exact on every row that can be the
@@ -71,7 +71,7 @@ class Runner:
         if backend == "lean" and not supports_lean(lm.model):
             raise ValueError(f"no lean forward for this {lm.model.config.model_type} configuration")
         if cheap_head and not isinstance(lm.model.get_output_embeddings(), QuantLinear):
-            raise ValueError("cheap_head needs a quantized output layer (completiond.core.quant.quantize)")
+            raise ValueError("cheap_head needs a quantized output layer (completiond.models.quant.quantize)")
         if cheap_head and lm.model.get_output_embeddings().full_weight is None:
             raise ValueError("cheap_head needs the full-precision output layer: quantize(..., full_head=True)")
         if backend == "transformers" and hasattr(lm.model, "to_transformers"):

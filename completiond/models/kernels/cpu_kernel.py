@@ -44,9 +44,9 @@ from typing import Callable
 
 import torch
 
-from ..models.device import calibrated, cpu_flags, cpu_key
-from .. import cache_dir
-from ..paths import private_dir
+from ..device import calibrated, cpu_flags, cpu_key
+from ... import cache_dir
+from ...paths import private_dir
 
 log = logging.getLogger(__name__)
 

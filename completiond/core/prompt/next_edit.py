@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
-from .prompt import bos_ids
+from . import bos_ids
 from .stops import StopRules
 
 FENCE = "```"

@@ -5,7 +5,7 @@ Python steps (no hooks, kwargs plumbing or output records; rotary tables cached)
 A small model's pass is mostly per-module overhead in transformers' eager forward; a large one's is
 the matmuls, which this forward fuses: q/k/v (with their biases, Qwen2) and gate/up are one matmul
 each. Every matmul goes through a `Linear`: a dense one, or a `quant.QuantLinear` when the model was
-quantized (completiond.core.quant), fused the same way. tests/test_runner.py holds its logits to
+quantized (completiond.models.quant), fused the same way. tests/test_runner.py holds its logits to
 transformers' within 1e-5 in fp32 on trees, appended passes and past the sliding window.
 
 An int8 Qwen2 on completiond's kernel runs each layer of a decode/verify pass as one C call instead
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import cpu_kernel
-from .quant import QuantLinear, bulk_dtype, dequantized_mm, is_bulk
+from ...models.kernels import cpu_kernel
+from ...models.quant import QuantLinear, bulk_dtype, dequantized_mm, is_bulk
 
 LEAN_MODEL_TYPES = {"gemma3_text", "qwen2"}
 

@@ -12,8 +12,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
-from ..files import read_regular
-from .prompt import ContextFile
+from ...files import read_regular
+from . import ContextFile
 
 IMPORT = re.compile(r"^\s*(?:from\s+([.\w]+)\s+import|import\s+([.\w]+))", re.M)
 MAX_FILES = 4

@@ -1,0 +1,1 @@
+"""The target pass: the runner, its KV cache, the native (lean) layer."""
