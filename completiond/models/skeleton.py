@@ -71,7 +71,7 @@ def supports(cfg: Config) -> bool:
             and not getattr(cfg, "head_dim", None))
 
 
-class Linear(nn.Linear):
+class UninitLinear(nn.Linear):
     """nn.Linear without its random init (the file's tensors replace the placeholders; an init on
     the meta device would import torch._dynamo, ~2 s)."""
 
@@ -79,7 +79,7 @@ class Linear(nn.Linear):
         pass
 
 
-class Embedding(nn.Embedding):
+class UninitEmbedding(nn.Embedding):
     def reset_parameters(self) -> None:
         pass
 
@@ -119,18 +119,18 @@ class Attention(nn.Module):
         super().__init__()
         d = cfg.hidden_size // cfg.num_attention_heads
         h, kv = cfg.hidden_size, cfg.num_key_value_heads * d
-        self.q_proj = Linear(h, cfg.num_attention_heads * d, bias=True, **where)
-        self.k_proj = Linear(h, kv, bias=True, **where)
-        self.v_proj = Linear(h, kv, bias=True, **where)
-        self.o_proj = Linear(cfg.num_attention_heads * d, h, bias=False, **where)
+        self.q_proj = UninitLinear(h, cfg.num_attention_heads * d, bias=True, **where)
+        self.k_proj = UninitLinear(h, kv, bias=True, **where)
+        self.v_proj = UninitLinear(h, kv, bias=True, **where)
+        self.o_proj = UninitLinear(cfg.num_attention_heads * d, h, bias=False, **where)
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: Config, **where: Any):
         super().__init__()
-        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False, **where)
-        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False, **where)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, **where)
+        self.gate_proj = UninitLinear(cfg.hidden_size, cfg.intermediate_size, bias=False, **where)
+        self.up_proj = UninitLinear(cfg.hidden_size, cfg.intermediate_size, bias=False, **where)
+        self.down_proj = UninitLinear(cfg.intermediate_size, cfg.hidden_size, bias=False, **where)
 
 
 class Layer(nn.Module):
@@ -146,7 +146,7 @@ class Decoder(nn.Module):
     def __init__(self, cfg: Config, **where: Any):
         super().__init__()
         self.config = cfg
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.pad_token_id, **where)
+        self.embed_tokens = UninitEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.pad_token_id, **where)
         self.layers = nn.ModuleList(Layer(cfg, **where) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **where)
         self.rotary_emb = Rotary(cfg, where.get("device", "cpu"))
@@ -172,7 +172,7 @@ class Qwen2Skeleton(nn.Module):
         self.dtype = dtype
         self.model = Decoder(cfg, **where)
         self.model.__dict__["owner"] = self  # not a submodule
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False, **where)
+        self.lm_head = UninitLinear(cfg.hidden_size, cfg.vocab_size, bias=False, **where)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.generation_config = None
