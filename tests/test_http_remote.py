@@ -125,6 +125,83 @@ async def test_server_down_500_and_silent_are_errors_not_hangs(tmp_path, tiny_di
 def test_remote_spec_is_checked():
     assert parse_remote("openai:http://h:1/v1#m").url == "http://h:1/v1"
     assert parse_remote("llamacpp:https://h:8012/").url == "https://h:8012"
-    for bad in ("openai:ftp://h/x", "openai:http://", "vllm:http://h:1"):
+    assert parse_remote("openai:http://h:1/v1#m#raw").raw and not parse_remote("openai:http://h:1/v1#m").raw
+    assert parse_remote("openai:http://h:1/v1##raw").model == "default"
+    for bad in ("openai:ftp://h/x", "openai:http://", "vllm:http://h:1", "openai:http://h:1/v1#m#fast",
+                "llamacpp:http://h:1#m#raw"):
         with pytest.raises(RemoteError):
             parse_remote(bad)
+
+
+def test_raw_fim_prompts_are_read_as_vllm_takes_them():
+    from completiond.service.http_api import openai_ask, raw_fim
+
+    assert raw_fim("<|repo_name|>r\n<|file_sep|>a.py\n<|fim_prefix|>def f(x):\n    <|fim_suffix|>\n\nf(1)"
+                   "<|fim_middle|>ret") == ("def f(x):\n    ret", "\n\nf(1)")
+    assert raw_fim("<fim_prefix>a<fim_suffix>c<fim_middle>b") == ("ab", "c")
+    assert raw_fim("<|fim_prefix|>a<|fim_middle|>b<|fim_suffix|>c") is None  # not prefix-suffix-middle
+    assert raw_fim("def f(): <|fim_prefix|>") is None
+    ask, _ = openai_ask({"prompt": "<|fim_prefix|>x = <|fim_suffix|>\ny = 2<|fim_middle|>"})
+    assert (ask.text, ask.cursor) == ("x = \ny = 2", 4)
+    ask, _ = openai_ask({"prompt": "<|fim_prefix|>x", "suffix": "\n"})  # a suffix given: the prompt is text
+    assert (ask.text, ask.cursor) == ("<|fim_prefix|>x\n", 15)
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802
+        self.server.bodies.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(b'data: {"choices": [{"text": "42", "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n')
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory):
+    """A tiny Qwen2 with Qwen2.5-Coder's FIM tokens (the Gemma-style tiny model has none)."""
+    import tiny
+
+    return tiny.save(tmp_path_factory.mktemp("tiny-qwen"), tiny.qwen2_config(), seed=3, scale=4.0)
+
+
+async def test_raw_fim_target_sends_fim_tokens_and_gets_the_servers_completion(tmp_path, qwen_dir):
+    """`openai:URL#model#raw` (vLLM's way: FIM tokens in the prompt, no suffix) against a completiond
+    --http on a FIM model: the body has the FIM prompt and no suffix, and the completion is the one
+    the `suffix` form and the server's own editors get."""
+    rec = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    rec.bodies, rec.daemon_threads = [], True
+    threading.Thread(target=rec.serve_forever, daemon=True).start()
+    (tmp_path / "r").mkdir()
+    proc = remote_daemon(tmp_path / "r", qwen_dir, f"openai:http://127.0.0.1:{rec.server_port}/v1#{qwen_dir}#raw")
+    try:
+        res = await complete(tmp_path / "r" / "laptop.sock")
+        assert res["text"] == "42"
+        body = rec.bodies[-1]
+        assert "suffix" not in body and body["model"] == str(qwen_dir)
+        p = body["prompt"]
+        assert p.index("<|fim_prefix|>") < p.index("<|fim_suffix|>") < p.index("<|fim_middle|>")
+        assert "def area(r):\n    return" in p and "print(area(2))" in p
+    finally:
+        assert stop_daemon(proc) == 0
+        rec.shutdown()
+
+    port = free_port()
+    srv = start_daemon(tmp_path / "s.sock", qwen_dir, "--http", f"127.0.0.1:{port}", "--token-file",
+                       str(tmp_path / "token"))
+    try:
+        got = {"server": (await complete(tmp_path / "s.sock"))["text"]}
+        for form in ("suffix", "raw"):
+            d = tmp_path / form
+            d.mkdir()
+            spec = f"openai:http://127.0.0.1:{port}/v1#{qwen_dir}" + ("#raw" if form == "raw" else "")
+            proc = remote_daemon(d, qwen_dir, spec, "--remote-token-file", str(tmp_path / "token"))
+            try:
+                got[form] = (await complete(d / "laptop.sock"))["text"]
+            finally:
+                assert stop_daemon(proc) == 0
+        assert got["raw"] == got["suffix"] == got["server"] and got["server"], got
+    finally:
+        assert stop_daemon(srv) == 0

@@ -50,6 +50,7 @@ class RemoteSpec:
     kind: str  # openai | llamacpp
     url: str  # the base: http://host:port[/v1]
     model: str  # sent as "model"; also where the tokenizer comes from
+    raw: bool = False  # openai only (`#model#raw`): the FIM prompt as text with its FIM tokens, no `suffix` (vLLM)
 
     @property
     def endpoint(self) -> str:
@@ -58,12 +59,16 @@ class RemoteSpec:
 
 def parse_remote(spec: str) -> RemoteSpec:
     kind, _, rest = spec.partition(":")
-    url, _, model = rest.partition("#")
+    url, *frag = rest.split("#")
+    model, flags = (frag[0] if frag else ""), frag[1:]
     parts = urlsplit(url)
     if kind not in SCHEMES or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise RemoteError(f"--target {spec!r}: a remote target is openai:http://HOST:PORT/v1[#model] "
+        raise RemoteError(f"--target {spec!r}: a remote target is openai:http://HOST:PORT/v1[#model[#raw]] "
                           f"or llamacpp:http://HOST:PORT[#model]")
-    return RemoteSpec(kind, url.rstrip("/"), model or "default")
+    if any(f != "raw" for f in flags) or (flags and kind != "openai"):
+        raise RemoteError(f"--target {spec!r}: the one flag after #model is #raw, for openai: targets "
+                          f"(FIM tokens in the prompt, no suffix: vLLM)")
+    return RemoteSpec(kind, url.rstrip("/"), model or "default", raw=bool(flags))
 
 
 @dataclass
@@ -117,7 +122,8 @@ class RemoteEngine:
     def __init__(self, spec: RemoteSpec, tokenizer: Any, index: TokenIndex | None = None, timeout_s: float = 30.0,
                  token: str | None = None):
         self.spec = spec
-        self.target = RemoteTarget(f"{spec.kind}:{spec.url}#{spec.model}", tokenizer, spec.url)
+        name = f"{spec.kind}:{spec.url}#{spec.model}" + ("#raw" if spec.raw else "")
+        self.target = RemoteTarget(name, tokenizer, spec.url)
         self.draft = None
         self.heads = None
         self.index = index or TokenIndex()
@@ -183,6 +189,11 @@ class RemoteEngine:
         if self.spec.kind == "openai":
             b = {"model": self.spec.model, "prompt": prefix + middle, "suffix": suffix, "max_tokens": req.max_tokens,
                  "temperature": 0.0 if greedy else s.temperature, "stream": True}
+            if self.spec.raw:  # the whole prompt, FIM and repository tokens as text: the server tokenizes it
+                heal = req.heal.text if req.heal else ""
+                b["prompt"] = self.target.tokenizer.decode(req.prompt, skip_special_tokens=False,
+                                                           clean_up_tokenization_spaces=False) + heal
+                del b["suffix"]
             if not greedy:
                 b["top_p"] = s.top_p
         else:

@@ -121,6 +121,22 @@ def _seed(body: dict) -> int | None:
     return None if s is None or s < 0 else s % 2**32
 
 
+# FIM markers as text (core/prompt.py's FIM_STYLES): a prompt that carries them is a raw FIM prompt,
+# what vLLM's /v1/completions takes (it has no `suffix`) and a `#raw` remote target sends.
+RAW_FIM_STYLES = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
+
+
+def raw_fim(prompt: str) -> tuple[str, str] | None:
+    """(text before the cursor, text after it) of a raw prefix-suffix-middle FIM prompt, else None.
+    What stands before the prefix marker (repository / file headers) is dropped: this daemon builds
+    its own context from the documents it holds."""
+    for pre, suf, mid in RAW_FIM_STYLES:
+        p, s, m = prompt.find(pre), prompt.find(suf), prompt.find(mid)
+        if 0 <= p < s < m:
+            return prompt[p + len(pre):s] + prompt[m + len(mid):], prompt[s + len(suf):m]
+    return None
+
+
 def openai_ask(body: dict) -> tuple[Ask, bool]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -128,6 +144,8 @@ def openai_ask(body: dict) -> tuple[Ask, bool]:
     if not isinstance(prompt, str):
         raise HttpError(400, "'prompt' must be a string (or a list of one string)")
     suffix = _field(body, "suffix", str, "")
+    if not suffix and (raw := raw_fim(prompt)) is not None:
+        prompt, suffix = raw
     if body.get("logprobs") not in (None, 0):
         raise HttpError(400, "'logprobs' is not supported")
     if body.get("best_of") not in (None, 1):

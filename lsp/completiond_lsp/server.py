@@ -93,6 +93,7 @@ class CompletiondServer(LanguageServer):
         self.link = DaemonLink(self._open_documents, self._status)
         self.inflight: dict[str, asyncio.Task] = {}  # uri -> the inline-completion task in flight
         self.last_status: dict = {}
+        self.ready_message = ""  # the status message to restore when completions work again after an error
         self.refused: dict[str, str] = {}  # uri -> why the daemon does not hold it (too large...)
         self._progress: str | None = None  # the $/progress token of the load being shown
 
@@ -373,7 +374,18 @@ async def inline_completion(ls: CompletiondServer, params: types.InlineCompletio
         req = P.Complete(uri=uri, position=P.Position(pos.line, pos.character), version=version,
                          mode=ls.settings.mode, max_tokens=ls.settings.maxTokens,
                          multiline=ls.settings.multiline).to_wire()
-        res = await daemon_request(ls, "complete", req, "complete/partial", on_partial)
+        try:
+            res = await daemon_request(ls, "complete", req, "complete/partial", on_partial)
+        except JsonRpcException as e:
+            if e.code == P.INTERNAL_ERROR:  # e.g. a remote target down or failing: say so, not just drop it
+                if ls.last_status.get("state") != "error":
+                    ls.ready_message = ls.last_status.get("message", "")
+                ls.last_status.update({"state": "error", "message": "completiond: " + e.message.removeprefix(
+                    "RemoteError: ")})
+                ls.protocol.notify("completiond/status", ls.last_status)
+            raise
+        if ls.last_status.get("state") == "error":  # served again: back to the message "ready" had
+            ls.last_status["message"] = ls.ready_message
         ls.last_status.update({"state": "ready", "lastLatencyMs": res["ms_total"],
                                "meanAccepted": res["mean_accepted"]})
         ls.protocol.notify("completiond/status", ls.last_status)
