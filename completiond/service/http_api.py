@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..core.prompt import FIM_STYLES
 from . import protocol as P
 from .http_io import HttpError, HttpRequest
 
@@ -121,16 +122,13 @@ def _seed(body: dict) -> int | None:
     return None if s is None or s < 0 else s % 2**32
 
 
-# FIM markers as text (core/prompt.py's FIM_STYLES): a prompt that carries them is a raw FIM prompt,
-# what vLLM's /v1/completions takes (it has no `suffix`) and a `#raw` remote target sends.
-RAW_FIM_STYLES = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
 
 
 def raw_fim(prompt: str) -> tuple[str, str] | None:
     """(text before the cursor, text after it) of a raw prefix-suffix-middle FIM prompt, else None.
     What stands before the prefix marker (repository / file headers) is dropped: this daemon builds
     its own context from the documents it holds."""
-    for pre, suf, mid in RAW_FIM_STYLES:
+    for pre, suf, mid in FIM_STYLES:  # markers as text: what vLLM's /v1/completions takes (no `suffix`)
         p, s, m = prompt.find(pre), prompt.find(suf), prompt.find(mid)
         if 0 <= p < s < m:
             return prompt[p + len(pre):s] + prompt[m + len(mid):], prompt[s + len(suf):m]
