@@ -259,7 +259,7 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
         from ..core.engine import Request
         from ..core.verify import Sampling
 
-        common = dict(mode=mode, max_tokens=p.max_tokens, seed=p.seed, sampling=Sampling(p.temperature, p.top_p, p.top_k),
+        common = dict(mode=mode, max_tokens=p.max_tokens, seed=p.seed, n=p.n, sampling=Sampling(p.temperature, p.top_p, p.top_k),
                       deadline_ms=p.deadline_ms, reuse_prefix=p.reuse_prefix, typed_through=greedy)
         if typed is not None:  # the user typed on at the anchor's cursor: keep its prompt, add what was typed
             lane = pick_lane(d, anchor.full, anchor.quick)
@@ -301,7 +301,15 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
 
     def result(res: Result) -> dict:
         lane = "quick" if lanes.get("chosen") is not None and lanes["chosen"].slot != slot else "full"
-        return {**P.Completion.of(res, text=clean(res.text, True)).to_wire(), "prompt_lane": lane}
+        out = P.Completion.of(res, text=clean(res.text, True)).to_wire()
+        seen = {out["text"]}
+        alternatives = []
+        for a in out["alternatives"]:  # cleaned like the main text; one that becomes a duplicate goes
+            a["text"] = clean(a["text"], True)
+            if a["text"] and a["text"] not in seen:
+                seen.add(a["text"])
+                alternatives.append(a)
+        return {**out, "alternatives": alternatives, "prompt_lane": lane}
 
     return Prepared(doc.uri, mode, make, "complete/partial", result, lanes, clean=clean)
 
