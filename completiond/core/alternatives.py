@@ -24,7 +24,7 @@ from .proposers import PromptLookup, Proposer
 from .request import Alternative, Request
 from .runner import Cancelled
 from .scheduler import Work
-from .tree import TokenTree
+from .tree import TokenTree, truncate
 from .typed import Detokenizer
 from .verify import Sampling, accept
 
@@ -32,7 +32,11 @@ if TYPE_CHECKING:
     from .engine import Decoding, Engine
 
 MAX_N = 3
-EXTRA_PASSES = 0.25  # after the main branch is done: at most this share of its passes more (at least 1)
+# What the alternatives may add to the single suggestion's cost. The first run on the 0.5B (no cap on
+# their trees, 0.25 of the main passes after it; benchmarks/results/alternatives-0.5b-v1.json) cost
+# 1.56x the single suggestion's time: 1.24x the passes, and passes 1.25x dearer for their larger trees.
+EXTRA_PASSES = 0.1  # after the main branch is done: at most this share of its passes more (at least 1)
+ALT_NODES = 4  # nodes of an alternative's tree below its root: a short copy run, cheap in a pass
 GREEDY = Sampling()
 
 
@@ -100,8 +104,8 @@ def decode_alternatives(engine: Engine, st: Decoding, proposers: list[Proposer]
                 _add(ids, parents, tree, main_nodes[-1] if main_nodes else -1, first)
             for b in alts:
                 if not b.out.done:
-                    tree = engine._propose(b.token, lookup, req.max_tokens - len(b.out.ids),
-                                           context=runner.tokens + b.verified)
+                    tree = truncate(engine._propose(b.token, lookup, req.max_tokens - len(b.out.ids),
+                                                    context=runner.tokens + b.verified), ALT_NODES)
                     trees.append((b, tree, len(ids)))
                     _add(ids, parents, tree, b.tail, first)
             logits = runner.forward(ids, parents, range(len(ids)), append=True)
