@@ -34,9 +34,13 @@ if TYPE_CHECKING:
 MAX_N = 3
 # What the alternatives may add to the single suggestion's cost. The first run on the 0.5B (no cap on
 # their trees, 0.25 of the main passes after it; benchmarks/results/alternatives-0.5b-v1.json) cost
-# 1.56x the single suggestion's time: 1.24x the passes, and passes 1.25x dearer for their larger trees.
+# 1.56x the single suggestion's time: 1.24x the passes, and passes dearer for their larger trees.
 EXTRA_PASSES = 0.1  # after the main branch is done: at most this share of its passes more (at least 1)
-ALT_NODES = 4  # nodes of an alternative's tree below its root: a short copy run, cheap in a pass
+ALT_NODES = 4  # nodes of an alternative's tree below its root at most: a short copy run
+# A pass's cost grows with its nodes (on a CPU whose matmuls are compute-bound, nearly in proportion):
+# the alternatives' trees (beyond their roots, always run) get the nodes that keep the pass within
+# this share of the main tree's own pass cost, by the tree-size budget's cost table.
+PASS_SHARE = 1.25
 GREEDY = Sampling()
 
 
@@ -102,12 +106,19 @@ def decode_alternatives(engine: Engine, st: Decoding, proposers: list[Proposer]
                                        context=runner.tokens + st.verified)
                 trees.append((None, tree, len(ids)))
                 _add(ids, parents, tree, main_nodes[-1] if main_nodes else -1, first)
-            for b in alts:
-                if not b.out.done:
-                    tree = truncate(engine._propose(b.token, lookup, req.max_tokens - len(b.out.ids),
-                                                    context=runner.tokens + b.verified), ALT_NODES)
-                    trees.append((b, tree, len(ids)))
-                    _add(ids, parents, tree, b.tail, first)
+            live_alts = [b for b in alts if not b.out.done]
+            main_cost = engine.budget.cost(max(1, len(ids)))
+            for k, b in enumerate(live_alts):
+                tree = engine._propose(b.token, lookup, req.max_tokens - len(b.out.ids),
+                                       context=runner.tokens + b.verified)
+                rest = len(live_alts) - k  # this root and the later ones are run in any case
+                room = 0
+                while room < min(ALT_NODES, len(tree) - 1) and \
+                        engine.budget.cost(len(ids) + rest + room + 1) <= PASS_SHARE * main_cost:
+                    room += 1
+                tree = truncate(tree, room)
+                trees.append((b, tree, len(ids)))
+                _add(ids, parents, tree, b.tail, first)
             logits = runner.forward(ids, parents, range(len(ids)), append=True)
             engine.budget.observe_pass(len(ids), runner.last_pass_ms)
             if st.out.done:
