@@ -101,3 +101,24 @@ def test_cancel_during_alternatives_keeps_the_cache_usable(target, code_ids):
     one = engine(target).complete(Request(prompt=prompt, mode="pld", max_tokens=40))
     again = e.complete(Request(prompt=prompt, mode="pld", max_tokens=40, n=3))
     assert again.token_ids == one.token_ids
+
+
+def test_another_documents_job_between_turns(target, code_ids):
+    """The daemon's scheduler may run another slot's job between two passes of this one: the
+    branches' uncommitted nodes must survive the slot switch (Runner.hold forgets pending nodes)."""
+    free = StopRules(line_rules=False)
+    p1, p2 = code_ids[100:180], code_ids[400:470]
+    ref = engine(target).complete(Request(prompt=p1, mode="pld", max_tokens=20, n=3, stops=free))
+    e = engine(target)
+    steps = e.run(Request(prompt=p1, mode="pld", max_tokens=20, n=3, stops=free, slot="a"))
+    with torch.inference_mode():
+        while True:
+            try:
+                with e.turn("a"):
+                    next(steps)
+            except StopIteration as done:
+                res = done.value
+                break
+            e.complete(Request(prompt=p2, mode="pld", max_tokens=4, slot="b"))
+    assert res.token_ids == ref.token_ids
+    assert [a.token_ids for a in res.alternatives] == [a.token_ids for a in ref.alternatives]

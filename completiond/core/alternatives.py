@@ -84,6 +84,7 @@ def decode_alternatives(engine: Engine, st: Decoding, proposers: list[Proposer]
     lookup = [p for p in proposers if isinstance(p, PromptLookup)]
     main_nodes: list[int] = []
     runner.compact([])  # nothing uncommitted after the prefill; from here every pass appends
+    saved = runner.pending()  # restored at each turn: another job's turn in between forgets them
     extra = 0
     try:
         while not st.out.done or any(not b.out.done for b in alts):
@@ -97,9 +98,10 @@ def decode_alternatives(engine: Engine, st: Decoding, proposers: list[Proposer]
                 if not st.out.done:
                     st.out.stopped_by = "deadline"
                 break
+            runner.restore_pending(*saved)
             ids: list[int] = []
             parents: list[int] = []
-            first = len(runner._pass_ids)
+            first = len(saved[0])
             trees: list[tuple[Branch | None, TokenTree, int]] = []
             if not st.out.done:
                 tree = engine._propose(st.token, proposers, req.max_tokens - len(st.out.ids), st.feature,
@@ -142,10 +144,19 @@ def decode_alternatives(engine: Engine, st: Decoding, proposers: list[Proposer]
             main_nodes = [renumber[i] for i in main_nodes]
             for b in alts:
                 b.nodes = [renumber[i] for i in b.nodes]
-    finally:
-        runner.compact(main_nodes)
-        runner.keep(range(len(main_nodes)))  # the cache now holds what a single completion leaves
+            saved = runner.pending()
+    except Cancelled:  # raised in this job's turn (a closed generator must not touch the runner)
+        _commit(runner, saved, main_nodes)
+        raise
+    _commit(runner, saved, main_nodes)
     return _distinct(st.out.text, alts)
+
+
+def _commit(runner, saved: tuple[list[int], list[int]], main_nodes: list[int]) -> None:
+    """Commit the main branch's verified nodes: the cache then holds what a single completion leaves."""
+    runner.restore_pending(*saved)
+    runner.compact(main_nodes)
+    runner.keep(range(len(main_nodes)))
 
 
 def _add(ids: list[int], parents: list[int], tree: TokenTree, tail: int, first: int) -> None:

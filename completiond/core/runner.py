@@ -238,6 +238,16 @@ class Runner:
         self.tokens.extend(self._pass_ids[i] for i in nodes)
         self._pass_ids, self._pass_parents = [], []
 
+    def pending(self) -> tuple[list[int], list[int]]:
+        """The uncommitted nodes since the last keep (ids, parents): `hold` forgets them, so a job that
+        keeps nodes uncommitted across its turns (alternatives.py) saves them and restores them."""
+        return list(self._pass_ids), list(self._pass_parents)
+
+    def restore_pending(self, ids: list[int], parents: list[int]) -> None:
+        """Undo `hold`'s forgetting: the K/V of these nodes is still in the held cache's slots after
+        `length` (another sequence's passes wrote into its own cache)."""
+        self._pass_ids, self._pass_parents = list(ids), list(parents)
+
     def compact(self, nodes: Sequence[int]) -> None:
         """Keep only these uncommitted nodes (ascending, each one's parent among them or -1), moved to
         the first uncommitted slots and renumbered in order; nothing is committed. Several branches
