@@ -533,3 +533,49 @@ def test_native_renderer_option(daemon_sock, workspace):
         wait_for(lambda: n.current.buffer[3] == PY[3] + text, timeout=20, what="accepted text")
     finally:
         quit_nvim(n)
+
+
+ITEMS = """
+local st = require('completiond.suggest').states[vim.api.nvim_get_current_buf()]
+return st and st.items or vim.NIL
+"""
+
+
+def test_alt_brackets_cycle_through_the_suggestions(daemon_sock, workspace):
+    """With suggestions = 3 the plugin asks for 3; <M-]> / <M-[> show the next / previous one, <Tab>
+    takes the one shown. The first shown is the greedy one (the daemon's n=1 text)."""
+    nvim = fresh_nvim()
+    try:
+        nvim.exec_lua(SETUP + "require('completiond').setup(vim.tbl_extend('force', require('completiond').config,"
+                      " { suggestions = 3 }))",
+                      str(PLUGIN_ROOT), sys.executable, str(daemon_sock), DEBOUNCE_MS, MAX_TOKENS)
+        cycle_through_suggestions(nvim, workspace)
+    finally:
+        quit_nvim(nvim)
+
+
+def cycle_through_suggestions(nvim, workspace) -> None:
+    for i, lines in enumerate(CANDIDATES):
+        s = insert_at_end(nvim, workspace / f"cycle{i}.py", lines)
+        items = nvim.exec_lua(ITEMS)
+        if items and len(items) >= 2:
+            break
+    else:
+        raise AssertionError("no candidate buffer got two suggestions from the tiny model")
+    assert len(set(items)) == len(items) <= 3
+    assert s["ghost"]["text"] == as_virtual_text(items[0])
+    shown = [s["ghost"]["text"]]
+    for _ in range(len(items)):
+        nvim.input("<M-]>")
+        want = as_virtual_text(items[len(shown) % len(items)])
+        shown.append(wait_for(lambda: (lambda t: t["ghost"] and t["ghost"]["text"] == want and t)(snap(nvim)),
+                              timeout=10, what=f"ghost {want!r}")["ghost"]["text"])
+    assert shown[-1] == shown[0]  # round the ring back to the greedy one
+    nvim.input("<M-[>")  # back to the last one
+    want = as_virtual_text(items[-1])
+    wait_for(lambda: (lambda t: t["ghost"] and t["ghost"]["text"] == want)(snap(nvim)), timeout=10,
+             what=f"ghost {want!r}")
+    nvim.input("<Tab>")
+    expect = inserted(lines, s["row"], s["col"], items[-1])
+    wait_for(lambda: snap(nvim)["lines"] == expect, timeout=20, what=f"buffer {expect!r}")
+

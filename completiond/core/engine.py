@@ -34,9 +34,10 @@ from .forward.runner import Cancelled, Runner, drain
 from .scheduler import Work
 from .slots import Slots
 from .speculation.tree import TokenTree, build_tree, truncate
-from .request import Request, Result  # part of this module's API (defined apart to keep it short)
+from .request import Alternative, Request, Result  # part of this module's API (defined apart to keep it short)
 from .prompt.typed import Detokenizer, Step, TypedThrough, typed_prompt  # Step: part of this module's API
 from .speculation.verify import accept, sample
+from .alternatives import decode_alternatives
 
 MODES = ("ar", "pld", "draft", "combined")
 
@@ -56,7 +57,9 @@ class Decoding:
     by_depth: list[int] = field(default_factory=list)  # accepted tokens at tree depth 1, 2, ...
     ms_first: float = 0.0
     reused: int = 0  # prompt tokens the cache already held
+    alternatives: list[Alternative] = field(default_factory=list)
     cancelled: bool = False
+    first_logits: torch.Tensor | None = None  # [vocab] after the prompt (heal applied): alternatives' first tokens
 
     def __post_init__(self) -> None:
         seed = self.req.seed
@@ -81,7 +84,7 @@ class Decoding:
                       mode=self.req.mode, target_passes=passes, mean_accepted=self.accepted / passes if passes else 0.0,
                       ms_first_token=self.ms_first, ms_total=self.elapsed_ms(), stopped_by=out.stopped_by,
                       cancelled=self.cancelled, prompt_tokens=len(self.req.prompt), reused_tokens=self.reused,
-                      accepted_by_depth=self.by_depth, served_tokens=served)
+                      accepted_by_depth=self.by_depth, served_tokens=served, alternatives=self.alternatives)
 
 
 class Engine:
@@ -272,11 +275,14 @@ class Engine:
         hit = (self.typed.lookup(req.prompt, req.heal)
                if req.sampling.greedy and req.typed_through and req.reuse_prefix else None)
         served = hit[0].tokens[hit[1]:] if hit else []
+        branched = req.n > 1 and not served  # served from memory: no first logits, no alternatives
         try:
             # a first step before any pass: the scheduler learns this request's size before its prefill
             # runs, so a long one can already give way inside its first chunk
             yield self._left(st, len(req.prompt) - st.reused)
             yield from self._prefill(st, served)
+            if branched and not st.out.done:
+                st.alternatives = yield from decode_alternatives(self, st, proposers)
             while not st.out.done:
                 yield self._left(st, 0)
                 _raise_if(req.cancel)
@@ -327,23 +333,35 @@ class Engine:
             allowed = torch.full_like(logits, float("-inf"))
             allowed[req.heal.allowed_ids()] = 0.0
             logits = logits + allowed
+        st.first_logits = logits
         st.emit([sample(logits, req.sampling, st.gen)], first=True)
 
     def _step(self, st: Decoding, proposers: list[Proposer]) -> None:
         """propose -> tree -> verify (one target pass) -> accept -> keep the path, emit its tokens."""
         tree = self._propose(st.token, proposers, st.req.max_tokens - len(st.out.ids), st.feature)
-        logits = self.runner.forward(tree.tokens, tree.parents, range(len(tree)))  # [nodes, vocab]
-        self.budget.observe_pass(len(tree), self.runner.last_pass_ms)
-        path, bonus = accept(tree, logits, st.req.sampling, st.gen)
-        st.feature = self.runner.last_hidden[path[-1]]  # the state the bonus token came from
-        self.runner.keep(path)
+        path, bonus = self._verify(st, tree, proposers)
+        st.emit([tree.tokens[i] for i in path[1:]] + [bonus])
+
+    def _verify(self, st: Decoding, tree: TokenTree, proposers: list[Proposer], logits: torch.Tensor | None = None,
+                at: int = 0) -> tuple[list[int], int]:
+        """Verify the main tree, accept a path and count it (`_step`). alternatives.py passes the logits
+        of a pass that held other branches too (the main tree's rows start at `at`); the path is then
+        left uncommitted, as that pass's other nodes are."""
+        own = logits is None
+        if own:
+            logits = self.runner.forward(tree.tokens, tree.parents, range(len(tree)))  # [nodes, vocab]
+            self.budget.observe_pass(len(tree), self.runner.last_pass_ms)
+        path, bonus = accept(tree, logits[at:at + len(tree)], st.req.sampling, st.gen)
+        st.feature = self.runner.last_hidden[at + path[-1]]  # the state the bonus token came from
+        if own:
+            self.runner.keep(path)
         self._observe(tree, path, proposers)
         st.passes += 1
         st.accepted += len(path) - 1
         st.by_depth.extend([0] * (len(path) - len(st.by_depth)))
         for d in range(1, len(path)):
             st.by_depth[d - 1] += 1
-        st.emit([tree.tokens[i] for i in path[1:]] + [bonus])
+        return path, bonus
 
     def _account(self, st: Decoding, served: int) -> None:
         self.stats["requests"] += 1
@@ -355,13 +373,13 @@ class Engine:
             self.stats["cancelled_ms"] += st.elapsed_ms()
 
     def _propose(self, root: int, proposers: list[Proposer], remaining: int,
-                 feature: torch.Tensor | None = None) -> TokenTree:
+                 feature: torch.Tensor | None = None, context: list[int] | None = None) -> TokenTree:
         """Candidates from every proposer that says it pays, merged into one tree and cut to the
         size that pays. Prompt lookup runs first: whether the draft pays depends on what it found."""
         max_len = min(self.max_candidate_len, remaining - 1)
         if max_len <= 0 or not proposers:
             return TokenTree.root_only(root)
-        context = self.runner.tokens + [root]
+        context = self.runner.tokens + [root] if context is None else context  # ends with root
         if self.heads is not None:
             self.heads.feature = feature
         pass_ms = self.budget.cost(1)

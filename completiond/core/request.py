@@ -27,6 +27,17 @@ class Request:
     # that repeats a prompt in every mode must compute it each time; the daemon turns it on.
     typed_through: bool = False
     slot: Hashable = None  # whose cached sequence to continue (the daemon: one per client document)
+    # suggestions in all (1..3): n - 1 alternatives beside the greedy one, decoded in the same passes
+    # (alternatives.py); greedy continuations of the first token's runners-up
+    n: int = 1
+
+
+@dataclass
+class Alternative:
+    """A suggestion beside the main one: the target's greedy continuation after another first token."""
+    text: str
+    token_ids: list[int]
+    stopped_by: str  # as Result's, or "alternatives_budget" when cut where the main one ended
 
 
 @dataclass
@@ -45,3 +56,4 @@ class Result:
     reused_tokens: int = 0
     accepted_by_depth: list[int] = field(default_factory=list)
     served_tokens: int = 0  # tokens served from an earlier completion's verified tokens: no pass for them
+    alternatives: list[Alternative] = field(default_factory=list)  # Request.n > 1: distinct texts, not `text`

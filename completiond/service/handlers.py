@@ -274,7 +274,7 @@ def build_completion(d: Daemon, plan: CompletionPlan) -> Built:
     from ..core.speculation.verify import Sampling
 
     p, text, offset, slot, tok = plan.params, plan.text, plan.offset, plan.slot, d.engine.target.tokenizer
-    common = dict(mode=plan.mode, max_tokens=p.max_tokens, seed=p.seed, sampling=Sampling(p.temperature, p.top_p, p.top_k),
+    common = dict(mode=plan.mode, max_tokens=p.max_tokens, seed=p.seed, n=p.n, sampling=Sampling(p.temperature, p.top_p, p.top_k),
                   deadline_ms=p.deadline_ms, reuse_prefix=p.reuse_prefix, typed_through=plan.greedy)
     if plan.typed is not None:  # the user typed on at the anchor's cursor: keep its prompt, add what was typed
         anchor, typed = plan.anchor, plan.typed
@@ -326,7 +326,15 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
 
     def result(res: Result, built: Built) -> dict:
         lane = "quick" if built.lane is not None and built.lane.slot != plan.slot else "full"
-        return {**P.Completion.of(res, text=clean(res.text, True)).to_wire(), "prompt_lane": lane}
+        out = P.Completion.of(res, text=clean(res.text, True)).to_wire()
+        seen = {out["text"]}
+        alternatives = []
+        for a in out["alternatives"]:  # cleaned like the main text; one that becomes a duplicate goes
+            a["text"] = clean(a["text"], True)
+            if a["text"] and a["text"] not in seen:
+                seen.add(a["text"])
+                alternatives.append(a)
+        return {**out, "alternatives": alternatives, "prompt_lane": lane}
 
     return Prepared(uri=plan.uri, mode=plan.mode, make=functools.partial(build_completion, d, plan),
                     partial="complete/partial", result=result, learned=learned, clean=clean, plan=plan)

@@ -198,6 +198,7 @@ def _short(value: Any) -> str:
 MODES = ("ar", "pld", "draft", "combined")
 ENCODINGS = ("utf-16", "utf-8", "utf-32")
 DEFAULT_MAX_TOKENS = 64
+MAX_SUGGESTIONS = 3  # complete's `n`: the greedy suggestion and up to two alternatives (core/alternatives.py)
 MAX_TOKENS = 2048  # complete
 MAX_REWRITE_TOKENS = 4096
 MAX_INSTRUCTION_CHARS = 4000
@@ -329,6 +330,8 @@ class Complete(Params):
     # False: never answer from the short prompt of a cold document (`completiond complete` through a
     # daemon: the text a local load gives)
     quick: bool = param(bool, True)
+    # suggestions in all: the greedy one (`text`) and up to n - 1 distinct `alternatives`, same passes
+    n: int = between(int, 1, 1, MAX_SUGGESTIONS)
 
 
 @dataclass(frozen=True)
@@ -390,6 +393,8 @@ class Completion:
     reused_tokens: int = 0
     served_tokens: int = 0  # typed-through: tokens served from an earlier completion, with no pass
     prompt_lane: str = "full"  # complete: "quick" when answered from the short prompt of a cold document
+    # complete with n > 1: [{text, token_ids, stopped_by}], distinct from `text` and each other, best first
+    alternatives: list = field(default_factory=list)
 
     @classmethod
     def of(cls, res: Any, text: str | None = None) -> Completion:
@@ -399,7 +404,9 @@ class Completion:
                    ms_first_token=round(res.ms_first_token, 2), ms_total=round(res.ms_total, 2),
                    cancelled=res.cancelled, stopped_by=res.stopped_by, mode=res.mode,
                    prompt_tokens=res.prompt_tokens, reused_tokens=res.reused_tokens,
-                   served_tokens=getattr(res, "served_tokens", 0))
+                   served_tokens=getattr(res, "served_tokens", 0),
+                   alternatives=[{"text": a.text, "token_ids": a.token_ids, "stopped_by": a.stopped_by}
+                                 for a in getattr(res, "alternatives", [])])
 
     @classmethod
     def superseded(cls, mode: str) -> Completion:

@@ -373,7 +373,7 @@ async def inline_completion(ls: CompletiondServer, params: types.InlineCompletio
 
         req = P.Complete(uri=uri, position=P.Position(pos.line, pos.character), version=version,
                          mode=ls.settings.mode, max_tokens=ls.settings.maxTokens,
-                         multiline=ls.settings.multiline).to_wire()
+                         multiline=ls.settings.multiline, n=ls.settings.suggestions).to_wire()
         try:
             res = await daemon_request(ls, "complete", req, "complete/partial", on_partial)
         except JsonRpcException as e:
@@ -391,8 +391,10 @@ async def inline_completion(ls: CompletiondServer, params: types.InlineCompletio
         ls.protocol.notify("completiond/status", ls.last_status)
         if res["cancelled"] or not res["text"]:
             return types.InlineCompletionList(items=[])
+        # the greedy suggestion first, then the alternatives (editors cycle through the items)
+        texts = [res["text"]] + [a["text"] for a in res.get("alternatives", [])]
         return types.InlineCompletionList(items=[types.InlineCompletionItem(
-            insert_text=res["text"], range=types.Range(start=pos, end=pos))])
+            insert_text=t, range=types.Range(start=pos, end=pos)) for t in texts])
     finally:
         if ls.inflight.get(uri) is me:
             del ls.inflight[uri]

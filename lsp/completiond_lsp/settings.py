@@ -52,6 +52,9 @@ class Settings:
     maxTokens: int = P.DEFAULT_MAX_TOKENS
     multiline: bool = True  # the daemon's default too (protocol.Complete)
     debounceMs: int = 75  # requests typed over within it are dropped unsent
+    # suggestions per request: 1 + up to 2 alternatives decoded in the same passes (several
+    # InlineCompletionItems, for editors that cycle through them); 1 for editors that show one
+    suggestions: int = 1
     socket: str | None = None  # None or "": the default socket
     autostart: bool = True
     streaming: bool = False
@@ -83,6 +86,6 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "mode": _mode, "maxTokens": _integer(1, P.MAX_TOKENS), "multiline": _boolean,
     "debounceMs": _integer(0, MAX_DEBOUNCE_MS), "socket": _text_or_null, "autostart": _boolean,
     "streaming": _boolean, "target": _text_or_null, "draft": _text_or_null, "dtype": _text_or_null,
-    "device": _text_or_null,
+    "device": _text_or_null, "suggestions": _integer(1, P.MAX_SUGGESTIONS),
 }
 NULLABLE = {"socket", "target", "draft", "dtype", "device"}

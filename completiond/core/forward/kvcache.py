@@ -75,12 +75,17 @@ class TreeKVCache:
 
     def keep(self, nodes: list[int]) -> None:
         """Commit the nodes of the last pass at these indices (ascending: a root-to-leaf path or chain)."""
+        self.move(nodes)
+        self.length += len(nodes)
+
+    def move(self, nodes: list[int]) -> None:
+        """Move the uncommitted slots at these indices (ascending) down to the first uncommitted slots,
+        in order, without committing them (alternatives.py keeps several branches uncommitted)."""
         a = len(nodes)
         if a and nodes != list(range(a)):
             src = torch.tensor(nodes, device=self.k[0].device) + self.length
             for buf in (*self.k, *self.v):
                 buf[:, :, self.length:self.length + a] = buf[:, :, src]
-        self.length += a
 
     def truncate(self, length: int) -> None:
         """Forget everything from slot `length` on (O(1): later passes overwrite it)."""

@@ -241,6 +241,28 @@ class Runner:
         self.tokens.extend(self._pass_ids[i] for i in nodes)
         self._pass_ids, self._pass_parents = [], []
 
+    def pending(self) -> tuple[list[int], list[int]]:
+        """The uncommitted nodes since the last keep (ids, parents): `hold` forgets them, so a job that
+        keeps nodes uncommitted across its turns (alternatives.py) saves them and restores them."""
+        return list(self._pass_ids), list(self._pass_parents)
+
+    def restore_pending(self, ids: list[int], parents: list[int]) -> None:
+        """Undo `hold`'s forgetting: the K/V of these nodes is still in the held cache's slots after
+        `length` (another sequence's passes wrote into its own cache)."""
+        self._pass_ids, self._pass_parents = list(ids), list(parents)
+
+    def compact(self, nodes: Sequence[int]) -> None:
+        """Keep only these uncommitted nodes (ascending, each one's parent among them or -1), moved to
+        the first uncommitted slots and renumbered in order; nothing is committed. Several branches
+        decoded side by side (alternatives.py) stay uncommitted and shed their rejected nodes here."""
+        nodes = list(nodes)
+        if nodes == list(range(len(self._pass_ids))):
+            return
+        new = {old: i for i, old in enumerate(nodes)}
+        self.cache.move(nodes)
+        self._pass_ids = [self._pass_ids[i] for i in nodes]
+        self._pass_parents = [new[self._pass_parents[i]] if self._pass_parents[i] >= 0 else -1 for i in nodes]
+
     def extend(self, seq: Sequence[int], chunk: int = CHUNK, check: Callable[[], None] | None = None,
                whole_chunks: bool = False) -> torch.Tensor:
         """Make the cache hold `seq` (prefix reuse); return float32 logits [vocab] after its last token.

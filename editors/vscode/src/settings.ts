@@ -25,6 +25,8 @@ export interface ServerSettings {
   draft: string | null;
   dtype: string | null;
   device: string | null;
+  /** Suggestions per request (1..3): VS Code cycles through them with its next/previous commands. */
+  suggestions: number;
   /** VS Code's inline completion API is not incremental: the server answers once per request. */
   streaming: false;
 }
@@ -44,6 +46,7 @@ export const DEFAULTS: Readonly<ServerSettings> = Object.freeze({
   draft: null,
   dtype: null,
   device: null,
+  suggestions: 1,
   streaming: false,
 });
 
@@ -61,6 +64,7 @@ export const LIVE_KEYS = [
   'draft',
   'dtype',
   'device',
+  'suggestions',
 ] as const;
 const DTYPES = ['auto', 'bfloat16', 'float16', 'float32'];
 const DEVICES = ['auto', 'cpu', 'cuda'];
@@ -99,6 +103,7 @@ export function readServerSettings(cfg: ConfigReader): ServerSettings {
     draft: strOrNull(cfg.get('draft')),
     dtype: strOrNull(cfg.get('dtype'), DTYPES),
     device: strOrNull(cfg.get('device'), DEVICES),
+    suggestions: intIn(cfg.get('suggestions'), DEFAULTS.suggestions, 1, 3),
     streaming: false,
   };
 }

@@ -23,7 +23,12 @@ M.defaults = {
     accept_word = '<M-Right>',
     accept_line = '<M-l>',
     dismiss = '<C-]>',
+    next = '<M-]>', -- cycle through the suggestions (the greedy one, then the alternatives)
+    prev = '<M-[>',
   },
+  -- Suggestions per request (1..3): the greedy one and up to two alternatives, decoded in the same
+  -- passes; <M-]> / <M-[> cycle through them. 3 costs about 1.1x the time of 1 (docs/alternatives.md).
+  suggestions = 1,
   -- Show the daemon's start-up (each phase, its seconds), a lost daemon and the model once ready
   -- in the message area; false: only require('completiond').statusline() and :CompletiondStatus.
   progress = true,
@@ -81,6 +86,8 @@ M.schema = {
   max_tokens = { function(v) return type(v) == 'number' and v >= 1 and v <= 2048 and v % 1 == 0 end,
                  'an integer from 1 to 2048' },
   multiline = { 'boolean' },
+  suggestions = { function(v) return type(v) == 'number' and v >= 1 and v <= 3 and v % 1 == 0 end,
+                  'an integer from 1 to 3' },
   streaming = { 'boolean' },
   socket = { 'string' },
   autostart = { 'boolean' },
@@ -91,7 +98,7 @@ M.schema = {
   init_options = { 'table' },
   next_edit = { 'table' },
 }
-M.key_names = { accept = true, accept_word = true, accept_line = true, dismiss = true }
+M.key_names = { accept = true, accept_word = true, accept_line = true, dismiss = true, next = true, prev = true }
 
 local function sorted_names(t)
   local names = vim.tbl_keys(t)
@@ -163,6 +170,7 @@ function M.init_options(cfg)
     mode = cfg.mode,
     maxTokens = cfg.max_tokens,
     multiline = cfg.multiline,
+    suggestions = cfg.renderer ~= 'native' and cfg.suggestions or 1,
     -- The plugin debounces keystrokes itself; a second debounce in the server would only add latency.
     debounceMs = 0,
     streaming = cfg.streaming and cfg.renderer ~= 'native',

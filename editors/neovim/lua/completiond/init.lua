@@ -101,6 +101,8 @@ end
 function M._key(fn)
   if fn == 'dismiss' then
     suggest.dismiss()
+  elseif fn == 'next' or fn == 'prev' then
+    suggest.cycle(fn == 'next' and 1 or -1)
   else
     suggest.accept(fn)
   end
@@ -122,6 +124,8 @@ local function set_keys(bufnr)
   map(bufnr, keys.accept_word, 'word')
   map(bufnr, keys.accept_line, 'line')
   map(bufnr, keys.dismiss, 'dismiss')
+  map(bufnr, keys.next, 'next')
+  map(bufnr, keys.prev, 'prev')
 end
 
 --- Tell the server where the cursor rests (`completiond/cursor`, debounced): LSP itself has no such
@@ -233,6 +237,11 @@ end
 
 function M.dismiss()
   return suggest.dismiss()
+end
+
+--- Show the next (1) or previous (-1) suggestion of the request. Returns false with fewer than two.
+function M.cycle(dir)
+  return suggest.cycle(dir or 1)
 end
 
 --- Turn automatic suggestions on or off (all buffers).

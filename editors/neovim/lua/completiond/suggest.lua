@@ -20,6 +20,8 @@ local HAS_011 = vim.fn.has('nvim-0.11') == 1
 ---@field req? {id?: integer, version: integer, line: integer, character: integer, done: boolean}
 ---@field typed string text typed or accepted since the request's position
 ---@field text? string the suggestion still to insert (what is shown), nil when nothing is shown
+---@field items? string[] the request's suggestions in full (greedy first), once it answered
+---@field index? integer which of items is shown
 ---@field row integer cursor row (0-based) the state is consistent with
 ---@field col integer cursor byte column
 ---@field tick integer changedtick the state is consistent with
@@ -79,7 +81,7 @@ end
 --- Forget the request (cancelling it in the server if it still runs) and the shown text.
 local function drop(st)
   local req = st.req
-  st.req, st.text, st.typed = nil, nil, ''
+  st.req, st.text, st.typed, st.items, st.index = nil, nil, '', nil, nil
   if req and req.id and not req.done then
     local client = vim.lsp.get_client_by_id(st.client_id)
     if client then
@@ -133,13 +135,19 @@ local function send(st)
     if st.req ~= req or err or not result then
       return
     end
-    local item = (result.items or result)[1]
-    local text = item and item.insertText
-    if type(text) == 'table' then
-      text = text.value -- a snippet string; completiond sends plain text
+    local items = {}
+    for _, item in ipairs(result.items or result) do
+      local text = item.insertText
+      if type(text) == 'table' then
+        text = text.value -- a snippet string; completiond sends plain text
+      end
+      if type(text) == 'string' then
+        items[#items + 1] = text
+      end
     end
-    if type(text) == 'string' then
-      on_text(st, text)
+    if #items > 0 then
+      st.items, st.index = items, 1
+      on_text(st, items[1])
     end
   end, st.bufnr)
   if ok then
@@ -316,6 +324,27 @@ function M.accept(what)
     end
   end
   return true
+end
+
+--- Show the next (dir 1) or previous (-1) of the request's suggestions that still fits what was
+--- typed or accepted since it was asked for. Returns false when there is none to switch to.
+function M.cycle(dir)
+  local bufnr = api.nvim_get_current_buf()
+  local st = M.states[bufnr]
+  if not st or not st.items or #st.items < 2 or not M.visible(bufnr) then
+    return false
+  end
+  local n = #st.items
+  for step = 1, n - 1 do
+    local i = (st.index - 1 + dir * step) % n + 1
+    local full = st.items[i]
+    if full:sub(1, #st.typed) == st.typed and #full > #st.typed then
+      st.index, st.text = i, full:sub(#st.typed + 1)
+      render(st)
+      return true
+    end
+  end
+  return false
 end
 
 function M.dismiss()

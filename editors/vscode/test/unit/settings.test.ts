@@ -27,6 +27,7 @@ test('defaults when nothing is set', () => {
     draft: null,
     dtype: null,
     device: null,
+    suggestions: 1,
     streaming: false,
   });
   assert.deepEqual(readServerSettings(reader({})), { ...DEFAULTS });
@@ -45,6 +46,7 @@ test('settings map to initializationOptions with the contract key names', () => 
       draft: 'none',
       dtype: 'float32',
       device: 'cpu',
+      suggestions: 2,
       serverPath: '/x/completiond-lsp',
     }),
   );
@@ -59,6 +61,7 @@ test('settings map to initializationOptions with the contract key names', () => 
     draft: 'none',
     dtype: 'float32',
     device: 'cpu',
+    suggestions: 2,
     streaming: false,
   });
   // the contract's keys, plus the optional daemon model keys; nothing else (no serverPath)
@@ -73,6 +76,7 @@ test('settings map to initializationOptions with the contract key names', () => 
     'multiline',
     'socket',
     'streaming',
+    'suggestions',
     'target',
   ]);
 });
