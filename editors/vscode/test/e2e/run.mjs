@@ -273,7 +273,7 @@ async function checkLiveSettings(page) {
     const msgs = readFileSync(fakeLog, 'utf8').trim().split('\n').map((l) => JSON.parse(l));
     const init = msgs.find((m) => m.method === 'initialize');
     const keys = Object.keys(init?.params?.initializationOptions ?? {}).sort().join(',');
-    if (keys !== 'autostart,debounceMs,device,draft,dtype,maxTokens,mode,multiline,socket,streaming,target') {
+    if (keys !== 'autostart,debounceMs,device,draft,dtype,maxTokens,mode,multiline,socket,streaming,suggestions,target') {
       throw new StageError(`initializationOptions keys: ${keys}`);
     }
     const change = msgs.filter((m) => m.method === 'workspace/didChangeConfiguration').pop();
