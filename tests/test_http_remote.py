@@ -93,6 +93,18 @@ def failing_server(mode: str) -> ThreadingHTTPServer:
     return srv
 
 
+def failing_target(failure: str) -> tuple[str, str, ThreadingHTTPServer | None]:
+    """(URL, words the error must carry, server or None) for a remote target that is "down" (a port
+    nobody listens on), answers "500", or is "silent"."""
+    if failure == "down":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return f"http://127.0.0.1:{s.getsockname()[1]}/v1", "is down (connection refused)", None
+    srv = failing_server("500" if failure == "500" else "hang")
+    words = "answered 500: CUDA out of memory" if failure == "500" else "did not answer within 2 s"
+    return f"http://127.0.0.1:{srv.server_port}/v1", words, srv
+
+
 async def test_server_down_500_and_silent_are_errors_not_hangs(tmp_path, tiny_dir):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

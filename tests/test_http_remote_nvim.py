@@ -18,7 +18,7 @@ from completiond.service.client import Client
 from daemon_util import start_daemon, stop_daemon
 from nvim_util import PLUGIN_ROOT, wait_for
 from test_http import free_port
-from test_http_remote import failing_server
+from test_http_remote import failing_target
 from test_neovim import (  # noqa: F401  (a fixture and the shared tests)
     test_accept_line_inserts_up_to_the_line_break,
     test_accept_word_inserts_the_first_word,
@@ -101,17 +101,7 @@ vim.notify = function(msg, level) table.insert(_G.completiond_notes, { msg = msg
 
 @pytest.mark.parametrize("failure", ["down", "500", "silent"])
 def test_a_failing_server_is_shown_and_typing_goes_on(tmp_path, tiny_dir, workspace, failure):  # noqa: F811
-    import socket
-
-    srv = None
-    if failure == "down":
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            url, words = f"http://127.0.0.1:{s.getsockname()[1]}/v1", "is down (connection refused)"
-    else:
-        srv = failing_server("500" if failure == "500" else "hang")
-        url = f"http://127.0.0.1:{srv.server_port}/v1"
-        words = "answered 500: CUDA out of memory" if failure == "500" else "did not answer within 2 s"
+    url, words, srv = failing_target(failure)
     proc = start_daemon(tmp_path / "d.sock", tiny_dir, "--target", f"openai:{url}#{tiny_dir}", "--remote-timeout", "2")
     n = pynvim.attach("child", argv=[tn.NVIM, "--embed", "--headless", "--clean", "-n"])
     try:

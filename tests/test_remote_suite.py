@@ -22,7 +22,7 @@ import test_lsp as tl
 from completiond.service.client import Client
 from daemon_util import start_daemon, stop_daemon
 from test_http import free_port
-from test_http_remote import failing_server
+from test_http_remote import failing_target
 
 # The shared tests (each runs as written, against the remote-target daemon below).
 from test_daemon import (  # noqa: F401
@@ -99,17 +99,7 @@ async def test_lsp_shows_a_failing_server_and_recovers(tmp_path, tiny_dir, serve
     """A laptop daemon whose server fails: the editor's request fails at once with the reason, the
     status says so, and once the target answers again (a daemon restarted on a good server, as the
     user would after fixing the URL) the same LSP session serves and is "ready"."""
-    import socket
-
-    srv = None
-    if failure == "down":
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            url, words = f"http://127.0.0.1:{s.getsockname()[1]}/v1", "is down (connection refused)"
-    else:
-        srv = failing_server("500" if failure == "500" else "hang")
-        url = f"http://127.0.0.1:{srv.server_port}/v1"
-        words = "answered 500: CUDA out of memory" if failure == "500" else "did not answer within 2 s"
+    url, words, srv = failing_target(failure)
     sock = tmp_path / "bad.sock"
     proc = start_daemon(sock, tiny_dir, "--target", f"openai:{url}#{tiny_dir}", "--remote-timeout", "2")
     client, _ = await tl.start_lsp(tl.options(sock))
