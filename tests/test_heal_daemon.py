@@ -8,7 +8,9 @@ more than the same pass in a calibration loop (its ~1.5 ms are mostly Python, sh
 loop's thread). So the fresh calibration is taken the way the daemon prices real passes: a second
 daemon, started from a fresh calibration of this machine, serves the same completions alternately
 with the one started from the wrong table (one request each, in turn: both see the same load), and
-the wrong one's estimates must come within 1.3x of the right one's. Both run on one thread."""
+the wrong one's estimates must come within 1.3x of the span of the right one's and the calibration
+loop's (each alone is noisy: 1.13-1.8 ms for the same pass in one CI run), and nearer them than the
+wrong start. Both run on one thread."""
 
 import asyncio
 import time
@@ -107,7 +109,13 @@ async def test_a_wrong_cached_table_heals_in_a_real_daemon(case, reference, tiny
     assert len(used) >= 3, report
     for n, e in used.items():
         assert e["source"] == "observed", (n, report)
-        assert right[n]["ms"] / TOL <= e["ms"] <= right[n]["ms"] * TOL, (case, n, report)
+        # two honest prices of the same pass (the right-started daemon's and a calibration loop's)
+        # differ by up to 1.6x on a busy CI machine; the healed one must lie within 1.3x of their span
+        honest = [right[n]["ms"]] + ([fresh[int(n)]] if fresh.get(int(n)) else [])
+        assert min(honest) / TOL <= e["ms"] <= max(honest) * TOL, (case, n, report)
+        start = fresh.get(int(n), right[n]["ms"]) * factor(int(n))
+        if factor(int(n)) != 1.0:  # and nearer the honest prices than where it started
+            assert abs(e["ms"] - right[n]["ms"]) < abs(start - right[n]["ms"]), (case, n, start, report)
     # trees above 2 nodes chosen by the controller (not probes) in the second half of the run
     chosen = {n: e["passes"] - e["probes"] - (half.get(n, {}).get("passes", 0) - half.get(n, {}).get("probes", 0))
               for n, e in wrong.items()}
