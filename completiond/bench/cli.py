@@ -100,6 +100,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
                 plot(runs[t], Path(a.plot).with_name(f"{Path(a.plot).stem}-{t.replace('/', '_')}.png"))
         summary = side_by_side(runs, label)
         text = "\n\n".join([table(r) for r in runs.values()] + [side_table(summary)])
+        if (verdict := record_default(runs)) is not None:
+            summary["default_target"] = verdict
+            text += f"\n{verdict['target']} is now this CPU's default: {verdict['why']}"
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(summary, indent=2) + "\n")
@@ -191,6 +194,25 @@ def side_by_side(runs: dict[str, dict], label: str) -> dict:
                              for m, row in r["modes"].items()}}
     return {"repo": label, "machine": first["machine"], "date": first["date"], "command": first["command"],
             "positions": first["positions"], "targets": list(runs), "side_by_side": side, "by_target": runs}
+
+
+def record_default(runs: dict[str, dict]) -> dict | None:
+    """A CPU run of both Qwen targets with `combined` and `ar` on enough positions decides which one
+    `--target default` means on this CPU (models.catalog.cpu_default): kept in the cache."""
+    from ..models.catalog import MEASURED_PAIR, MIN_POSITIONS, cpu_default, record_choice
+    from ..models.device import cpu_key
+
+    larger, smaller = (runs.get(t) for t in MEASURED_PAIR)
+    if (larger is None or smaller is None or {larger["device"], smaller["device"]} != {"cpu"}
+            or "combined" not in larger["modes"] or "ar" not in smaller["modes"]
+            or min(larger["positions"], smaller["positions"]) < MIN_POSITIONS):
+        return None
+    record_choice(cpu_key(), {"larger_combined_p50_ms": larger["modes"]["combined"]["p50_ms"],
+                              "smaller_ar_p50_ms": smaller["modes"]["ar"]["p50_ms"],
+                              "positions": larger["positions"], "repo": larger["repo"], "date": larger["date"],
+                              "command": larger["command"]})
+    target, why = cpu_default(cpu_key())
+    return {"target": target, "why": why}
 
 
 def side_table(summary: dict) -> str:

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from . import integrity, runtime
-from .catalog import GEMMA_270M, NAMED, ModelError, assemble, default_models, file_lock, installed
-from .device import cpu_has_fast_bf16, pick_bulk_dtype, pick_device, pick_dtype  # noqa: F401 (re-exported)
+from .catalog import GEMMA_270M, NAMED, ModelError, assemble, cpu_default, default_models, file_lock, installed
+from .device import cpu_has_fast_bf16, cpu_key, pick_bulk_dtype, pick_device, pick_dtype  # noqa: F401 (re-exported)
 from .quant import pick_quant  # noqa: F401 (re-exported)
 from ..paths import cache_root  # torch-free, shared with the LSP
 
@@ -255,7 +255,7 @@ def resolve(spec: str, role: str = "target", device: str = "cpu") -> tuple[Path 
     (converted by `load` when needed); anything else is a directory or an HF id (from_pretrained).
     """
     if spec == "default" and role == "target":
-        spec = default_models(device)[0]
+        spec = default_target(device)[0]
         if NAMED[spec] is not None and not installed(NAMED[spec]):  # e.g. CUDA without the [coder] extra
             fallback = default_models("cpu")[0]
             print(f"completiond: the {device} default {spec} is not installed ({NAMED[spec].install_hint}); "
@@ -289,6 +289,14 @@ def resolve(spec: str, role: str = "target", device: str = "cpu") -> tuple[Path 
     return spec, spec, None  # an HF id: from_pretrained honours HF_HUB_OFFLINE and the local hub cache
 
 
+def default_target(device: str) -> tuple[str, str]:
+    """(named target, why) that `--target default` means on this device type: by device, and on a
+    CPU by this CPU's side-by-side measurement (catalog.cpu_default)."""
+    if device == "cpu":
+        return cpu_default(cpu_key())
+    return default_models(device)[0], f"the {device} default"
+
+
 def _check_hub_reachable(repo_id: str) -> None:
     """Fail in seconds, in one line, when an HF id is neither cached nor downloadable (no network:
     the hub client would retry for half a minute with pages of resolver noise)."""
@@ -317,6 +325,19 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
     dt = pick_dtype(dtype, dev)
     scheme = pick_quant(quant, dev, dt, dtype_asked=dtype != "auto")
     where, name, gguf = resolve(spec, role, dev.type)
+    why = None
+    if spec == "default" and role == "target":
+        chosen, why = default_target(dev.type)
+        if name != chosen:  # resolve fell back (above)
+            why = f"{chosen} is the {dev.type} default but is not installed"
+    loaded = _load(where, name, gguf, role, spec, dev, dt, scheme)
+    if why is not None:
+        loaded.meta["default_reason"] = why  # status and --json say why this target is the default
+    return loaded
+
+
+def _load(where: Path | str, name: str, gguf: Path | None, role: str, spec: str, dev: torch.device, dt: torch.dtype,
+          scheme: str) -> LoadedModel:
     if gguf is not None:  # the runtime form: mapped, already quantized (no float copy, no from_pretrained)
         model, tokenizer = open_runtime(where, gguf, dt, scheme)
         model.to(dev)

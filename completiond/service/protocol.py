@@ -368,7 +368,9 @@ def model_info(target: Any, draft: Any) -> dict:
             "dtype": str(target.dtype).replace("torch.", ""), "quant": target.meta.get("quant", "none"),
             "prefill_dtype": prefill_dtype(target),
             # who runs int8 decode passes on CPU: "completiond-avx2" (models/kernels/int8_mm.c) or "torch"; None unquantized
-            "int8_kernel": target.meta.get("int8_kernel")}
+            "int8_kernel": target.meta.get("int8_kernel"),
+            # why `--target default` means this target here (None when a target was named)
+            "default_reason": target.meta.get("default_reason")}
 
 
 def prefill_dtype(target: Any) -> str:

@@ -1,0 +1,66 @@
+"""Which target `--target default` means on a CPU (issue 37 item 3): the 0.5B, unless this CPU's
+side-by-side bench measured the 1.5B's `combined` p50 within 1.25x of the 0.5B's `ar` p50 and the
+1.5B is installed. The verdict is kept per CPU in the cache and said in status and --json."""
+
+import pytest
+
+from completiond.bench.cli import record_default
+from completiond.models import catalog, default_target
+from completiond.models.device import cpu_key
+
+LARGER, SMALLER = catalog.MEASURED_PAIR
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def run(target: str, mode: str, p50: float, positions: int = 40, device: str = "cpu") -> dict:
+    return {"target": target, "device": device, "positions": positions, "repo": "toolz", "date": "2026-12-03",
+            "command": "completiond bench --targets ...", "modes": {mode: {"p50_ms": p50}, "pld": {"p50_ms": 1.0}}}
+
+
+def test_without_a_measurement_the_cpu_default_is_the_smaller_target():
+    target, why = default_target("cpu")
+    assert target == SMALLER and "no side-by-side measurement" in why and "--targets" in why
+
+
+@pytest.mark.parametrize("larger_ms, installed, expected", [
+    (240.0, True, LARGER),      # 1.20x: within 1.25x
+    (250.0, True, LARGER),      # 1.25x: the bound itself
+    (260.0, True, SMALLER),     # 1.30x
+    (240.0, False, SMALLER),    # fast enough, but not installed
+])
+def test_a_bench_verdict_decides_the_cpu_default(larger_ms, installed, expected, monkeypatch):
+    monkeypatch.setattr(catalog, "installed", lambda m: installed)
+    verdict = record_default({LARGER: run(LARGER, "combined", larger_ms), SMALLER: run(SMALLER, "ar", 200.0)})
+    assert verdict is not None and verdict["target"] == expected
+    target, why = default_target("cpu")
+    assert (target, why) == (verdict["target"], verdict["why"])
+    assert f"{larger_ms / 200.0:.2f}x" in why and "40 positions of toolz" in why
+    if not installed:
+        assert "not installed" in why and "pip install" in why
+    assert catalog.choice_path(cpu_key()).exists()
+    assert default_target("cuda")[0] == LARGER  # a GPU's default does not follow a CPU's measurement
+
+
+@pytest.mark.parametrize("runs", [
+    {LARGER: run(LARGER, "combined", 100.0, positions=8), SMALLER: run(SMALLER, "ar", 200.0, positions=8)},
+    {LARGER: run(LARGER, "combined", 100.0, device="cuda"), SMALLER: run(SMALLER, "ar", 200.0, device="cuda")},
+    {LARGER: run(LARGER, "pld", 100.0), SMALLER: run(SMALLER, "ar", 200.0)},   # no `combined` of the larger
+    {LARGER: run(LARGER, "combined", 100.0), "gemma3-270m": run("gemma3-270m", "ar", 200.0)},
+])
+def test_runs_that_do_not_measure_the_pair_decide_nothing(runs):
+    assert record_default(runs) is None
+    assert not catalog.choice_path(cpu_key()).exists()
+    assert default_target("cpu")[0] == SMALLER
+
+
+def test_a_damaged_record_is_no_measurement(cache):
+    path = catalog.choice_path(cpu_key())
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    target, why = default_target("cpu")
+    assert target == SMALLER and "no side-by-side measurement" in why
