@@ -10,9 +10,13 @@ reaches the quiet table.
    re-measure would otherwise replace it when the machine is quiet, and this measures the estimator)
    and serves --completions completions at positions sampled from a repository; its `status`
    table is read every --every completions.
-4. Per size the daemon ran at least --min-passes times: its estimate over the quiet table (the
-   nearer of before/after when the estimate lies outside both), and whether trees above 2 nodes were
-   chosen (passes minus probes) after the last checkpoint.
+   A second daemon, started from the quiet table (before), serves the same completions alternately
+   (one request each, in turn, so both see the same load): what a real pass costs in a daemon right
+   now, which a calibration loop underprices (no prompt context, logits, the step's Python).
+4. Per size the daemon ran at least --min-passes times: its estimate over the span of the honest
+   prices (the quiet tables before and after, and the reference daemon's estimate of that size;
+   1.0 inside the span, else over the nearer end), and whether trees above 2 nodes were chosen
+   (passes minus probes) after the last checkpoint.
 
     python benchmarks/heal.py --target qwen2.5-coder-0.5b --completions 100 \\
         --json benchmarks/results/heal-qwen2.5-coder-0.5b.json
@@ -52,7 +56,7 @@ def temp_cache(real: Path, tmp: Path) -> Path:
     but no pass-cost table."""
     cache = tmp / "cache"
     (cache / "calibration").mkdir(parents=True)
-    for name in ("models", "gguf", "kernels"):
+    for name in ("runtime", "models", "gguf", "kernels", "prompt-tables"):
         if (real / name).exists():
             (cache / name).symlink_to(real / name)
     for f in (real / "calibration").glob("*-*.json"):  # bf16-..., int8-kernel-...: not pass costs
@@ -74,44 +78,84 @@ async def status(sock: Path) -> dict:
         await c.close()
 
 
-async def run(sock: Path, positions, completions: int, every: int, max_tokens: int) -> tuple[list[dict], list[float]]:
+async def run(socks: list[Path], positions, completions: int, every: int, max_tokens: int
+              ) -> tuple[list[list[dict]], list[float]]:
+    """completions on each daemon, one request each in turn; per daemon its table every `every`
+    completions; the first daemon's completion times."""
     from completiond.service.client import Client
 
-    c = await Client.connect(sock)
-    await c.request("initialize", {"client": "heal-bench", "protocol": 1})
-    checkpoints = [{"completions": 0, "loadavg": B.loadavg(), "table": (await c.request("status", {}))["pass_costs"]}]
+    clients = [await Client.connect(s) for s in socks]
+    for c in clients:
+        await c.request("initialize", {"client": "heal-bench", "protocol": 1})
+
+    async def checkpoint(k: int) -> list[dict]:
+        return [{"completions": k, "loadavg": B.loadavg(), "table": (await c.request("status", {}))["pass_costs"]}
+                for c in clients]
+
+    checkpoints = [[cp] for cp in await checkpoint(0)]
     ms = []
     for k in range(completions):
         pos = positions[k % len(positions)]
         doc, _ = pos.document(read_text_file(pos.file) or "")
         uri = f"file:///heal/{k % len(positions)}/{pos.file.name}"
-        await c.request("document/open", {"uri": uri, "text": doc, "version": k, "language_id": "python"})
-        t0 = time.perf_counter()
-        await c.request("complete", {"uri": uri, "position": {"line": pos.line, "character": pos.col},
-                                     "max_tokens": max_tokens})
-        ms.append((time.perf_counter() - t0) * 1000)
-        await c.request("document/close", {"uri": uri})
+        for i, c in enumerate(clients):
+            await c.request("document/open", {"uri": uri, "text": doc, "version": k, "language_id": "python"})
+            t0 = time.perf_counter()
+            await c.request("complete", {"uri": uri, "position": {"line": pos.line, "character": pos.col},
+                                         "max_tokens": max_tokens})
+            if i == 0:
+                ms.append((time.perf_counter() - t0) * 1000)
+            await c.request("document/close", {"uri": uri})
         if (k + 1) % every == 0 or k + 1 == completions:
-            checkpoints.append({"completions": k + 1, "loadavg": B.loadavg(),
-                                "table": (await c.request("status", {}))["pass_costs"]})
+            for per, cp in zip(checkpoints, await checkpoint(k + 1)):
+                per.append(cp)
             print(f"{k + 1} completions: " + ", ".join(
-                f"{n}: {e['ms']} ({e['source']}, {e['passes']})" for n, e in checkpoints[-1]["table"]["sizes"].items()),
+                f"{n}: {e['ms']} ({e['source']}, {e['passes']})" for n, e in checkpoints[0][-1]["table"]["sizes"].items()),
                 file=sys.stderr, flush=True)
-    await c.close()
+    for c in clients:
+        await c.close()
     return checkpoints, ms
 
 
-def ratios(table: dict, before: dict[int, float], after: dict[int, float], min_passes: int) -> dict[str, float]:
-    """Per size the daemon ran at least min_passes times: its estimate over the quiet table (1.0 when
-    it lies between the before and after calibrations, else over the nearer one)."""
+def ratios(table: dict, before: dict[int, float], after: dict[int, float], min_passes: int,
+           reference: dict | None = None) -> dict[str, float]:
+    """Per size the daemon ran at least min_passes times: its estimate over the span of the honest
+    prices (the quiet tables, and the reference daemon's estimate where it ran that size as often):
+    1.0 inside the span, else over the nearer end."""
     out = {}
     for n, e in table["sizes"].items():
         if e["passes"] < min_passes:
             continue
         refs = [B._interpolate(sorted(t.items()), int(n)) for t in (before, after)]
+        r = (reference or {}).get("sizes", {}).get(n)
+        if r and r["passes"] >= min_passes:
+            refs.append(r["ms"])
         lo, hi = min(refs), max(refs)
         out[n] = round(e["ms"] / hi if e["ms"] > hi else e["ms"] / lo if e["ms"] < lo else 1.0, 3)
     return out
+
+
+def start_daemon(cache: Path, target: str, draft: str, tmp: Path, name: str) -> tuple[subprocess.Popen, Path]:
+    sock = tmp / f"{name}.sock"
+    env = {**os.environ, "COMPLETIOND_CACHE": str(cache), "COMPLETIOND_RECALIBRATE": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "completiond", "serve", "--socket", str(sock), "--target", target,
+                             "--draft", draft, "--log-level", "WARNING"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(tmp / f"{name}.log", "wb"))
+    return proc, sock
+
+
+def wait_ready(proc: subprocess.Popen, sock: Path, log: Path) -> dict:
+    deadline = time.time() + 900
+    while True:
+        if proc.poll() is not None or time.time() > deadline:
+            raise SystemExit(f"the daemon did not start: {log.read_text()[-2000:]}")
+        try:
+            st = asyncio.run(status(sock))
+            if st["state"] == "ready":
+                return st
+        except (OSError, ConnectionError):
+            pass
+        time.sleep(0.5)
 
 
 def main() -> int:
@@ -154,35 +198,29 @@ def main() -> int:
             p.wait()
     B.save_costs(path, loaded, loaded_meta)
     print(f"quiet {quiet_before}\nloaded {loaded} (others busy {loaded_meta['others_busy']})", file=sys.stderr)
+    ref_cache = temp_cache(real_cache, tmp / "reference")
+    B.save_costs(ref_cache / "calibration" / path.name, quiet_before,
+                 {"measured_at": time.time(), "loadavg": B.loadavg(), "others_busy": 0.0})
 
     root, label = resolve_repo(a.repo)
     positions = sample_positions(root, min(a.completions, 50), "both", seed=0)
-    sock = tmp / "d.sock"
-    env = {**os.environ, "COMPLETIOND_CACHE": str(cache), "COMPLETIOND_RECALIBRATE": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "completiond", "serve", "--socket", str(sock), "--target", a.target,
-                             "--draft", a.draft, "--log-level", "WARNING"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=open(tmp / "daemon.log", "wb"))
+    procs = []
     try:
-        deadline = time.time() + 900
-        while True:
-            if proc.poll() is not None or time.time() > deadline:
-                raise SystemExit(f"the daemon did not start: {(tmp / 'daemon.log').read_text()[-2000:]}")
-            try:
-                st = asyncio.run(status(sock))
-                if st["state"] == "ready":
-                    break
-            except (OSError, ConnectionError):
-                pass
-            time.sleep(0.5)
-        checkpoints, ms = asyncio.run(run(sock, positions, a.completions, a.every, a.max_tokens))
+        for name, c in (("healed", cache), ("reference", ref_cache)):
+            procs.append(start_daemon(c, a.target, a.draft, tmp, name))
+        st = [wait_ready(p, sock, tmp / f"{name}.log") for (p, sock), name in zip(procs, ("healed", "reference"))][0]
+        per_daemon, ms = asyncio.run(run([sock for _, sock in procs], positions, a.completions, a.every, a.max_tokens))
+        checkpoints, ref_checkpoints = per_daemon
         info = {k: st.get(k) for k in ("target", "draft", "device", "dtype", "quant", "backend")}
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        for p, _ in procs:
+            p.terminate()
+            p.wait(timeout=60)
     quiet_after = calibrate(engine, a.rounds)
 
     first, last = checkpoints[0]["table"], checkpoints[-1]["table"]
-    end_ratios = ratios(last, quiet_before, quiet_after, a.min_passes)
+    ref_last = ref_checkpoints[-1]["table"]
+    end_ratios = ratios(last, quiet_before, quiet_after, a.min_passes, ref_last)
     prev = checkpoints[-2]["table"]["sizes"] if len(checkpoints) > 1 else {}
     chosen_last = {n: (e["passes"] - e["probes"]) - (prev.get(n, {}).get("passes", 0) - prev.get(n, {}).get("probes", 0))
                    for n, e in last["sizes"].items()}
@@ -198,10 +236,15 @@ def main() -> int:
                          "ms": {n: e["ms"] for n, e in c["table"]["sizes"].items()},
                          "passes": {n: e["passes"] for n, e in c["table"]["sizes"].items()},
                          "probes": {n: e["probes"] for n, e in c["table"]["sizes"].items()},
-                         "ratio_vs_quiet": ratios(c["table"], quiet_before, quiet_after, a.min_passes)}
-                        for c in checkpoints],
+                         "ratio_vs_honest": ratios(c["table"], quiet_before, quiet_after, a.min_passes, r["table"])}
+                        for c, r in zip(checkpoints, ref_checkpoints)],
+        "reference_checkpoints": [{"completions": r["completions"],
+                                   "ms": {n: e["ms"] for n, e in r["table"]["sizes"].items()},
+                                   "passes": {n: e["passes"] for n, e in r["table"]["sizes"].items()}}
+                                  for r in ref_checkpoints],
         "end_table": last,
-        "end_ratio_vs_quiet": end_ratios,
+        "reference_end_table": ref_last,
+        "end_ratio_vs_honest": end_ratios,
         "max_end_ratio": max((max(r, 1 / r) for r in end_ratios.values()), default=None),
         "within_1_3x": all(1 / 1.3 <= r <= 1.3 for r in end_ratios.values()),
         "chosen_above_2_since_last_checkpoint": sum(v for n, v in chosen_last.items() if int(n) > 2),
@@ -211,7 +254,7 @@ def main() -> int:
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(text + "\n")
-    print(json.dumps({k: result[k] for k in ("loaded_table", "quiet_before", "quiet_after", "end_ratio_vs_quiet",
+    print(json.dumps({k: result[k] for k in ("loaded_table", "quiet_before", "quiet_after", "end_ratio_vs_honest",
                                              "max_end_ratio", "within_1_3x", "chosen_above_2_since_last_checkpoint")},
                      indent=1))
     shutil.rmtree(tmp, ignore_errors=True)
