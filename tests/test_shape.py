@@ -1,5 +1,6 @@
 """The shape of the code, checked from the sources (no imports run): the import graph between
-files has no circle and runs one way down the layers, and no two classes share a name.
+files has no circle and runs one way down the layers, no two classes share a name, and no pass
+takes its context from attributes set on shared objects (a PassContext argument instead).
 
 Layers, top to bottom (a file may import files of its own layer and of lower layers only):
 
