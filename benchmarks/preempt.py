@@ -53,14 +53,20 @@ tree = ids[100:116]; parents = [-1] + [i // 2 for i in range(15)]
 r.forward(tree, parents, range(16))
 full16 = min(timed(lambda: r.forward(tree, parents, range(16))) for _ in range(3))
 out["verify16_ms"] = round(full16, 1)
+try:  # the cancel as an argument of the pass; older versions read an attribute of the runner
+    from completiond.core.forward.context import PassContext
+except ImportError:
+    PassContext = None
 def verify_loop(ev):
     def check():
         if ev.is_set(): raise Cancelled()
-    r.check = check  # the new runner checks between layers; the old one ignores the attribute
+    kw = {"ctx": PassContext(ev)} if PassContext else {}
+    if PassContext is None:
+        r.check = check  # the runner of issue 15 checks between layers; the one before ignores it
     try:
         while True:
             check()
-            r.forward(tree, parents, range(16))
+            r.forward(tree, parents, range(16), **kw)
     finally:
         r.check = None
 out["verify16_delays_ms"] = run_cancel(verify_loop, full16 * 2, 10)

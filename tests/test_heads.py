@@ -26,8 +26,8 @@ def test_each_step_reads_the_hidden_state_its_root_came_from(target, code_ids):
     seen = []
     propose = e.heads.propose
 
-    def spy(context, limits):
-        out = propose(context, limits)
+    def spy(context, limits, ctx):
+        out = propose(context, limits, ctx)
         seen.append((context[-1], out[0].tokens[0]))
         return out
 

@@ -10,7 +10,8 @@ import torch
 import tiny
 from completiond.core.engine import Engine, Request
 from completiond.models import self_draft
-from completiond.core.forward.runner import CHUNK, Cancelled, Runner
+from completiond.core.forward.context import Cancelled, PassContext
+from completiond.core.forward.runner import CHUNK, Runner
 from completiond.core.scheduler import Scheduler
 from completiond.core.prompt.stops import StopRules
 from completiond.core.speculation.verify import Sampling
@@ -33,8 +34,15 @@ class Gate(threading.Event):
         return super().is_set()
 
 
-def _raise():
-    raise Cancelled()
+class CancelWhen(threading.Event):
+    """A cancel that reads as set once `when()` is true (polled at every check)."""
+
+    def __init__(self, when):
+        super().__init__()
+        self.when = when
+
+    def is_set(self) -> bool:
+        return self.when() or super().is_set()
 
 
 def cancel_from_thread(gate: Gate) -> threading.Thread:
@@ -74,7 +82,7 @@ def test_cancel_mid_prefill_keeps_finished_chunks(target, code_ids, backend):
     assert e.cached_prefix_len(prompt) == CHUNK
 
     # a request: once begun, its first chunk runs without a poll (the next keystroke reuses it), then
-    # two polls before each later chunk, none between layers: cancelled at the first of them
+    # one poll before each later chunk, none between layers: cancelled at the first of them
     gate = Gate(at=1)
     cancel_from_thread(gate)
     res = e.complete(Request(prompt=prompt, mode="ar", max_tokens=12, cancel=gate))
@@ -101,16 +109,9 @@ def test_cancel_mid_verify_leaves_the_cache_unchanged(target, code_ids, backend)
     r.extend(prompt)
     r.forward(code_ids[200:203], [-1, 0, 1], range(3))  # uncommitted nodes an appended pass may follow
     calls = []
-
-    def check():
-        calls.append(1)
-        if len(calls) == 3:
-            raise Cancelled()
-
-    r.check = check
+    cancel = CancelWhen(lambda: calls.append(1) or len(calls) == 3)
     with pytest.raises(Cancelled):
-        r.forward(tree_ids, parents, range(16), append=True)
-    r.check = None
+        r.forward(tree_ids, parents, range(16), append=True, ctx=PassContext(cancel))
     assert r.length == 100 and r.tokens == prompt and len(r._pass_ids) == 3
     # the earlier uncommitted nodes still work, and a fresh pass gives the reference logits
     r.forward([code_ids[203]], [2], [0], append=True)
@@ -128,11 +129,10 @@ def test_resumed_prefill_matches_an_uninterrupted_one(target, code_ids):
     want = whole.extend(prompt)
     part = Runner(target)
     layers = target.model.config.num_hidden_layers
-    part.check = lambda: part.layers_run > layers + 2 and _raise()  # before the 2nd chunk's 3rd layer
+    cancel = CancelWhen(lambda: part.layers_run > layers + 2)  # before the 2nd chunk's 3rd layer
     with pytest.raises(Cancelled):
-        part.extend(prompt)
+        part.extend(prompt, ctx=PassContext(cancel))
     assert part.length == CHUNK
-    part.check = None
     got = part.extend(prompt)
     assert torch.equal(got, want)
     for a, b in zip(whole.cache.k, part.cache.k):
@@ -158,9 +158,10 @@ def test_warm_is_preempted_by_a_request_and_reused(target, code_ids):
     sched._gives_way = held
     cancel = threading.Event()
     try:
-        warm = sched.submit(lambda: e.warming(prompt), "doc", cancel, low=True)
+        warm = sched.submit(lambda ctx: e.warming(prompt, ctx), "doc", cancel, low=True)
         assert inside.wait(30)
-        req = sched.submit(lambda: e.run(Request(prompt=prompt, mode="ar", max_tokens=10, slot="doc")), "doc")
+        req = sched.submit(lambda ctx: e.run(Request(prompt=prompt, mode="ar", max_tokens=10, slot="doc"), ctx=ctx),
+                           "doc")
         cancel.set()  # the request's document: its warm-up stops
         release.set()
         cached, res = warm.result(30), req.result(30)
@@ -333,7 +334,7 @@ def test_a_superseded_keystroke_prefill_of_a_few_tokens_stops_between_layers(tar
     e = Engine(target)
     e.warm(prompt[:100])
     before = e.runner.layers_run
-    gate = Gate(at=4)  # two polls before the chunk, then one per layer: the cancel lands before layer 2
+    gate = Gate(at=3)  # one poll before the chunk, then one per layer: the cancel lands before layer 2
     cancel_from_thread(gate)
     res = e.complete(Request(prompt=prompt, mode="ar", max_tokens=12, cancel=gate))
     assert res.cancelled and res.token_ids == []

@@ -67,11 +67,11 @@ def test_a_new_request_preempts_a_long_prefill_and_nothing_changes(target, code_
     try:
         order: list[str] = []
         long_req = Request(prompt=long_p, mode="ar", max_tokens=6, slot="long")
-        f_long = sched.submit(lambda: e.run(long_req), "long", long_req.cancel)
+        f_long = sched.submit(lambda ctx: e.run(long_req, ctx=ctx), "long", long_req.cancel)
         f_long.add_done_callback(lambda f: order.append("long"))
         assert inside.wait(30)
         short_req = Request(prompt=short_p, mode="pld", max_tokens=6, slot="short")
-        f_short = sched.submit(lambda: e.run(short_req), "short")
+        f_short = sched.submit(lambda ctx: e.run(short_req, ctx=ctx), "short")
         f_short.add_done_callback(lambda f: order.append("short"))
         release.set()
         short, long_ = f_short.result(60), f_long.result(60)
@@ -115,12 +115,12 @@ def test_shortest_work_left_goes_first_and_two_long_prefills_do_not_alternate(ta
     hold, held = threading.Event(), threading.Event()
     try:
         # a job that holds the engine thread, so that the three below are queued together
-        blocker = sched.submit(lambda: held.set() or hold.wait(30), "block")
+        blocker = sched.submit(lambda ctx: held.set() or hold.wait(30), "block")
         assert held.wait(30)
         reqs = {"a": Request(prompt=code_ids[:3 * CHUNK + 5], mode="ar", max_tokens=4, slot="a"),
                 "b": Request(prompt=code_ids[1000:1000 + 3 * CHUNK + 5], mode="ar", max_tokens=4, slot="b"),
                 "short": Request(prompt=code_ids[3000:3040], mode="ar", max_tokens=4, slot="short")}
-        futs = {k: sched.submit(lambda r=r, k=k: logged(k, e.run(r), turns), k) for k, r in reqs.items()}
+        futs = {k: sched.submit(lambda ctx, r=r, k=k: logged(k, e.run(r, ctx=ctx), turns), k) for k, r in reqs.items()}
         hold.set()
         blocker.result(30)
         results = {k: f.result(60) for k, f in futs.items()}
@@ -155,10 +155,10 @@ def test_same_document_jobs_do_not_interleave_and_a_superseded_one_ends_first(ta
     sched._gives_way = held
     try:
         old = Request(prompt=prompt, mode="ar", max_tokens=50, slot="doc")
-        f_old = sched.submit(lambda: e.run(old), "doc", old.cancel)
+        f_old = sched.submit(lambda ctx: e.run(old, ctx=ctx), "doc", old.cancel)
         assert inside.wait(30)  # inside the first chunk
         new = Request(prompt=prompt + [7], mode="ar", max_tokens=5, slot="doc")
-        f_new = sched.submit(lambda: e.run(new), "doc")
+        f_new = sched.submit(lambda ctx: e.run(new, ctx=ctx), "doc")
         old.cancel.set()  # superseded by the next keystroke
         release.set()
         res_old, res_new = f_old.result(60), f_new.result(60)
@@ -174,16 +174,16 @@ def test_a_failing_job_costs_only_itself(target, code_ids):
     e = Engine(target)
     sched = Scheduler(e)
     try:
-        bad = sched.submit(lambda: e.run(Request(prompt=code_ids[:20], mode="nonsense")), "x")
-        good = sched.submit(lambda: e.run(Request(prompt=code_ids[:20], mode="ar", max_tokens=3)), "y")
-        plain = sched.submit(lambda: 42)
+        bad = sched.submit(lambda ctx: e.run(Request(prompt=code_ids[:20], mode="nonsense"), ctx=ctx), "x")
+        good = sched.submit(lambda ctx: e.run(Request(prompt=code_ids[:20], mode="ar", max_tokens=3), ctx=ctx), "y")
+        plain = sched.submit(lambda ctx: 42)
         with pytest.raises(ValueError, match="unknown mode"):
             bad.result(30)
         assert good.result(30).token_ids == solo(target, code_ids[:20], max_tokens=3)
         assert plain.result(30) == 42
     finally:
         sched.stop(30)
-    assert sched.submit(lambda: 1).cancelled()  # stopped: nothing more runs
+    assert sched.submit(lambda ctx: 1).cancelled()  # stopped: nothing more runs
 
 
 def test_a_prefill_that_ends_before_another_jobs_turn_keeps_its_own_state(target, code_ids):
@@ -224,7 +224,7 @@ def test_a_cancelled_job_between_turns_does_not_hold_back_its_documents_request(
     sched = Scheduler(Engine(target))
     try:
         def job(slot, low, seq, started=True, left=Work(0, 0)):
-            j = Job(lambda: None, slot, threading.Event(), low, Future(), seq)
+            j = Job(lambda ctx: None, slot, threading.Event(), low, Future(), seq)
             j.steps = iter(()) if started else None
             j.left = left
             return j
@@ -261,7 +261,7 @@ def test_freed_heap_goes_back_once_idle_not_between_requests(target, code_ids, m
         ends = []
         for i in range(4):  # back to back, 0.1 s apart
             req = Request(prompt=code_ids[i * 40:i * 40 + 30], mode="ar", max_tokens=3, slot=f"s{i}")
-            sched.submit(lambda req=req: e.run(req), req.slot).result(30)
+            sched.submit(lambda ctx, req=req: e.run(req, ctx=ctx), req.slot).result(30)
             ends.append(time.monotonic())
             time.sleep(0.1)
         assert trims == []

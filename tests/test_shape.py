@@ -1,5 +1,6 @@
 """The shape of the code, checked from the sources (no imports run): the import graph between
-files has no circle and runs one way down the layers, and no two classes share a name.
+files has no circle and runs one way down the layers, no two classes share a name, and no pass
+takes its context from attributes set on shared objects (a PassContext argument instead).
 
 Layers, top to bottom (a file may import files of its own layer and of lower layers only):
 
@@ -45,8 +46,12 @@ LAYERS = [
 
 def modules() -> dict[str, Path]:
     """Every module of the packages: dotted name -> file."""
+    return modules_of(PACKAGES)
+
+
+def modules_of(packages: dict[str, Path]) -> dict[str, Path]:
     out = {}
-    for pkg, folder in PACKAGES.items():
+    for pkg, folder in packages.items():
         for f in sorted(folder.rglob("*.py")):
             parts = list(f.relative_to(folder).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -184,3 +189,36 @@ def test_the_engine_thread_writes_no_session_state() -> None:
     t.start()
     t.join()
     assert failed and list(anchors) == ["on the loop"]
+
+
+# A pass gets its context as an argument (core/forward/context.PassContext): nothing sets these on a
+# runner, its decoder layers or a proposer for the length of a job. One object keeps a field of that
+# name: a request's decode state (engine.Decoding, one per request), the feature its next proposal reads.
+PASS_STATE = {"check", "preempt", "feature", "_completiond_check"}
+OWN_STATE = {("completiond.core.engine", "st.feature")}
+
+
+def pass_state_writes(packages: dict[str, Path] | None = None) -> list[str]:
+    """Every `x.check = ...` (or preempt, feature, the old layer hook's attribute; also augmented,
+    annotated, in a tuple, or through setattr) in the product's sources, but OWN_STATE."""
+    found = []
+    for name, path in modules_of(packages or PACKAGES).items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[ast.AST] = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+                  and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+                  and node.args[1].value in PASS_STATE):
+                found.append(f"{name}:{node.lineno} {ast.unparse(node)}")
+            for t in (e for t in targets for e in ast.walk(t)):
+                if (isinstance(t, ast.Attribute) and t.attr in PASS_STATE
+                        and (name, ast.unparse(t)) not in OWN_STATE):
+                    found.append(f"{name}:{t.lineno} {ast.unparse(t)}")
+    return found
+
+
+def test_a_pass_gets_its_context_as_an_argument() -> None:
+    assert pass_state_writes() == []

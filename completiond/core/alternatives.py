@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .speculation.proposers import PromptLookup, Proposer
-from .request import Alternative, Request
-from .forward.runner import Cancelled
+from .request import Alternative
+from .forward.context import Cancelled, PassContext
 from .scheduler import Work
 from .speculation.tree import TokenTree, truncate
 from .prompt.typed import Detokenizer
@@ -69,7 +69,7 @@ def first_tokens(st: Decoding, eos: set[int], n: int) -> list[int]:
     return out[:n]
 
 
-def decode_alternatives(engine: Engine, st: Decoding, proposers: list[Proposer]
+def decode_alternatives(engine: Engine, st: Decoding, proposers: list[Proposer], ctx: PassContext
                         ) -> Generator[Work, None, list[Alternative]]:
     """Decode the main branch to its end (as `Engine._step` would) with up to n - 1 alternatives beside
     it; returns the alternatives (distinct, non-empty texts that differ from the main one). Raises
@@ -93,7 +93,7 @@ def decode_alternatives(engine: Engine, st: Decoding, proposers: list[Proposer]
                 if extra > max(1, int(st.passes * EXTRA_PASSES)):
                     break
             yield engine._left(st, 0)
-            _check(req)
+            ctx.check()
             if req.deadline_ms is not None and st.elapsed_ms() > req.deadline_ms:
                 if not st.out.done:
                     st.out.stopped_by = "deadline"
@@ -104,14 +104,14 @@ def decode_alternatives(engine: Engine, st: Decoding, proposers: list[Proposer]
             first = len(saved[0])
             trees: list[tuple[Branch | None, TokenTree, int]] = []
             if not st.out.done:
-                tree = engine._propose(st.token, proposers, req.max_tokens - len(st.out.ids), st.feature,
+                tree = engine._propose(st.token, proposers, req.max_tokens - len(st.out.ids), ctx, st.feature,
                                        context=runner.tokens + st.verified)
                 trees.append((None, tree, len(ids)))
                 _add(ids, parents, tree, main_nodes[-1] if main_nodes else -1, first)
             live_alts = [b for b in alts if not b.out.done]
             main_cost = engine.budget.cost(max(1, len(ids)))
             for k, b in enumerate(live_alts):
-                tree = engine._propose(b.token, lookup, req.max_tokens - len(b.out.ids),
+                tree = engine._propose(b.token, lookup, req.max_tokens - len(b.out.ids), ctx,
                                        context=runner.tokens + b.verified)
                 rest = len(live_alts) - k  # this root and the later ones are run in any case
                 room = 0
@@ -121,13 +121,13 @@ def decode_alternatives(engine: Engine, st: Decoding, proposers: list[Proposer]
                 tree = truncate(tree, room)
                 trees.append((b, tree, len(ids)))
                 _add(ids, parents, tree, b.tail, first)
-            logits = runner.forward(ids, parents, range(len(ids)), append=True)
+            logits = runner.forward(ids, parents, range(len(ids)), append=True, ctx=ctx)
             engine.budget.observe_pass(len(ids), runner.last_pass_ms)
             if st.out.done:
                 st.passes += 1  # a pass for the alternatives alone: the request's cost all the same
             for b, tree, at in trees:
                 if b is None:
-                    path, bonus = engine._verify(st, tree, proposers, logits, at)
+                    path, bonus = engine._verify(st, tree, proposers, ctx, logits, at)
                     main_nodes += [first + at + i for i in path]
                     st.emit([tree.tokens[i] for i in path[1:]] + [bonus])
                 else:
@@ -180,8 +180,3 @@ def _distinct(main: str, alts: list[Branch]) -> list[Alternative]:
             seen.add(text)
             out.append(Alternative(text, list(b.out.ids), stopped))
     return out
-
-
-def _check(req: Request) -> None:
-    if req.cancel.is_set():
-        raise Cancelled()

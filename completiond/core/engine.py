@@ -13,7 +13,7 @@ Modes: `ar` (tree = root only: plain decoding through the same path), `pld`, `dr
 from __future__ import annotations
 
 import contextlib
-import functools
+import dataclasses
 import os
 import threading
 import time
@@ -30,7 +30,8 @@ from .speculation.heads import head_proposer
 from ..models import LoadedModel
 from .prompt import Heal
 from .speculation.proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
-from .forward.runner import Cancelled, Runner, drain
+from .forward.context import Cancelled, PassContext
+from .forward.runner import Runner, drain
 from .scheduler import Work
 from .slots import Slots
 from .speculation.tree import TokenTree, build_tree, truncate
@@ -163,19 +164,18 @@ class Engine:
         a later request with the same prefix reuses it. Returns the tokens now cached. It stops within
         one decoder layer when `cancel` is set; every prefill chunk that finished stays cached. (The
         daemon runs `warming` as a low-priority job of its scheduler: any request goes first.)"""
-        with self.turn(slot, check=functools.partial(_raise_if, cancel) if cancel is not None else None):
-            return drain(self.warming(prompt))
+        with self.turn(slot):
+            return drain(self.warming(prompt, PassContext(cancel)))
 
-    def warming(self, prompt: list[int]) -> Generator[None, None, int]:
-        """`warm` as steps (one per prefill chunk), run in turns (core/scheduler.py); the turn's check
-        cancels it between layers."""
+    def warming(self, prompt: list[int], ctx: PassContext) -> Generator[None, None, int]:
+        """`warm` as steps (one per prefill chunk), run in turns (core/scheduler.py); ctx's cancel
+        stops it between layers, its preempt policy stops a chunk for another job."""
         t0 = time.perf_counter()
         try:
-            if self.runner.check is not None:
-                self.runner.check()  # cancelled before it starts: the cache stays as it is (no rollback)
-            yield from self.runner.sync_chunks(prompt)
+            ctx.check()  # cancelled before it starts: the cache stays as it is (no rollback)
+            yield from self.runner.sync_chunks(prompt, ctx=ctx)
             if self.draft is not None:
-                self.draft.warm(prompt)
+                self.draft.warm(prompt, ctx)
         except Cancelled:
             self.stats["warms_preempted"] += 1
         finally:
@@ -184,30 +184,13 @@ class Engine:
         return self.runner.length
 
     @contextlib.contextmanager
-    def turn(self, slot: Hashable = None, check: Callable[[], None] | None = None,
-             preempt: Callable[[], bool] | None = None, pinned: Collection[Hashable] = ()) -> Iterator[None]:
-        """The engine for one job's step: its slot's caches held, its cancel check between layers,
-        `preempt` asked between the layers of a prefill chunk. Slots of `pinned` keys (jobs that are
-        between turns) are never evicted."""
-        with self.lock, self._checks(check):
+    def turn(self, slot: Hashable = None, *, pinned: Collection[Hashable] = ()) -> Iterator[None]:
+        """The engine for one job's step: its slot's caches held. Slots of `pinned` keys (jobs that
+        are between turns) are never evicted. The job's cancel and preempt policy are not the turn's:
+        they travel with its steps, in the PassContext `run`/`warming` got."""
+        with self.lock:
             self.slots.hold(slot, pinned)
-            self.runner.preempt = preempt
-            try:
-                yield
-            finally:
-                self.runner.preempt = None
-
-    @contextlib.contextmanager
-    def _checks(self, check: Callable[[], None]) -> Iterator[None]:
-        """Cancel checks between layers and prefill chunks (not only between passes), both models."""
-        runners = [self.runner] + ([self.draft.runner] if self.draft is not None else [])
-        for r in runners:
-            r.check = check
-        try:
             yield
-        finally:
-            for r in runners:
-                r.check = None
 
     def cached_prefix_len(self, prompt: list[int], slot: Hashable = None) -> int:
         """How many leading tokens of `prompt` the target's cache of `slot` holds now (warm/cold per
@@ -255,13 +238,17 @@ class Engine:
     # ---- one completion -----------------------------------------------------------------------
     @torch.inference_mode()
     def complete(self, req: Request, on_step: Callable[[Step], None] | None = None) -> Result:
-        with self.turn(req.slot, functools.partial(_raise_if, req.cancel)):
+        with self.turn(req.slot):
             return drain(self.run(req, on_step))
 
-    def run(self, req: Request, on_step: Callable[[Step], None] | None = None) -> Generator[Work, None, Result]:
+    def run(self, req: Request, on_step: Callable[[Step], None] | None = None,
+            ctx: PassContext | None = None) -> Generator[Work, None, Result]:
         """`complete` as steps: it yields after every prefill chunk and every target pass, where a
-        scheduler may give the model to another job (each step inside `turn(req.slot, ...)`). Each
-        yield is the work left (the scheduler runs the shortest first, see `work_ms`)."""
+        scheduler may give the model to another job (each step inside `turn(req.slot)`). Each
+        yield is the work left (the scheduler runs the shortest first, see `work_ms`).
+        ctx: the job's (the scheduler's: its cancel and preempt policy); None: the request's own
+        cancel, nothing preempts it."""
+        ctx = PassContext(req.cancel) if ctx is None else ctx
         proposers = self.proposers(req.mode)
         if not req.reuse_prefix:
             self.runner.reset()
@@ -280,16 +267,16 @@ class Engine:
             # a first step before any pass: the scheduler learns this request's size before its prefill
             # runs, so a long one can already give way inside its first chunk
             yield self._left(st, len(req.prompt) - st.reused)
-            yield from self._prefill(st, served)
+            yield from self._prefill(st, served, ctx)
             if branched and not st.out.done:
-                st.alternatives = yield from decode_alternatives(self, st, proposers)
+                st.alternatives = yield from decode_alternatives(self, st, proposers, ctx)
             while not st.out.done:
                 yield self._left(st, 0)
-                _raise_if(req.cancel)
+                ctx.check()
                 if req.deadline_ms is not None and st.elapsed_ms() > req.deadline_ms:
                     st.out.stopped_by = "deadline"
                     break
-                self._step(st, proposers)
+                self._step(st, proposers, ctx)
         except Cancelled:
             st.cancelled = True
             st.out.stopped_by = "cancelled"
@@ -310,18 +297,18 @@ class Engine:
         prefills look alternately shorter and run chunk by chunk."""
         return work.prompt * self.prefill_ms_per_token() + work.passes * self.budget.cost(1)
 
-    def _prefill(self, st: Decoding, served: list[int]) -> Generator[float, None, None]:
+    def _prefill(self, st: Decoding, served: list[int], ctx: PassContext) -> Generator[float, None, None]:
         """The first token(s): served from memory (then the cache is brought up to them), or one pass
         over the prompt tokens the cache lacks, whose last logits give the first token."""
-        req, check = st.req, functools.partial(_raise_if, st.req.cancel)
+        req = st.req
         if served:
             st.emit(served, first=True)
             if not st.out.done:  # speculate on from the served end: the cache must hold all before it
                 st.reused = min(self.runner.common_prefix(req.prompt + served), len(req.prompt))
-                for _ in self.runner.sync_chunks(req.prompt + served[:-1], check=check):
+                for _ in self.runner.sync_chunks(req.prompt + served[:-1], ctx=ctx):
                     yield self._left(st, len(req.prompt) + len(served) - 1 - self.runner.length)
             return
-        chunks = self.runner.extend_chunks(req.prompt, check=check, whole_chunks=True)
+        chunks = self.runner.extend_chunks(req.prompt, ctx=ctx, whole_chunks=True)
         while True:
             try:
                 next(chunks)
@@ -336,20 +323,20 @@ class Engine:
         st.first_logits = logits
         st.emit([sample(logits, req.sampling, st.gen)], first=True)
 
-    def _step(self, st: Decoding, proposers: list[Proposer]) -> None:
+    def _step(self, st: Decoding, proposers: list[Proposer], ctx: PassContext) -> None:
         """propose -> tree -> verify (one target pass) -> accept -> keep the path, emit its tokens."""
-        tree = self._propose(st.token, proposers, st.req.max_tokens - len(st.out.ids), st.feature)
-        path, bonus = self._verify(st, tree, proposers)
+        tree = self._propose(st.token, proposers, st.req.max_tokens - len(st.out.ids), ctx, st.feature)
+        path, bonus = self._verify(st, tree, proposers, ctx)
         st.emit([tree.tokens[i] for i in path[1:]] + [bonus])
 
-    def _verify(self, st: Decoding, tree: TokenTree, proposers: list[Proposer], logits: torch.Tensor | None = None,
-                at: int = 0) -> tuple[list[int], int]:
+    def _verify(self, st: Decoding, tree: TokenTree, proposers: list[Proposer], ctx: PassContext,
+                logits: torch.Tensor | None = None, at: int = 0) -> tuple[list[int], int]:
         """Verify the main tree, accept a path and count it (`_step`). alternatives.py passes the logits
         of a pass that held other branches too (the main tree's rows start at `at`); the path is then
         left uncommitted, as that pass's other nodes are."""
         own = logits is None
         if own:
-            logits = self.runner.forward(tree.tokens, tree.parents, range(len(tree)))  # [nodes, vocab]
+            logits = self.runner.forward(tree.tokens, tree.parents, range(len(tree)), ctx=ctx)  # [nodes, vocab]
             self.budget.observe_pass(len(tree), self.runner.last_pass_ms)
         path, bonus = accept(tree, logits[at:at + len(tree)], st.req.sampling, st.gen)
         st.feature = self.runner.last_hidden[at + path[-1]]  # the state the bonus token came from
@@ -372,24 +359,24 @@ class Engine:
             self.stats["cancelled"] += 1
             self.stats["cancelled_ms"] += st.elapsed_ms()
 
-    def _propose(self, root: int, proposers: list[Proposer], remaining: int,
+    def _propose(self, root: int, proposers: list[Proposer], remaining: int, ctx: PassContext,
                  feature: torch.Tensor | None = None, context: list[int] | None = None) -> TokenTree:
         """Candidates from every proposer that says it pays, merged into one tree and cut to the
-        size that pays. Prompt lookup runs first: whether the draft pays depends on what it found."""
+        size that pays. Prompt lookup runs first: whether the draft pays depends on what it found.
+        feature: the target's hidden state `root` came from (heads read it in the proposal's ctx)."""
         max_len = min(self.max_candidate_len, remaining - 1)
         if max_len <= 0 or not proposers:
             return TokenTree.root_only(root)
         context = self.runner.tokens + [root] if context is None else context  # ends with root
-        if self.heads is not None:
-            self.heads.feature = feature
+        ctx = dataclasses.replace(ctx, feature=feature)
         pass_ms = self.budget.cost(1)
         always = self.budget.always
         candidates = []
         for p in proposers:
-            if not always and not p.pays(candidates, pass_ms):
+            if not always and not p.pays(candidates, pass_ms, ctx):
                 continue
             min_value = 0.0 if always else max(0.02, p.min_value(pass_ms))
-            candidates += p.propose(context, Limits(max_len=max_len, min_value=min_value))
+            candidates += p.propose(context, Limits(max_len=max_len, min_value=min_value), ctx)
         tree = build_tree(root, candidates, self.budget.max_nodes)
         return truncate(tree, self.budget.best_size(tree.value))
 
@@ -405,8 +392,3 @@ class Engine:
         for p in proposers:
             if p.name in by_source:
                 p.observe(by_source[p.name])
-
-
-def _raise_if(cancel: threading.Event) -> None:
-    if cancel.is_set():
-        raise Cancelled()

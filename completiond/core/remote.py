@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from .forward.context import Cancelled, PassContext
 from .speculation.index import TokenIndex
 from .scheduler import Work
 
@@ -137,8 +138,7 @@ class RemoteEngine:
 
     # ---- what the daemon calls besides run --------------------------------------------------------
     @contextlib.contextmanager
-    def turn(self, slot: Hashable = None, check: Callable[[], None] | None = None,
-             preempt: Callable[[], bool] | None = None, pinned: Any = ()) -> Iterator[None]:
+    def turn(self, slot: Hashable = None, *, pinned: Any = ()) -> Iterator[None]:
         yield
 
     def work_ms(self, work: Work) -> float:
@@ -162,7 +162,7 @@ class RemoteEngine:
     def calibrate_cached(self) -> str:
         return "remote"
 
-    def warming(self, prompt: list[int]) -> Generator[None, None, int]:
+    def warming(self, prompt: list[int], ctx: PassContext) -> Generator[None, None, int]:
         """Nothing to prefill here (llama.cpp's cache_prompt and vLLM's prefix cache are the server's)."""
         return 0
         yield  # a generator, as the scheduler expects
@@ -205,11 +205,14 @@ class RemoteEngine:
             b["seed"] = req.seed
         return b
 
-    def run(self, req: Request, on_step: Callable[[Step], None] | None = None) -> Generator[Work, None, Result]:
+    def run(self, req: Request, on_step: Callable[[Step], None] | None = None,
+            ctx: PassContext | None = None) -> Generator[Work, None, Result]:
+        """The completion streamed from the server; ctx (else the request's cancel) ends it early."""
         from .request import Result
         from .prompt.typed import Step
 
         t0 = time.perf_counter()
+        ctx = PassContext(req.cancel) if ctx is None else ctx
         if on_step is None:  # the warm-up's speculative follow-up (nothing streams): memory we lack here
             return Result(text="", token_ids=[], tokens=[], mode=req.mode, target_passes=0, mean_accepted=0.0,
                           ms_first_token=0.0, ms_total=0.0, stopped_by="cancelled", cancelled=True,
@@ -226,7 +229,9 @@ class RemoteEngine:
         try:
             conn, events = self._open(self.body(req, prefix, suffix, middle))
             for piece, finish in events:
-                if req.cancel is not None and req.cancel.is_set():
+                try:
+                    ctx.check()
+                except Cancelled:  # a stream keeps what came so far
                     cancelled, stopped = True, "cancelled"
                     break
                 if piece and not ms_first:

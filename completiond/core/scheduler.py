@@ -1,8 +1,9 @@
 """The engine thread: every client's requests share one model, in turns.
 
 A job is a generator of steps (`Engine.run`, `Engine.warming`): one step is one prefill chunk or one
-target pass. The thread runs one step of one job at a time, inside `Engine.turn` (the job's own
-cached sequence, its cancel check), then picks the next job:
+target pass. It starts with its PassContext (its cancel, and `_gives_way` as its preempt policy),
+which its steps pass down to every pass. The thread runs one step of one job at a time, inside
+`Engine.turn` (the job's own cached sequence), then picks the next job:
 
 - a started job that was cancelled goes first: it ends at its next check and frees its slot;
 - requests go before warm-ups;
@@ -36,6 +37,8 @@ from dataclasses import dataclass, field
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple, Protocol
 
+from .forward.context import PassContext
+
 log = logging.getLogger(__name__)
 MAX_WAIT_S = 5.0  # a job that waited this long for a turn gets the next one, and is not preempted in it
 PREEMPT_MS = 1000.0  # a prefill chunk stops for a new request only when its job has more work left than this
@@ -54,7 +57,7 @@ class Work(NamedTuple):
 
 @dataclass(eq=False)
 class Job:
-    start: Callable[[], Any]  # called on the engine thread: a generator of steps, or the answer itself
+    start: Callable[[PassContext], Any]  # called on the engine thread: a generator of steps, or the answer
     slot: Hashable  # its document: jobs of one document never interleave
     cancel: threading.Event
     low: bool  # a warm-up: only when no request waits
@@ -78,8 +81,7 @@ class Turns(Protocol):
     which yields `Work`, imports this module and not the other way round."""
     slots: Any
 
-    def turn(self, slot: Hashable = None, check: Callable[[], None] | None = None,
-             preempt: Callable[[], bool] | None = None, pinned: Any = ()) -> AbstractContextManager[None]: ...
+    def turn(self, slot: Hashable = None, *, pinned: Any = ()) -> AbstractContextManager[None]: ...
 
     def work_ms(self, work: Work) -> float: ...
 
@@ -98,9 +100,10 @@ class Scheduler:
         self.thread = threading.Thread(target=self._loop, name=ENGINE_THREAD, daemon=True)
         self.thread.start()
 
-    def submit(self, start: Callable[[], Any], slot: Hashable = None, cancel: threading.Event | None = None,
-               low: bool = False) -> Future:
-        """Queue a job; the future gets what `start` returns (or its generator's return value)."""
+    def submit(self, start: Callable[[PassContext], Any], slot: Hashable = None,
+               cancel: threading.Event | None = None, low: bool = False) -> Future:
+        """Queue a job; the future gets what `start` returns (or its generator's return value).
+        `start` gets the job's PassContext: `cancel`, and this scheduler's preempt policy."""
         fut: Future = Future()
         job = Job(start, slot, cancel or threading.Event(), low, fut, next(self._seq))
         with self.cond:
@@ -169,21 +172,14 @@ class Scheduler:
             return False
 
     def _turn(self, job: Job, pinned: set) -> None:
-        from .forward.runner import Cancelled  # here: the daemon imports this module before torch is loaded
-
         done, value, error = False, None, None
-
-        def check() -> None:
-            if job.cancel.is_set():
-                raise Cancelled()
-
         try:
-            with self.engine.turn(job.sequence, check, preempt=lambda: self._gives_way(job), pinned=pinned):
+            with self.engine.turn(job.sequence, pinned=pinned):
                 if job.steps is None:
                     if not job.future.set_running_or_notify_cancel():
                         done = True  # its asker gave up before it started
                     else:
-                        first = job.start()
+                        first = job.start(PassContext(job.cancel, preempt=lambda: self._gives_way(job)))
                         if isinstance(first, Generator):
                             job.steps = first
                         else:

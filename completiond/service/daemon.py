@@ -26,6 +26,7 @@ from . import protocol as P
 from .handlers import METHODS, Method
 from .plan import Prepared
 from ..core.speculation.index import TokenIndex
+from ..core.forward.context import PassContext
 from ..core.scheduler import Scheduler
 from .documents import IndexView
 from .session import InFlight, Session
@@ -273,7 +274,7 @@ class Daemon:
                     delta, shown[0] = text[shown[0]:], len(text)
                     loop.call_soon_threadsafe(s.send, P.notification(prep.partial, {"id": job.msgid, "text": delta}))
 
-        def work():  # a generator of steps (Engine.run), run by the scheduler
+        def work(ctx: PassContext):  # a generator of steps (Engine.run), run by the scheduler
             if job.cancel.is_set():  # superseded while it waited: no tokenizing, no pass
                 return None
             for key, d, text, version in stale:
@@ -288,7 +289,7 @@ class Daemon:
                 req.slot = (s.id, prep.uri)
             elif req.slot != (s.id, prep.uri):  # the quick prompt (handlers.Lane): its own cached sequence
                 self.scheduler.move(req.slot, built.lane.capacity)
-            res = yield from self.engine.run(req, on_step)
+            res = yield from self.engine.run(req, on_step, ctx)
             if time.time() - self._calibration_saved > CALIBRATION_SAVE_S:  # real passes refreshed the costs
                 self.engine.save_calibration()
                 self._calibration_saved = time.time()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from . import protocol as P
+from ..core.forward.context import PassContext
 from ..core.prompt.context import locate, related_files
 from .documents import Document, DocumentError
 from ..core.prompt import Heal, build_prompt, extend_middle, fim_tokens, stops_at
@@ -152,7 +153,7 @@ async def lookup(d: Daemon, s: Session, p: P.Lookup, msgid) -> dict:
     offset = s.offset(doc, p.position)
     text, starts, tok = doc.text, doc.starts, d.engine.target.tokenizer
 
-    def work() -> list[str]:
+    def work(ctx: PassContext) -> list[str]:  # no pass: nothing to cancel or preempt
         ids = build_prompt(tok, text, offset, starts=starts).ids
         return [tok.decode(c) for c in d.engine.lookup(ids, p.max_len, 8)]
 

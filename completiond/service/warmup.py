@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import protocol as P
+from ..core.forward.context import PassContext
 from .handlers import complete
 
 if TYPE_CHECKING:
@@ -150,7 +151,7 @@ class Warmer:
         version = doc.version
         loop = asyncio.get_running_loop()
 
-        def work():  # a generator of steps, run by the scheduler after every request
+        def work(ctx: PassContext):  # a generator of steps, run by the scheduler after every request
             if cancel.is_set():
                 return None
             built = prepared.make()
@@ -159,17 +160,17 @@ class Warmer:
             cold = chosen is not full  # the full prompt is cold: the quick one first, in its own sequence
             if cold:
                 d.scheduler.move(chosen.slot, chosen.capacity)
-                yield from _until(d.engine.warming(chosen.ids), finish, active)
+                yield from _until(d.engine.warming(chosen.ids, ctx), finish, active)
                 if finish.is_set():  # a request for this document came: it goes on from here
                     return None
             if ask is not None:  # llama.vim's speculative follow-up: the whole completion, preemptible
                 req.cancel = cancel
-                yield from d.engine.run(req)
+                yield from d.engine.run(req, ctx=ctx)
             elif not cold:
-                yield from d.engine.warming(req.prompt)  # the scheduler's turn checks `cancel`
+                yield from d.engine.warming(req.prompt, ctx)  # ctx checks `cancel`
             if cold:  # then the full prompt, which later completions move to
                 d.scheduler.move(full.slot)
-                yield from d.engine.warming(full.ids)
+                yield from d.engine.warming(full.ids, ctx)
             return full.ids
 
         def done(fut: asyncio.Future) -> None:

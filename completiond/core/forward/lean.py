@@ -115,8 +115,8 @@ class LeanOutput:
 class _Lean:
     """Shared parts: rotary tables, attention over the tree cache. Callable like the decoder
     (`base(input_ids=, position_ids=, attention_mask=, cache=)`); returns the final-normed hidden
-    states [1, n, hidden] as `.last_hidden_state`. `check`, when given, runs before every layer (it
-    raises to stop the pass: how a new request preempts a running one within one layer).
+    states [1, n, hidden] as `.last_hidden_state`. `between_layers`, when given, runs before every
+    layer (it raises to stop the pass: how a cancel or a new request stops it within one layer).
 
     Attention runs in float32 when the model runs in bf16/fp16: torch's bf16 SDPA on CPU gives a
     query a different result over L keys than over L + 1 keys with the extra one masked (up to ~4e-3),
@@ -219,14 +219,14 @@ class LeanGemma3(_Lean):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * gain).type_as(x)
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, cache,
-                 check: Callable[[], None] | None = None, **_) -> LeanOutput:
+                 between_layers: Callable[[], None] | None = None, **_) -> LeanOutput:
         n = input_ids.shape[1]
         h = F.embedding(input_ids, self.embed) * self.embed_scale  # [1, n, H]
         ropes = {t: self.rope(t, position_ids[0]) for t in set(self.types)}
         attention_mask = self._fold(attention_mask)
         for i, L in enumerate(self.layers):
-            if check is not None:  # a cancel lands between layers (the runner keeps the cache consistent)
-                check()
+            if between_layers is not None:  # a cancel lands between layers (the runner keeps the cache consistent)
+                between_layers()
             q, k, v = self._split(L.qkv(self._norm(h, L.in_norm)), n)
             q, k = self._norm(q, L.q_norm), self._norm(k, L.k_norm)
             a = self._attend(i, q, k, v, *ropes[self.types[i]], attention_mask, cache, self.scaling)
@@ -257,23 +257,23 @@ class LeanQwen2(_Lean):
         return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, cache,
-                 check: Callable[[], None] | None = None, **_) -> LeanOutput:
+                 between_layers: Callable[[], None] | None = None, **_) -> LeanOutput:
         n = input_ids.shape[1]
         if self.native is not None and n and not is_bulk(n):  # prefill chunks stay dense (quant.bulk)
-            return self._native_pass(input_ids, position_ids, attention_mask, cache, check)
+            return self._native_pass(input_ids, position_ids, attention_mask, cache, between_layers)
         h = F.embedding(input_ids, self.embed)  # [1, n, H]
         cos, sin = self.rope("full_attention", position_ids[0])
         attention_mask = self._fold(attention_mask)
         for i, L in enumerate(self.layers):
-            if check is not None:  # a cancel lands between layers (the runner keeps the cache consistent)
-                check()
+            if between_layers is not None:  # a cancel lands between layers (the runner keeps the cache consistent)
+                between_layers()
             q, k, v = self._split(L.qkv(self._norm(h, L.in_norm)), n)
             h = h + L.o(self._attend(i, q, k, v, cos, sin, attention_mask, cache, self.scaling))
             gu = L.gate_up(self._norm(h, L.post_attn_norm))  # [1, n, 2 I]
             h = h + L.down(F.silu(gu[..., :self.inter]) * gu[..., self.inter:])
         return LeanOutput(self._norm(h, self.norm))
 
-    def _native_pass(self, input_ids, position_ids, attention_mask, cache, check) -> LeanOutput:
+    def _native_pass(self, input_ids, position_ids, attention_mask, cache, between_layers) -> LeanOutput:
         """Every layer in one C call (cpu_kernel's completiond_qwen2_layer): the residual stream in
         float32 throughout, K/V stored in the cache's dtype as the torch path stores them."""
         n, H, d = input_ids.shape[1], self.embed.shape[1], self.head_dim
@@ -289,8 +289,8 @@ class LeanQwen2(_Lean):
         if self._work.numel() < need:  # one scratch buffer, grown as contexts grow
             self._work = torch.empty(max(need, 2 * self._work.numel()))
         for i, weights in enumerate(self.native):
-            if check is not None:
-                check()
+            if between_layers is not None:
+                between_layers()
             k, v = cache.buffers(i, self.kv_heads, d, self.norm.dtype)
             lib.completiond_qwen2_layer(
                 h.data_ptr(), n, H, *weights.args, cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(),

@@ -8,12 +8,14 @@ the tokens after the longest common prefix with what the cache holds are compute
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from .context import NO_CONTEXT, Cancelled, PassContext, Preempted  # Cancelled, Preempted: this module's API too
 from .kvcache import TreeKVCache, for_transformers
 from .lean import lean_decoder, supports_lean
 from ...models import LoadedModel
@@ -28,15 +30,9 @@ BACKENDS = ("transformers", "lean", "auto")
 CHUNK = 256
 WHOLE_CHUNK_MIN = 8  # see _prefill: superseded prefill chunks longer than this still run to their end
 BULK_TOKENS = 64  # prefill chunks at least this long measure the per-token cost of a cold prompt
-
-
-class Cancelled(Exception):
-    """The request was cancelled (between decoder layers, prefill chunks or passes)."""
-
-
-class Preempted(Exception):
-    """Another job should have the model now (core/scheduler.py): the prefill chunk in flight stops
-    between two layers and runs again on the job's next turn."""
+# The keyword a pass hands its decoder: the lean one takes it, transformers' passes it on to every
+# decoder layer, where _layer_hook reads it (an argument of the pass, not a module attribute).
+BETWEEN_LAYERS = "between_layers"
 
 
 @dataclass
@@ -47,11 +43,11 @@ class Held:
     tokens: list[int]
 
 
-def _layer_hook(module, args) -> None:
-    """Forward pre-hook on each transformers decoder layer: the runner in flight may cancel here."""
-    check = getattr(module, "_completiond_check", None)
-    if check is not None:
-        check()
+def _layer_hook(module, args, kwargs) -> None:
+    """Forward pre-hook on each transformers decoder layer: the pass in flight may stop here."""
+    between = kwargs.get(BETWEEN_LAYERS)
+    if between is not None:
+        between()
 
 
 class Runner:
@@ -104,26 +100,12 @@ class Runner:
         self.prefill_ms_per_token = 0.0  # of the last prefill chunk (the scheduler's work estimates)
         self.bulk_ms_per_token = 0.0  # of long prefill chunks (>= BULK_TOKENS), averaged: a cold prompt's cost
         self.last_hidden: torch.Tensor | None = None
-        # Called before every decoder layer and prefill chunk while set (raises Cancelled to stop);
-        # the engine sets it for the length of a request. A cancelled pass commits nothing.
-        self.check: Callable[[], None] | None = None
-        # Asked between the layers of a prefill chunk while set: True = stop the chunk (Preempted) and
-        # give the model to another job; the chunk runs again on this job's next turn.
-        self.preempt: Callable[[], bool] | None = None
-        self._in_chunk = False
         self.layers_run = 0  # decoder layers started, all passes together (tests count preemption points)
         self._hf_layers = list(getattr(self.base, "layers", [])) if self.backend == "transformers" else []
         for layer in self._hf_layers:
             if not getattr(layer, "_completiond_hooked", False):  # once per module, however many runners
-                layer.register_forward_pre_hook(_layer_hook)
+                layer.register_forward_pre_hook(_layer_hook, with_kwargs=True)
                 layer._completiond_hooked = True
-
-    def _layer_check(self) -> None:
-        self.layers_run += 1
-        if self._in_chunk and self.preempt is not None and self.preempt():
-            raise Preempted()
-        if self.check is not None:
-            self.check()
 
     @property
     def length(self) -> int:
@@ -157,13 +139,16 @@ class Runner:
 
     @torch.inference_mode()
     def forward(self, ids: Sequence[int], parents: Sequence[int], logits_at: Sequence[int],
-                append: bool = False) -> torch.Tensor:
+                append: bool = False, ctx: PassContext = NO_CONTEXT, preemptible: bool = False) -> torch.Tensor:
         """Run new nodes; return float32 logits [len(logits_at), vocab] at those node indices.
 
         parents[i] is the index of node i's parent in this pass, or -1 for "the last committed token".
         append=True: the uncommitted nodes of the passes since the last keep/rollback stay, and the
         new nodes follow them: indices (in parents, and later in keep) count from the first of
         those nodes, so a new node may hang below any of them (a draft growing a tree step by step).
+        ctx: the job's; its cancel is checked before every decoder layer and before the output
+        layer (a cancelled pass commits nothing). preemptible: a prefill chunk that yields to a
+        scheduler (`_prefill`); ctx.preempt is asked between its layers too (Preempted stops it).
         """
         t0 = time.perf_counter()
         if not append:
@@ -178,27 +163,29 @@ class Runner:
         # they may attend to; each layer sees keys from its key_start slot on
         self.cache.begin_pass(pending=first, key_start=key_start)
         self.cache.reserve(len(ids))
+
+        preempt = ctx.preempt if preemptible else None
+
+        def between_layers() -> None:
+            self.layers_run += 1
+            if preempt is not None and preempt():
+                raise Preempted()
+            ctx.check()
+
         # A Cancelled raised between layers leaves length, tokens and the earlier uncommitted nodes
         # as they were: the half-written slots after them are overwritten by the next pass.
-        for layer in self._hf_layers:
-            layer._completiond_check = self._layer_check
-        kwargs = {"check": self._layer_check} if self.backend == "lean" else {}
-        try:
-            out = self.base(
-                input_ids=torch.tensor([list(ids)], device=self.device),
-                position_ids=node_pos[None, first:],
-                attention_mask=mask,
-                cache=self.cache,
-                use_cache=True,
-                **kwargs,
-            )
-        finally:
-            for layer in self._hf_layers:
-                layer._completiond_check = None
+        out = self.base(
+            input_ids=torch.tensor([list(ids)], device=self.device),
+            position_ids=node_pos[None, first:],
+            attention_mask=mask,
+            cache=self.cache,
+            use_cache=True,
+            **{BETWEEN_LAYERS: between_layers},
+        )
         self._pass_ids += list(ids)
         self._pass_parents = all_parents
-        if self.check is not None and len(logits_at):  # the output layer costs about a layer or more
-            self.check()  # (the nodes stay uncommitted, as after any pass: keep commits)
+        if len(logits_at):  # the output layer costs about a layer or more
+            ctx.check()  # (the nodes stay uncommitted, as after any pass: keep commits)
         # [len(logits_at), H]: final hidden states (after the final norm), for feature drafts (medusa.py)
         self.last_hidden = out.last_hidden_state[0, list(logits_at)]
         logits = self._logits(self.last_hidden)
@@ -263,81 +250,75 @@ class Runner:
         self._pass_ids = [self._pass_ids[i] for i in nodes]
         self._pass_parents = [new[self._pass_parents[i]] if self._pass_parents[i] >= 0 else -1 for i in nodes]
 
-    def extend(self, seq: Sequence[int], chunk: int = CHUNK, check: Callable[[], None] | None = None,
+    def extend(self, seq: Sequence[int], chunk: int = CHUNK, ctx: PassContext = NO_CONTEXT,
                whole_chunks: bool = False) -> torch.Tensor:
         """Make the cache hold `seq` (prefix reuse); return float32 logits [vocab] after its last token.
+        Never preempted: run to its end here, it has no turn to give back (only `extend_chunks` has).
 
         whole_chunks: cancel only between chunks, not between layers. A request superseded by the
         next keystroke in the same document then still finishes the chunk it is in, which the next
         request reuses; cancelled between layers, every keystroke would restart the same chunk."""
-        return drain(self.extend_chunks(seq, chunk, check, whole_chunks))[0]
+        return drain(self.extend_chunks(seq, chunk, dataclasses.replace(ctx, preempt=None), whole_chunks))[0]
 
-    def extend_chunks(self, seq: Sequence[int], chunk: int = CHUNK, check: Callable[[], None] | None = None,
+    def extend_chunks(self, seq: Sequence[int], chunk: int = CHUNK, ctx: PassContext = NO_CONTEXT,
                       whole_chunks: bool = False) -> Generator[None, None, tuple[torch.Tensor, torch.Tensor]]:
-        """`extend`, yielding after every chunk (a scheduler may run another job there). Returns the
-        logits [vocab] and the final hidden state [H] after the last token (read when they were
-        computed: another job's passes may run before this generator ends)."""
+        """`extend`, yielding after every chunk (a scheduler may run another job there; ctx.preempt may
+        stop a chunk between two layers for it). Returns the logits [vocab] and the final hidden
+        state [H] after the last token (read when they were computed: another job's passes may run
+        before this generator ends)."""
         if not seq:
             raise ValueError("empty sequence")
         c = min(self.common_prefix(seq), len(seq) - 1)  # recompute at least the last token for its logits
-        return (yield from self._prefill(seq, c, chunk, check, logits=True, whole_chunks=whole_chunks))
+        return (yield from self._prefill(seq, c, chunk, ctx, logits=True, whole_chunks=whole_chunks))
 
-    def sync(self, seq: Sequence[int], chunk: int = CHUNK, check: Callable[[], None] | None = None) -> None:
-        """Make the cache hold exactly `seq` (prefix reuse), without logits: no pass when it already does."""
-        drain(self.sync_chunks(seq, chunk, check))
+    def sync(self, seq: Sequence[int], chunk: int = CHUNK, ctx: PassContext = NO_CONTEXT) -> None:
+        """Make the cache hold exactly `seq` (prefix reuse), without logits: no pass when it already
+        does. Never preempted, as `extend`."""
+        drain(self.sync_chunks(seq, chunk, dataclasses.replace(ctx, preempt=None)))
 
-    def sync_chunks(self, seq: Sequence[int], chunk: int = CHUNK, check: Callable[[], None] | None = None
+    def sync_chunks(self, seq: Sequence[int], chunk: int = CHUNK, ctx: PassContext = NO_CONTEXT
                     ) -> Generator[None, None, None]:
-        """`sync`, yielding after every chunk."""
-        yield from self._prefill(seq, self.common_prefix(seq), chunk, check, logits=False)
+        """`sync`, yielding after every chunk (ctx.preempt may stop one, as in `extend_chunks`)."""
+        yield from self._prefill(seq, self.common_prefix(seq), chunk, ctx, logits=False)
 
-    def _prefill(self, seq: Sequence[int], c: int, chunk: int, check: Callable[[], None] | None,
+    def _prefill(self, seq: Sequence[int], c: int, chunk: int, ctx: PassContext,
                  logits: bool, whole_chunks: bool = False) -> Generator[None, None, tuple | None]:
         """Roll back to `c` tokens, then run seq[c:] in chunks on the grid of multiples of `chunk`,
         committing each: a cancel keeps every chunk that finished. Yields after each chunk, and when
-        `preempt` stopped one (which then runs again). Returns (logits [vocab], hidden [H]) after the
-        last token when `logits`."""
+        `ctx.preempt` stopped one (which then runs again). Returns (logits [vocab], hidden [H]) after
+        the last token when `logits`."""
         self.rollback(c)
         out = None
-        layer_check = self.check
         first = True
-        try:
-            while c < len(seq):
-                end = min(len(seq), (c // chunk + 1) * chunk)
-                part = list(seq[c:end])
-                # whole_chunks: a request's prefill, once begun, runs at least one chunk even if the
-                # next keystroke superseded it meanwhile: the next request reuses it (at 200 Hz typing,
-                # every request is superseded before it starts, and the prompt would never advance).
-                # Not a chunk of a few tokens (a keystroke's): it costs a pass whatever its length, so
-                # the next request, whose prompt holds those tokens too, would pay that pass twice.
-                whole = whole_chunks and len(part) > WHOLE_CHUNK_MIN
-                for f in () if whole and first else (check, layer_check):
-                    if f is not None:
-                        f()
-                first = False
-                at = [len(part) - 1] if logits and end == len(seq) else []
-                self.check = None if whole else layer_check
-                self._in_chunk = True
-                try:
-                    with bulk(self.lm.bulk_dtype):  # many rows: dense matmuls beat the per-row kernel
-                        logits_part = self.forward(part, list(range(-1, len(part) - 1)), at)
-                    if at:
-                        out = (logits_part[-1], self.last_hidden[-1])
-                except Preempted:  # nothing of this chunk was committed: it runs again
-                    self.check, self._in_chunk = layer_check, False
-                    yield
-                    continue
-                finally:
-                    self._in_chunk = False
-                self.keep(range(len(part)))
-                ms = self.prefill_ms_per_token = self.last_pass_ms / len(part)
-                if len(part) >= BULK_TOKENS:
-                    self.bulk_ms_per_token = (self.bulk_ms_per_token + ms) / 2 if self.bulk_ms_per_token else ms
-                c = end
-                self.check = layer_check
+        while c < len(seq):
+            end = min(len(seq), (c // chunk + 1) * chunk)
+            part = list(seq[c:end])
+            # whole_chunks: a request's prefill, once begun, runs at least one chunk even if the
+            # next keystroke superseded it meanwhile: the next request reuses it (at 200 Hz typing,
+            # every request is superseded before it starts, and the prompt would never advance).
+            # Not a chunk of a few tokens (a keystroke's): it costs a pass whatever its length, so
+            # the next request, whose prompt holds those tokens too, would pay that pass twice.
+            whole = whole_chunks and len(part) > WHOLE_CHUNK_MIN
+            if not (whole and first):
+                ctx.check()
+            first = False
+            chunk_ctx = dataclasses.replace(ctx, cancel=None) if whole else ctx  # whole: no cancel inside
+            at = [len(part) - 1] if logits and end == len(seq) else []
+            try:
+                with bulk(self.lm.bulk_dtype):  # many rows: dense matmuls beat the per-row kernel
+                    logits_part = self.forward(part, list(range(-1, len(part) - 1)), at,
+                                               ctx=chunk_ctx, preemptible=True)
+                if at:
+                    out = (logits_part[-1], self.last_hidden[-1])
+            except Preempted:  # nothing of this chunk was committed: it runs again
                 yield
-        finally:
-            self.check = layer_check
+                continue
+            self.keep(range(len(part)))
+            ms = self.prefill_ms_per_token = self.last_pass_ms / len(part)
+            if len(part) >= BULK_TOKENS:
+                self.bulk_ms_per_token = (self.bulk_ms_per_token + ms) / 2 if self.bulk_ms_per_token else ms
+            c = end
+            yield
         return out
 
     def _masks(self, anc: torch.Tensor, node_pos: torch.Tensor, L: int) -> tuple[object, list[int]]:

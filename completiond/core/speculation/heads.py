@@ -1,6 +1,6 @@
 """Proposers over the target's own hidden states: Medusa heads and the EAGLE-style feature draft
 (the modules and their weights: models/heads.py). The engine hands each the feature of the verify
-pass that just ran; each judges by depth what the target accepted."""
+pass that just ran, in the proposal's PassContext; each judges by depth what the target accepted."""
 
 from __future__ import annotations
 
@@ -11,30 +11,30 @@ from torch import nn
 
 from ...models.heads import EagleHead, MedusaHeads
 from ...models.quant import full_weight
+from ..forward.context import NO_CONTEXT, PassContext
 from .budget import Ewma
 from .proposers import Limits, Outcome
 from .tree import Candidate
 
 
 class _HeadProposer:
-    """What both proposers share: the readout rows, the feature the engine sets, calibration by depth."""
+    """What both proposers share: the readout rows, calibration by depth."""
 
     def __init__(self, heads: nn.Module, rows: torch.Tensor, depth: int):
         self.heads = heads.to(device=rows.device, dtype=rows.dtype).eval()  # the target's device
         self.rows = rows  # [V', H] the target's output layer rows for heads.vocab
-        self.feature: torch.Tensor | None = None  # [H] set by the engine before each propose
         self.accepted = [Ewma(0.3, 0.05) for _ in range(depth)]  # per depth: tested nodes accepted ...
         self.raw = [Ewma(0.3, 0.05) for _ in range(depth)]  # ... and their uncalibrated probability
         self.scale = [1.0] * depth  # what the last proposal used
         self.step_ms = Ewma(0.0, 0.2)
 
-    def pays(self, found: list[Candidate], pass_ms: float) -> bool:
-        return self.feature is not None
+    def pays(self, found: list[Candidate], pass_ms: float, ctx: PassContext = NO_CONTEXT) -> bool:
+        return ctx.feature is not None
 
     def min_value(self, pass_ms: float) -> float:
         return self.step_ms.value / pass_ms if pass_ms > 0 else 0.0
 
-    def warm(self, context: list[int]) -> None:
+    def warm(self, context: list[int], ctx: PassContext = NO_CONTEXT) -> None:
         pass
 
     def _scales(self) -> list[float]:
@@ -61,12 +61,12 @@ class MedusaProposer(_HeadProposer):
         self.top = top[:heads.k]
 
     @torch.inference_mode()
-    def propose(self, context: list[int], limits: Limits) -> list[Candidate]:
-        if self.feature is None:
+    def propose(self, context: list[int], limits: Limits, ctx: PassContext = NO_CONTEXT) -> list[Candidate]:
+        if ctx.feature is None:
             return []
         t0 = time.perf_counter()
         depth = min(len(self.top), limits.max_len)
-        p = self._readout(self.heads(self.feature[None].to(self.rows.dtype))[:depth, 0])  # [depth, V']
+        p = self._readout(self.heads(ctx.feature[None].to(self.rows.dtype))[:depth, 0])  # [depth, V']
         q, ids = p.topk(max(self.top[:depth]), dim=-1)
         q, ids = q.tolist(), self.heads.vocab[ids].tolist()
         scale = self._scales()
@@ -94,8 +94,8 @@ class EagleProposer(_HeadProposer):
         self.depth, self.branch, self.top = depth, branch, top
 
     @torch.inference_mode()
-    def propose(self, context: list[int], limits: Limits) -> list[Candidate]:
-        if self.feature is None:
+    def propose(self, context: list[int], limits: Limits, ctx: PassContext = NO_CONTEXT) -> list[Candidate]:
+        if ctx.feature is None:
             return []
         t0 = time.perf_counter()
         scale = self._scales()
@@ -103,7 +103,7 @@ class EagleProposer(_HeadProposer):
         # node i: token, parent (-1: the root), calibrated probability, path value, depth, state (once fed)
         tok, parent, prob, value, dep = [context[-1]], [-1], [1.0], [1.0], [0]
         state: dict[int, torch.Tensor] = {}
-        fed_state = {0: self.feature.to(self.rows.dtype)}  # the state each fed node came from
+        fed_state = {0: ctx.feature.to(self.rows.dtype)}  # the state each fed node came from
         for _ in range(depth):
             open_nodes = [i for i in range(len(tok)) if i not in state and i in fed_state
                           and dep[i] < depth and (value[i] >= limits.min_value or i == 0)]

@@ -1,7 +1,8 @@
 """Proposers: cheap guesses at the target's continuation, all behind one interface.
 
-`propose(context, limits)` returns candidates in the target's ids, each token with an estimated
-probability that the target accepts it; `observe(outcomes)` reports, for every proposed node the
+`propose(context, limits, ctx)` returns candidates in the target's ids, each token with an estimated
+probability that the target accepts it (ctx: the job's PassContext, its cancel for a draft's
+passes and the feature for heads); `observe(outcomes)` reports, for every proposed node the
 target actually tested, whether it was accepted, and each proposer calibrates its estimates on that.
 """
 
@@ -16,6 +17,7 @@ import torch
 from .budget import Ewma
 from .index import TokenIndex, continuations
 from ...models import LoadedModel
+from ..forward.context import NO_CONTEXT, PassContext
 from ..forward.runner import Runner
 from .tree import Candidate
 
@@ -39,7 +41,7 @@ class Proposer(Protocol):
 
     name: str
 
-    def pays(self, found: list[Candidate], pass_ms: float) -> bool:
+    def pays(self, found: list[Candidate], pass_ms: float, ctx: PassContext = NO_CONTEXT) -> bool:
         """Run now? `found`: candidates of the proposers that ran before; pass_ms: a target pass."""
         ...
 
@@ -47,11 +49,11 @@ class Proposer(Protocol):
         """Stop extending below this P(path accepted): a node must save more than it costs."""
         ...
 
-    def propose(self, context: list[int], limits: Limits) -> list[Candidate]: ...
+    def propose(self, context: list[int], limits: Limits, ctx: PassContext = NO_CONTEXT) -> list[Candidate]: ...
 
     def observe(self, outcomes: list[Outcome]) -> None: ...
 
-    def warm(self, context: list[int]) -> None:
+    def warm(self, context: list[int], ctx: PassContext = NO_CONTEXT) -> None:
         """Prepare for proposing after `context` (e.g. prefill a model's cache), off the hot path."""
         ...
 
@@ -69,20 +71,20 @@ class PromptLookup:
         self.next = Ewma(0.8, 0.05)
         self._last_match: dict[int, int] = {}
 
-    def pays(self, found: list[Candidate], pass_ms: float) -> bool:
+    def pays(self, found: list[Candidate], pass_ms: float, ctx: PassContext = NO_CONTEXT) -> bool:
         return True  # an index lookup costs microseconds
 
     def min_value(self, pass_ms: float) -> float:
         return 0.0
 
-    def warm(self, context: list[int]) -> None:
+    def warm(self, context: list[int], ctx: PassContext = NO_CONTEXT) -> None:
         pass
 
     @staticmethod
     def _bucket(match: int) -> int:
         return 2 if match < 4 else 4 if match < 8 else 8 if match < 16 else 16
 
-    def propose(self, context: list[int], limits: Limits) -> list[Candidate]:
+    def propose(self, context: list[int], limits: Limits, ctx: PassContext = NO_CONTEXT) -> list[Candidate]:
         found = continuations(np.asarray(context, dtype=np.int64), self.index.segments(),
                               limits.max_len, self.max_candidates)
         out = []
@@ -121,7 +123,7 @@ class DraftModel:
         self.step_ms = Ewma(0.0, 0.2)
         self._skips = 0
 
-    def pays(self, found: list[Candidate], pass_ms: float) -> bool:
+    def pays(self, found: list[Candidate], pass_ms: float, ctx: PassContext = NO_CONTEXT) -> bool:
         """Run when what the draft should add beats what it costs.
 
         Its tokens matter where the candidates already found fail at their first token (1 - p);
@@ -143,8 +145,8 @@ class DraftModel:
         return self.step_ms.value / pass_ms if self.step_ms.value > 0 else 0.0
 
     @torch.inference_mode()
-    def warm(self, context: list[int]) -> None:
-        self.runner.extend(self._to_model(context))
+    def warm(self, context: list[int], ctx: PassContext = NO_CONTEXT) -> None:
+        self.runner.extend(self._to_model(context), ctx=ctx)
 
     def _to_model(self, ids: list[int]) -> list[int]:
         if self.lm.from_target is None:
@@ -157,8 +159,8 @@ class DraftModel:
         return self.lm.to_target[torch.tensor(ids, device=self.lm.device)].tolist()
 
     @torch.inference_mode()
-    def propose(self, context: list[int], limits: Limits) -> list[Candidate]:
-        logits = self.runner.extend(self._to_model(context))[None]  # [1, V]: after the root
+    def propose(self, context: list[int], limits: Limits, ctx: PassContext = NO_CONTEXT) -> list[Candidate]:
+        logits = self.runner.extend(self._to_model(context), ctx=ctx)[None]  # [1, V]: after the root
         unk = self.lm.meta.get("unk") if self.lm.to_target is not None else None
         c = self._c_used = self.accepted.value / max(self.raw.value, 1e-3)
         # The draft's tree; node i: its id (draft vocabulary), parent (-1: the root), calibrated
@@ -198,7 +200,7 @@ class DraftModel:
             if not pick:
                 break  # nothing left whose children would pay for another draft pass
             rows = self.runner.forward([ids[i] for i in pick], [fed.get(parent[i], -1) for i in pick],
-                                       range(len(pick)), append=bool(fed))
+                                       range(len(pick)), append=bool(fed), ctx=ctx)
             self.step_ms.add(self.runner.last_pass_ms)
             for i in pick:
                 fed[i] = len(fed)
