@@ -163,14 +163,15 @@ class Warmer:
                 yield from _until(d.engine.warming(chosen.ids, ctx), finish, active)
                 if finish.is_set():  # a request for this document came: it goes on from here
                     return None
-            if ask is not None:  # llama.vim's speculative follow-up: the whole completion, preemptible
-                req.cancel = cancel
+                d.scheduler.move(full.slot)  # then the full prompt, which later completions move to
+                yield from d.engine.warming(full.ids, ctx)
+            if ask is not None:  # llama.vim's speculative follow-up: the whole completion, preemptible;
+                # on the full prompt, the one a request picks once it is warm (its memory is per prompt:
+                # computed on the quick one, it went unused as soon as the full one was warm)
+                req = dataclasses.replace(req, prompt=full.ids, heal=full.heal, slot=full.slot, cancel=cancel)
                 yield from d.engine.run(req, ctx=ctx)
             elif not cold:
                 yield from d.engine.warming(req.prompt, ctx)  # ctx checks `cancel`
-            if cold:  # then the full prompt, which later completions move to
-                d.scheduler.move(full.slot)
-                yield from d.engine.warming(full.ids, ctx)
             return full.ids
 
         def done(fut: asyncio.Future) -> None:
