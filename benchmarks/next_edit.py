@@ -25,6 +25,7 @@ import argparse
 import datetime
 import difflib
 import io
+import itertools
 import json
 import re
 import subprocess
@@ -190,7 +191,9 @@ def _renames(path: str, text: str) -> list[Case]:
 
 def release_cases(old_files: dict[str, str], new_files: dict[str, str], n: int) -> list[Case]:
     """Two nearby hunks of one file between releases: the first applied is the history, the second the expected edit."""
-    out = []
+    out: list[Case] = []
+    if n <= 0:
+        return out
     for path in sorted(set(old_files) & set(new_files)):
         a, b = old_files[path].splitlines(keepends=True), new_files[path].splitlines(keepends=True)
         ops = [o for o in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes() if o[0] != "equal"]
@@ -314,14 +317,16 @@ def main() -> None:
     from completiond.core.engine import Engine
     from completiond.models import load
 
-    cases: list[Case] = []
     per_pkg_r, per_pkg_d = -(-a.renames // len(a.packages)), a.releases
+    renames, releases = [], []
     for spec in a.packages:
         name, versions = spec.split("==")
         old_v, new_v = versions.split(":")
         old, new = wheel_files(f"{name}=={old_v}"), wheel_files(f"{name}=={new_v}")
-        cases += rename_cases(new, per_pkg_r)
-        cases += release_cases(old, new, per_pkg_d)
+        renames.append(rename_cases(new, per_pkg_r))
+        releases.append(release_cases(old, new, per_pkg_d))
+    # the packages' cases in turn, renames first: a run stopped early still covers every package
+    cases = [c for kind in (renames, releases) for group in itertools.zip_longest(*kind) for c in group if c]
     print(f"{len(cases)} cases: {sum(c.kind == 'rename' for c in cases)} rename, "
           f"{sum(c.kind == 'release' for c in cases)} release", flush=True)
 
