@@ -112,6 +112,12 @@ def test_edits_apply_to_give_the_answer():
 def test_answer_text_drops_markers_and_keeps_the_newline():
     assert answer_text(f"{START}\nx = 1{END}", "x = 0\n") == "x = 1\n"
     assert answer_text("x = 1\n", "x = 0\n") == "x = 1\n"
+    region = '    """\n    return 1\n"""\n\ndef f(value):\n    return fullname\n'
+    # an answer that starts at a later line of the region skipped its head: kept, not deleted
+    assert answer_text(f"{START}\ndef f(value):\n    return value\n{END}", region) \
+        == region.replace("return fullname", "return value")
+    assert answer_text("\ndef f(value):\n", region) == "\ndef f(value):\n"  # a blank first line: as is
+    assert answer_text("y = 2\n", region) == "y = 2\n"  # no region line: as is
 
 
 def test_prompt_shows_diffs_and_the_region_and_fits_the_budget():

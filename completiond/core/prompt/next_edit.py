@@ -27,7 +27,8 @@ SYSTEM = ("You predict a programmer's next edit. You are shown their recent edit
           "to change, reply with the region unchanged.")
 LINES_BEFORE, LINES_AFTER = 4, 12  # the editable region around the anchor line: most next edits are below
 MAX_WINDOW_CHARS = 2400  # a region of long lines is cut to this (whole lines)
-CONTEXT_CHARS = 3000  # unchanged code shown before and after the region (shrunk to fit the budget)
+CONTEXT_CHARS = 1200  # unchanged code shown before and after the region (shrunk to fit the budget); with 3000
+# the 1.5B copied a rename case back whose other methods used the old name, with 1200 it renamed
 MAX_HINT_CHARS = 60  # the last change named in words only when it is this short (a rename, a literal)
 LAST_CHANGE_HINT = True
 MIN_SIMILARITY = 0.5  # an answer that changes more than half the region is not an edit but a new text: none
@@ -176,7 +177,21 @@ def answer_text(generated: str, region: str) -> str:
     out = out.replace(END, "")
     if region.endswith("\n") and not out.endswith("\n"):
         out += "\n"
-    return out
+    return _skipped_head(region, out) + out
+
+
+def _skipped_head(region: str, out: str) -> str:
+    """The region's first lines when the answer starts copying at a later one (the 1.5B skipped the
+    end of a docstring the region opened in): a model does not mean to delete the lines above the
+    one it began with. Only up to LINES_BEFORE lines, and only when the answer's first line is a
+    code line (not blank) that is not the region's first."""
+    a, first = region.splitlines(keepends=True), out.split("\n", 1)[0]
+    if not a or not first.strip() or a[0].rstrip("\n") == first:
+        return ""
+    for k in range(1, min(LINES_BEFORE, len(a) - 1) + 1):
+        if a[k].rstrip("\n") == first:
+            return "".join(a[:k])
+    return ""
 
 
 def edits(region: str, answer: str, offset: int = 0, finished: bool = True) -> list[TextEdit]:
