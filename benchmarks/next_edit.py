@@ -247,7 +247,7 @@ def run_case(engine, tok, case: Case, with_ar: bool) -> dict:
     want, got = changed_lines(region, case.expected[0]), changed_lines(region, after)
     sim = 1.0 if want == got else difflib.SequenceMatcher(None, want, got, autojunk=False).ratio()
     row = {"kind": case.kind, "case": case.name, "exact": exact, "edit_similarity": round(sim, 4),
-           "edits": len(found), "expected_change": want, "predicted_change": got,
+           "edits": len(found), "expected_change": want, "predicted_change": got, "answer": spec.text,
            "prompt_tokens": len(ids), "tokens": len(spec.token_ids), "stopped_by": spec.stopped_by,
            "pld": {"ms_total": round(spec.ms_total, 1), "ms_first_token": round(spec.ms_first_token, 1),
                    "passes": spec.target_passes, "mean_accepted": round(spec.mean_accepted, 3)}}
