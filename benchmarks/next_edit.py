@@ -24,12 +24,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import difflib
+import io
+import itertools
 import json
 import re
 import subprocess
 import sys
 import tempfile
 import time
+import tokenize
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from completiond.core.prompt.next_edit import answer_text, edits, next_edit_prompt, window_at  # noqa: E402
+from completiond.core.prompt.next_edit import LINES_BEFORE, answer_text, edits, next_edit_prompt, window_at  # noqa: E402
 from completiond.models import cache_root  # noqa: E402
 from completiond.models.device import cpu_name  # noqa: E402
 from completiond.service.history import History  # noqa: E402
@@ -90,7 +93,67 @@ def rename_cases(files: dict[str, str], n: int) -> list[Case]:
     return out
 
 
+def _line_starts(text: str) -> list[int]:
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    return starts
+
+
+def _body_end(text: str, indent: str, start: int) -> int:
+    """Where the function whose body starts at `start` ends: the first code line indented no deeper
+    than its `def` (the next function, a class, module code), else the end of the text."""
+    pos = start
+    while pos < len(text):
+        nl = text.find("\n", pos)
+        line = text[pos:nl if nl >= 0 else len(text)]
+        if line.strip() and not line.startswith(indent + " ") and not line.startswith(indent + "\t") \
+                and len(line) - len(line.lstrip()) <= len(indent):
+            return pos
+        if nl < 0:
+            break
+        pos = nl + 1
+    return len(text)
+
+
+def _uses(text: str, name: str, lo: int, hi: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Spans of `name` in text[lo:hi] by Python's tokenizer: (code uses: the name itself, not an
+    attribute `x.name` or a keyword argument `f(name=...)`; mentions in strings and comments)."""
+    try:
+        toks = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return [], []
+    starts = _line_starts(text)
+    code, mentions, depth = [], [], 0
+    word = re.compile(rf"(?<![\w.]){re.escape(name)}\b")
+    for i, t in enumerate(toks):
+        if t.type == tokenize.OP and t.string in "([{":
+            depth += 1
+        elif t.type == tokenize.OP and t.string in ")]}":
+            depth -= 1
+        off = starts[t.start[0] - 1] + t.start[1]
+        if not lo <= off < hi:
+            continue
+        if t.type == tokenize.NAME and t.string == name:
+            after = toks[i + 1].string if i + 1 < len(toks) else ""
+            if not (i and toks[i - 1].string == ".") and not (depth > 0 and after == "="):
+                code.append((off, off + len(name)))
+        elif t.type in (tokenize.STRING, tokenize.COMMENT):
+            mentions += [(off + w.start(), off + w.end()) for w in word.finditer(t.string)]
+    return code, mentions
+
+
+def _renamed(region: str, spans: list[tuple[int, int]], new: str) -> str:
+    for s, e in sorted(spans, reverse=True):
+        region = region[:s] + new + region[e:]
+    return region
+
+
 def _renames(path: str, text: str) -> list[Case]:
+    """Rename cases of one file: the uses to propagate are the parameter's code uses inside the
+    function's own body and the window (tokens, not text: a later function's parameter of the same
+    name, an attribute or a keyword argument are other names); its mentions in strings and comments
+    may be renamed or not, both are right."""
     out = []
     sig = re.compile(r"^([ \t]*)def (\w+)\(([^)]*)\):[ \t]*\n", re.M)
     for m in sig.finditer(text):
@@ -99,37 +162,38 @@ def _renames(path: str, text: str) -> list[Case]:
         if not params:
             continue
         p = params[0]
-        body_end = text.find(f"\n{m.group(1)}def ", m.end())
-        body = text[m.end():body_end if body_end > 0 else len(text)]
-        use = re.compile(rf"(?<![\w.]){re.escape(p)}\b(?!\s*=[^=])")
-        first = use.search(body)
-        if first is None or body[:first.start()].count("\n") > 8 or "\t" in body:
+        end = _body_end(text, m.group(1), m.end())
+        body = text[m.end():end]
+        if "\t" in body:
             continue
         new = next((x for x in NEW_NAMES if x not in body and x not in m.group(0)), None)
         if new is None:
             continue
         at = m.start(3) + re.search(rf"\b{re.escape(p)}\b", m.group(3)).start()
         now = text[:at] + new + text[at + len(p):]
-        anchor = at + len(new)
+        anchor, shift = at + len(new), len(new) - len(p)
         w = window_at(now, anchor)
+        sig_end = now.index("\n", anchor) + 1  # the uses below the signature line, in the window and the body
+        code, mentions = _uses(now, p, sig_end, min(end + shift, w.end))
+        if not code or now[w.start:sig_end].count("\n") + now[sig_end:code[0][0]].count("\n") > LINES_BEFORE + 8:
+            continue
         region = now[w.start:w.end]
-        start = region.index("\n", anchor - w.start) + 1  # the uses below the signature line, in the window
-        uses = list(use.finditer(region, start))
-        renamed = []
-        for k in range(len(uses), 0, -1):  # the first k uses renamed, all of them first
-            r = region
-            for u in reversed(uses[:k]):
-                r = r[:u.start()] + new + r[u.end():]
-            renamed.append(r)
-        if renamed:
-            line = text.count("\n", 0, m.start()) + 1
-            out.append(Case("rename", f"{path}:{line} {p} -> {new}", text, now, anchor, renamed))
+        code = [(s - w.start, e - w.start) for s, e in code]
+        mentions = [(s - w.start, e - w.start) for s, e in mentions]
+        expected = [_renamed(region, code, new)]
+        if mentions:
+            expected.append(_renamed(region, code + mentions, new))
+        expected += [_renamed(region, code[:k], new) for k in range(len(code) - 1, 0, -1)]
+        line = text.count("\n", 0, m.start()) + 1
+        out.append(Case("rename", f"{path}:{line} {p} -> {new}", text, now, anchor, expected))
     return out
 
 
 def release_cases(old_files: dict[str, str], new_files: dict[str, str], n: int) -> list[Case]:
     """Two nearby hunks of one file between releases: the first applied is the history, the second the expected edit."""
-    out = []
+    out: list[Case] = []
+    if n <= 0:
+        return out
     for path in sorted(set(old_files) & set(new_files)):
         a, b = old_files[path].splitlines(keepends=True), new_files[path].splitlines(keepends=True)
         ops = [o for o in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes() if o[0] != "equal"]
@@ -183,7 +247,7 @@ def run_case(engine, tok, case: Case, with_ar: bool) -> dict:
     want, got = changed_lines(region, case.expected[0]), changed_lines(region, after)
     sim = 1.0 if want == got else difflib.SequenceMatcher(None, want, got, autojunk=False).ratio()
     row = {"kind": case.kind, "case": case.name, "exact": exact, "edit_similarity": round(sim, 4),
-           "edits": len(found), "expected_change": want, "predicted_change": got,
+           "edits": len(found), "expected_change": want, "predicted_change": got, "answer": spec.text,
            "prompt_tokens": len(ids), "tokens": len(spec.token_ids), "stopped_by": spec.stopped_by,
            "pld": {"ms_total": round(spec.ms_total, 1), "ms_first_token": round(spec.ms_first_token, 1),
                    "passes": spec.target_passes, "mean_accepted": round(spec.mean_accepted, 3)}}
@@ -253,14 +317,16 @@ def main() -> None:
     from completiond.core.engine import Engine
     from completiond.models import load
 
-    cases: list[Case] = []
     per_pkg_r, per_pkg_d = -(-a.renames // len(a.packages)), a.releases
+    renames, releases = [], []
     for spec in a.packages:
         name, versions = spec.split("==")
         old_v, new_v = versions.split(":")
         old, new = wheel_files(f"{name}=={old_v}"), wheel_files(f"{name}=={new_v}")
-        cases += rename_cases(new, per_pkg_r)
-        cases += release_cases(old, new, per_pkg_d)
+        renames.append(rename_cases(new, per_pkg_r))
+        releases.append(release_cases(old, new, per_pkg_d))
+    # the packages' cases in turn, renames first: a run stopped early still covers every package
+    cases = [c for kind in (renames, releases) for group in itertools.zip_longest(*kind) for c in group if c]
     print(f"{len(cases)} cases: {sum(c.kind == 'rename' for c in cases)} rename, "
           f"{sum(c.kind == 'release' for c in cases)} release", flush=True)
 

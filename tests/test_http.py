@@ -77,6 +77,11 @@ def sse(srv, path: str, body: dict) -> list[str]:
 
 async def wire_complete(srv, text: str, cursor: int, max_tokens: int) -> str:
     """The same completion through the daemon's own protocol (a separate session and document)."""
+    return (await wire_result(srv, text, cursor, max_tokens))["text"]
+
+
+async def wire_result(srv, text: str, cursor: int, max_tokens: int, n: int = 1, reuse_prefix: bool = True) -> dict:
+    """`complete`'s whole result (with `n`: its alternatives) through the daemon's own protocol."""
     c = await Client.connect(srv["sock"])
     try:
         await c.request("initialize", {"client": "t", "protocol": 1, "workspace_roots": [],
@@ -86,8 +91,9 @@ async def wire_complete(srv, text: str, cursor: int, max_tokens: int) -> str:
         line = text[:cursor].count("\n")
         char = cursor - (text.rfind("\n", 0, cursor) + 1)
         res = await c.request("complete", {"uri": uri, "position": {"line": line, "character": char},
-                                           "max_tokens": max_tokens}, timeout=120)
-        return res["text"]
+                                           "max_tokens": max_tokens, "n": n,
+                                           "reuse_prefix": reuse_prefix}, timeout=120)
+        return res
     finally:
         await c.close()
 
@@ -231,8 +237,9 @@ def test_openai_n_stop_and_echo(srv):
     client = openai_client(srv)
     prompt = "x = [1, 2, 3]\nfor v in x:\n    "
     res = client.completions.create(model="m", prompt=prompt, max_tokens=8, n=2)
-    assert [c.index for c in res.choices] == [0, 1] and res.choices[0].text == res.choices[1].text
-    text = res.choices[0].text
+    assert [c.index for c in res.choices] == [0, 1]
+    text = client.completions.create(model="m", prompt=prompt, max_tokens=8).choices[0].text
+    assert res.choices[0].text == text  # greedy first, the n=1 text
     assert len(text) >= 3
     stopped = client.completions.create(model="m", prompt=prompt, max_tokens=8, stop=[text[2]])
     assert stopped.choices[0].text == text[:text.index(text[2])] and stopped.choices[0].finish_reason == "stop"
@@ -240,6 +247,42 @@ def test_openai_n_stop_and_echo(srv):
     assert echoed.choices[0].text == prompt + text
     sampled = client.completions.create(model="m", prompt=prompt, max_tokens=8, temperature=0.9, n=2, seed=3)
     assert len(sampled.choices) == 2
+
+
+GREEDY_N_PROMPTS = ["x = [1, 2, 3]\nfor v in x:\n    ", "def area(r):\n    return ",
+                    "import os\n\n\ndef main():\n    path = ", "class Point:\n    def __init__(self, x, y):\n        "]
+
+
+async def test_greedy_n_answers_the_daemons_distinct_alternatives_greedy_first(srv):
+    """Greedy `n` / `n_cmpl` > 1: the daemon's alternatives (same passes) as distinct choices, the
+    n=1 text first, n entries (the greedy one repeated past the distinct ones). Before: n copies.
+    Each prompt is asked with n first: a repeat is served from the typed-through memory (no pass,
+    no alternatives); the wire's `reuse_prefix: false` computes the reference afresh."""
+    client = openai_client(srv)
+    distinct = 0
+    for i, prompt in enumerate(GREEDY_N_PROMPTS):
+        prompt = f"# greedy n, {i}\n" + prompt  # a text no other test asked (the memory knows those)
+        res = await asyncio.to_thread(client.completions.create, model="m", prompt=prompt, max_tokens=8, n=4)
+        texts = [c.text for c in res.choices]
+        one = await asyncio.to_thread(client.completions.create, model="m", prompt=prompt, max_tokens=8)
+        assert [c.index for c in res.choices] == [0, 1, 2, 3] and texts[0] == one.choices[0].text
+        wire = await wire_result(srv, prompt, len(prompt), 8, n=3, reuse_prefix=False)
+        alts = [a["text"] for a in wire["alternatives"]]
+        assert wire["text"] == texts[0] and texts == [texts[0], *alts] + [texts[0]] * (3 - len(alts))
+        k = 1 + len(alts)
+        assert len(set(texts[:k])) == k  # the first k are distinct, the rest repeat the greedy one
+        assert res.usage.completion_tokens > one.usage.completion_tokens or k == 1
+        distinct += k > 1
+        # llama.cpp's /infill with n_cmpl: a list of the same kind (another text: no memory hit)
+        prefix = "# infill\n" + prompt
+        status, out = await asyncio.to_thread(call, srv, "POST", "/infill", {
+            "input_prefix": prefix, "input_suffix": "\n", "n_predict": 8, "n_cmpl": 3, "samplers": []})
+        wire = await wire_result(srv, prefix + "\n", len(prefix), 8, n=3, reuse_prefix=False)
+        want = [wire["text"], *[a["text"] for a in wire["alternatives"]]]
+        assert status == 200 and [o["index"] for o in out] == [0, 1, 2]
+        assert [o["content"] for o in out] == want + [want[0]] * (3 - len(want))
+        assert len(set(o["content"] for o in out[:len(want)])) == len(want)
+    assert distinct >= len(GREEDY_N_PROMPTS) // 2  # the tiny model has runners-up at most prompts
 
 
 # ---- the rules: token, loopback, bad input; the daemon lives on ---------------------------------

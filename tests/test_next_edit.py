@@ -4,7 +4,8 @@ import pytest
 
 import tiny
 from completiond.core.engine import Engine, Request
-from completiond.core.prompt.next_edit import END, START, Window, answer_text, edits, next_edit_prompt, window_at
+from completiond.core.prompt.next_edit import (END, START, Window, answer_text, edits, last_change_hint, next_edit_prompt,
+                                               window_at)
 from completiond.service.history import History, common_span
 
 SRC = "def area(w, h):\n    return w * h\n\n\ndef scale(x, k):\n    y = x * k\n    return y + x\n"
@@ -111,6 +112,12 @@ def test_edits_apply_to_give_the_answer():
 def test_answer_text_drops_markers_and_keeps_the_newline():
     assert answer_text(f"{START}\nx = 1{END}", "x = 0\n") == "x = 1\n"
     assert answer_text("x = 1\n", "x = 0\n") == "x = 1\n"
+    region = '    """\n    return 1\n"""\n\ndef f(value):\n    return fullname\n'
+    # an answer that starts at a later line of the region skipped its head: kept, not deleted
+    assert answer_text(f"{START}\ndef f(value):\n    return value\n{END}", region) \
+        == region.replace("return fullname", "return value")
+    assert answer_text("\ndef f(value):\n", region) == "\ndef f(value):\n"  # a blank first line: as is
+    assert answer_text("y = 2\n", region) == "y = 2\n"  # no region line: as is
 
 
 def test_prompt_shows_diffs_and_the_region_and_fits_the_budget():
@@ -130,6 +137,23 @@ def test_prompt_shows_diffs_and_the_region_and_fits_the_budget():
     assert len(small) <= 600
     with pytest.raises(ValueError, match="too large"):
         next_edit_prompt(tok, text, Window(0, len(text)), [], max_tokens=100)
+
+
+def test_the_last_change_is_named_in_words_when_short():
+    """Instruct targets copy the region back unless told which change to carry on (1.5B, bench)."""
+    rename = "--- a/a.py\n+++ b/a.py\n@@ -3,2 +3,2 @@\n-def f(self, fullname):\n+def f(self, value):\n     x = fullname\n"
+    assert last_change_hint(rename) == "Their last edit replaced `fullname` with `value`. "
+    assert last_change_hint("@@ -1 +1 @@\n-n = max_size + 1\n+n = max_items + 1\n") \
+        == "Their last edit replaced `max_size` with `max_items`. "  # whole identifiers
+    assert last_change_hint("@@ -1 +1,2 @@\n x = 1\n+y = 2\n") == "Their last edit inserted `y = 2`. "
+    assert last_change_hint("@@ -1,2 +1 @@\n x = 1\n-y = 2\n") == "Their last edit deleted `y = 2`. "
+    assert last_change_hint("@@ -1,2 +1,2 @@\n-a = 1\n-b = 2\n+a = 3\n+b = 4\n") == ""  # two lines: no words
+    assert last_change_hint("@@ -1 +1 @@\n-x = " + "1" * 80 + "\n+x = 2\n") == ""  # too long
+    tok = tiny.qwen_tokenizer()
+    w = window_at(SRC, 0)
+    doc = tok.decode(next_edit_prompt(tok, SRC, w, [rename], "a.py", "python")[0])
+    assert "replaced `fullname` with `value`" in doc
+    assert "Their last edit" not in tok.decode(next_edit_prompt(tok, SRC, w, [], "a.py", "python")[0])
 
 
 @pytest.fixture(scope="module")

@@ -415,7 +415,8 @@ class HttpServer:
 
     # ---- running completions ----
     async def alternatives(self, ask: Ask, conn: Conn) -> list[Done]:
-        """n completions: greedy ones are one completion n times; sampled ones run one after another
+        """n completions. Greedy: one `complete` with the daemon's distinct alternatives (up to 3,
+        the greedy one first), the greedy one repeated to fill n; sampled: n runs one after another
         (each supersedes nothing: the previous has finished)."""
         dones: list[Done] = []
         for i in range(1 if ask.greedy else ask.n):
@@ -423,7 +424,10 @@ class HttpServer:
             if done is None:
                 return [Done("", {}, "none")] * ask.n
             dones.append(done)
-        return dones * ask.n if ask.greedy else dones
+        if not ask.greedy:
+            return dones
+        dones += greedy_alternatives(ask, dones[0])[:ask.n - 1]
+        return dones + [dones[0]] * (ask.n - len(dones))
 
     async def run(self, ask: Ask, conn: Conn, i: int, emit: Callable[[str], Any] | None) -> Done | None:
         """One `complete` through the bridge: streams increments through `emit` (text the client's
@@ -482,3 +486,21 @@ async def start_http(daemon: Daemon, host: str, port: int, token: str) -> HttpSe
     server = HttpServer(daemon, token)
     daemon.servers.append(await server.start(host, port))
     return server
+
+
+def greedy_alternatives(ask: Ask, main: Done) -> list[Done]:
+    """The daemon's alternatives to `main` with the client's stops applied, each still distinct
+    (a stop string can cut two texts to the same one) and not empty."""
+    seen, out = {main.text}, []
+    for a in main.res.get("alternatives") or []:
+        text = a.get("text", "")
+        res = {**main.res, "text": text, "token_ids": a.get("token_ids", []), "stopped_by": a.get("stopped_by", "")}
+        cut, stop_type, word = client_cut(ask, text)
+        if cut is not None:
+            text = text[:cut]
+        else:
+            stop_type = _stop_type(res)
+        if text and text not in seen:
+            seen.add(text)
+            out.append(Done(text, res, stop_type, word))
+    return out

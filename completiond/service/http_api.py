@@ -77,6 +77,8 @@ class Ask:
             p.update(temperature=min(self.temperature, P.MAX_TEMPERATURE), top_p=self.top_p, top_k=self.top_k)
             if self.seed is not None or self.n > 1:
                 p["seed"] = (self.seed or 0) + i  # alternatives differ; one seed repeats itself
+        elif self.n > 1:  # greedy: the daemon's distinct alternatives, decoded in the same passes
+            p["n"] = min(self.n, P.MAX_SUGGESTIONS)
         return p
 
     @property

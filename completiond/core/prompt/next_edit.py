@@ -27,7 +27,10 @@ SYSTEM = ("You predict a programmer's next edit. You are shown their recent edit
           "to change, reply with the region unchanged.")
 LINES_BEFORE, LINES_AFTER = 4, 12  # the editable region around the anchor line: most next edits are below
 MAX_WINDOW_CHARS = 2400  # a region of long lines is cut to this (whole lines)
-CONTEXT_CHARS = 3000  # unchanged code shown before and after the region (shrunk to fit the budget)
+CONTEXT_CHARS = 1200  # unchanged code shown before and after the region (shrunk to fit the budget); with 3000
+# the 1.5B copied a rename case back whose other methods used the old name, with 1200 it renamed
+MAX_HINT_CHARS = 60  # the last change named in words only when it is this short (a rename, a literal)
+LAST_CHANGE_HINT = True
 MIN_SIMILARITY = 0.5  # an answer that changes more than half the region is not an edit but a new text: none
 
 
@@ -84,6 +87,7 @@ def next_edit_prompt(tokenizer, text: str, window: Window, diffs: list[str], pat
 
     def build(before: str, after: str, shown: list[str]) -> list[int]:
         edits = "".join(shown) or "(none yet)\n"
+        hint = last_change_hint(shown[-1]) if shown and LAST_CHANGE_HINT else ""
         code = f"{before}{START}\n{region}{'' if region.endswith(chr(10)) or not region else chr(10)}{END}\n{after}"
         if not code.endswith("\n"):
             code += "\n"
@@ -91,14 +95,14 @@ def next_edit_prompt(tokenizer, text: str, window: Window, diffs: list[str], pat
         if getattr(tokenizer, "chat_template", None):
             user = (f"Recent edits, oldest first:\n{FENCE}diff\n{edits}{FENCE}\n\n"
                     f"Code around the cursor{name}:\n{FENCE}{lang}\n{code}{FENCE}\n\n"
-                    "Rewrite the editable region with the next edit.")
+                    f"{hint}Rewrite the editable region with the next edit.")
             messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
             doc = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             # the answer opens with the start marker: it copies the region, not the code shown above it
             return tokenizer.encode(doc + f"{FENCE}{lang}\n{START}\n", add_special_tokens=False)
         doc = (f"Recent edits, oldest first:\n{FENCE}diff\n{edits}{FENCE}\n\n"
                f"Code{name}, editable region between {START} and {END}:\n{FENCE}{lang}\n{code}{FENCE}\n\n"
-               f"Editable region after the next edit:\n{FENCE}{lang}\n{START}\n")
+               f"{hint}Editable region after the next edit:\n{FENCE}{lang}\n{START}\n")
         return bos_ids(tokenizer) + tokenizer.encode(doc, add_special_tokens=False)
 
     chars, shown = CONTEXT_CHARS, list(diffs)
@@ -123,6 +127,37 @@ def next_edit_prompt(tokenizer, text: str, window: Window, diffs: list[str], pat
     return ids, StopRules(line_rules=False, stop_strings=("\n" + FENCE, FENCE, END) + overrun_stop(region, after))
 
 
+def last_change_hint(diff: str) -> str:
+    """One sentence naming what the last diff changed, when it is a short change within a line or two
+    (`fullname` -> `value`): an instruct model that is not trained on next edits copies the region
+    back unless it is told which change to carry on. Whole identifiers, not the characters that differ."""
+    lines = diff.splitlines()
+    old = "\n".join(l[1:] for l in lines if l.startswith("-") and not l.startswith("---"))
+    new = "\n".join(l[1:] for l in lines if l.startswith("+") and not l.startswith("+++"))
+    if old == new:
+        return ""
+    p = 0
+    while p < min(len(old), len(new)) and old[p] == new[p]:
+        p += 1
+    q = 0
+    while q < min(len(old), len(new)) - p and old[-1 - q] == new[-1 - q]:
+        q += 1
+
+    def word(c: str) -> bool:
+        return c.isalnum() or c == "_"
+
+    while p > 0 and word(old[p - 1]):  # widen to whole identifiers
+        p -= 1
+    while q > 0 and (word(old[len(old) - q]) if q <= len(old) else False):
+        q -= 1
+    a, b = old[p:len(old) - q].strip(), new[p:len(new) - q].strip()
+    if "\n" in a or "\n" in b or len(a) > MAX_HINT_CHARS or len(b) > MAX_HINT_CHARS or "`" in a + b:
+        return ""
+    if a and b:
+        return f"Their last edit replaced `{a}` with `{b}`. "
+    return f"Their last edit inserted `{b}`. " if b else f"Their last edit deleted `{a}`. "
+
+
 def overrun_stop(region: str, after: str) -> tuple[str, ...]:
     """A stop at the first line after the region: a model that copies on past the region's end into the
     code below it (the 0.5B did, to max_tokens, on a region that ended mid-function) is cut there.
@@ -142,7 +177,21 @@ def answer_text(generated: str, region: str) -> str:
     out = out.replace(END, "")
     if region.endswith("\n") and not out.endswith("\n"):
         out += "\n"
-    return out
+    return _skipped_head(region, out) + out
+
+
+def _skipped_head(region: str, out: str) -> str:
+    """The region's first lines when the answer starts copying at a later one (the 1.5B skipped the
+    end of a docstring the region opened in): a model does not mean to delete the lines above the
+    one it began with. Only up to LINES_BEFORE lines, and only when the answer's first line is a
+    code line (not blank) that is not the region's first."""
+    a, first = region.splitlines(keepends=True), out.split("\n", 1)[0]
+    if not a or not first.strip() or a[0].rstrip("\n") == first:
+        return ""
+    for k in range(1, min(LINES_BEFORE, len(a) - 1) + 1):
+        if a[k].rstrip("\n") == first:
+            return "".join(a[:k])
+    return ""
 
 
 def edits(region: str, answer: str, offset: int = 0, finished: bool = True) -> list[TextEdit]:
