@@ -5,10 +5,10 @@ side-by-side bench measured the 1.5B's `combined` p50 within 1.25x of the 0.5B's
 import pytest
 
 from completiond.bench.cli import record_default
-from completiond.models import catalog, default_target
-from completiond.models.device import cpu_key
+from completiond.models import choice, default_target
+from completiond.models.device import cpu_file
 
-LARGER, SMALLER = catalog.MEASURED_PAIR
+LARGER, SMALLER = choice.MEASURED_PAIR
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +34,7 @@ def test_without_a_measurement_the_cpu_default_is_the_smaller_target():
     (240.0, False, SMALLER),    # fast enough, but not installed
 ])
 def test_a_bench_verdict_decides_the_cpu_default(larger_ms, installed, expected, monkeypatch):
-    monkeypatch.setattr(catalog, "installed", lambda m: installed)
+    monkeypatch.setattr(choice, "installed", lambda m: installed)
     verdict = record_default({LARGER: run(LARGER, "combined", larger_ms), SMALLER: run(SMALLER, "ar", 200.0)})
     assert verdict is not None and verdict["target"] == expected
     target, why = default_target("cpu")
@@ -42,8 +42,9 @@ def test_a_bench_verdict_decides_the_cpu_default(larger_ms, installed, expected,
     assert f"{larger_ms / 200.0:.2f}x" in why and "40 positions of toolz" in why
     if not installed:
         assert "not installed" in why and "pip install" in why
-    assert catalog.choice_path(cpu_key()).exists()
-    assert default_target("cuda")[0] == LARGER  # a GPU's default does not follow a CPU's measurement
+    assert cpu_file(choice.KIND).exists()
+    # a GPU's default does not follow a CPU's measurement (without the 1.5B it falls back to the CPU's)
+    assert default_target("cuda")[0] == (LARGER if installed else SMALLER)
 
 
 @pytest.mark.parametrize("runs", [
@@ -54,12 +55,12 @@ def test_a_bench_verdict_decides_the_cpu_default(larger_ms, installed, expected,
 ])
 def test_runs_that_do_not_measure_the_pair_decide_nothing(runs):
     assert record_default(runs) is None
-    assert not catalog.choice_path(cpu_key()).exists()
+    assert not cpu_file(choice.KIND).exists()
     assert default_target("cpu")[0] == SMALLER
 
 
 def test_a_damaged_record_is_no_measurement(cache):
-    path = catalog.choice_path(cpu_key())
+    path = cpu_file(choice.KIND)
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     target, why = default_target("cpu")

@@ -198,20 +198,19 @@ def side_by_side(runs: dict[str, dict], label: str) -> dict:
 
 def record_default(runs: dict[str, dict]) -> dict | None:
     """A CPU run of both Qwen targets with `combined` and `ar` on enough positions decides which one
-    `--target default` means on this CPU (models.catalog.cpu_default): kept in the cache."""
-    from ..models.catalog import MEASURED_PAIR, MIN_POSITIONS, cpu_default, record_choice
-    from ..models.device import cpu_key
+    `--target default` means on this CPU (models/choice.py): kept in the cache."""
+    from ..models.choice import MEASURED_PAIR, MIN_POSITIONS, default_target, record_choice
 
     larger, smaller = (runs.get(t) for t in MEASURED_PAIR)
     if (larger is None or smaller is None or {larger["device"], smaller["device"]} != {"cpu"}
             or "combined" not in larger["modes"] or "ar" not in smaller["modes"]
             or min(larger["positions"], smaller["positions"]) < MIN_POSITIONS):
         return None
-    record_choice(cpu_key(), {"larger_combined_p50_ms": larger["modes"]["combined"]["p50_ms"],
-                              "smaller_ar_p50_ms": smaller["modes"]["ar"]["p50_ms"],
-                              "positions": larger["positions"], "repo": larger["repo"], "date": larger["date"],
-                              "command": larger["command"]})
-    target, why = cpu_default(cpu_key())
+    record_choice({"larger_combined_p50_ms": larger["modes"]["combined"]["p50_ms"],
+                   "smaller_ar_p50_ms": smaller["modes"]["ar"]["p50_ms"],
+                   "positions": larger["positions"], "repo": larger["repo"], "date": larger["date"],
+                   "command": larger["command"]})
+    target, why = default_target("cpu")
     return {"target": target, "why": why}
 
 

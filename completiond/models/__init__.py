@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 
 from . import integrity, runtime
-from .catalog import GEMMA_270M, NAMED, ModelError, assemble, cpu_default, default_models, file_lock, installed
-from .device import cpu_has_fast_bf16, cpu_key, pick_bulk_dtype, pick_device, pick_dtype  # noqa: F401 (re-exported)
+from .catalog import GEMMA_270M, NAMED, ModelError, assemble, file_lock
+from .choice import default_target
+from .device import cpu_has_fast_bf16, pick_bulk_dtype, pick_device, pick_dtype  # noqa: F401 (re-exported)
 from .quant import pick_quant  # noqa: F401 (re-exported)
 from ..paths import cache_root  # torch-free, shared with the LSP
 
@@ -256,11 +257,6 @@ def resolve(spec: str, role: str = "target", device: str = "cpu") -> tuple[Path 
     """
     if spec == "default" and role == "target":
         spec = default_target(device)[0]
-        if NAMED[spec] is not None and not installed(NAMED[spec]):  # e.g. CUDA without the [coder] extra
-            fallback = default_models("cpu")[0]
-            print(f"completiond: the {device} default {spec} is not installed ({NAMED[spec].install_hint}); "
-                  f"using {fallback}", file=sys.stderr)
-            spec = fallback
     if spec == "default":  # the shipped draft, trained for gemma3-270m
         if (DRAFT_DIR / "config.json").exists():
             return DRAFT_DIR, "default", None
@@ -287,14 +283,6 @@ def resolve(spec: str, role: str = "target", device: str = "cpu") -> tuple[Path 
                          "a model directory or a .gguf file")
     _check_hub_reachable(spec)
     return spec, spec, None  # an HF id: from_pretrained honours HF_HUB_OFFLINE and the local hub cache
-
-
-def default_target(device: str) -> tuple[str, str]:
-    """(named target, why) that `--target default` means on this device type: by device, and on a
-    CPU by this CPU's side-by-side measurement (catalog.cpu_default)."""
-    if device == "cpu":
-        return cpu_default(cpu_key())
-    return default_models(device)[0], f"the {device} default"
 
 
 def _check_hub_reachable(repo_id: str) -> None:
@@ -324,12 +312,10 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     scheme = pick_quant(quant, dev, dt, dtype_asked=dtype != "auto")
-    where, name, gguf = resolve(spec, role, dev.type)
     why = None
     if spec == "default" and role == "target":
-        chosen, why = default_target(dev.type)
-        if name != chosen:  # resolve fell back (above)
-            why = f"{chosen} is the {dev.type} default but is not installed"
+        spec, why = default_target(dev.type)
+    where, name, gguf = resolve(spec, role, dev.type)
     loaded = _load(where, name, gguf, role, spec, dev, dt, scheme)
     if why is not None:
         loaded.meta["default_reason"] = why  # status and --json say why this target is the default

@@ -14,7 +14,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import importlib.metadata as metadata
-import json
 import os
 import sys
 from contextlib import contextmanager
@@ -67,56 +66,13 @@ GEMMA_270M = "gemma3-270m"  # assembled by its own package (gemma3-270m-q4-k-m-g
 
 NAMED: dict[str, NamedModel | None] = {CODER_15B.name: CODER_15B, CODER_05B.name: CODER_05B, GEMMA_270M: None}
 
-# The defaults by device (README "Models"); on a CPU `cpu_default` may pick the larger target by measurement.
+# The defaults by device (README "Models"); on a CPU, models/choice.py may pick the larger target by measurement.
 DEFAULTS = {"cuda": (CODER_15B.name, CODER_05B.name), "cpu": (CODER_05B.name, "none")}
 
 
 def default_models(device_type: str) -> tuple[str, str]:
     """(target, draft) named models that `--target default` / `--draft default` mean on this device."""
     return DEFAULTS.get(device_type, DEFAULTS["cpu"])
-
-
-# On a CPU the 1.5B is the default where its `combined` p50 is within this factor of the 0.5B's `ar`
-# p50, measured side by side on this CPU by `completiond bench --targets` (issue 37): its suggestions
-# are right 2.5x as often, and a user does not notice a wait 1.25x as long.
-LARGER_DEFAULT_WITHIN = 1.25
-MEASURED_PAIR = (CODER_15B.name, CODER_05B.name)  # (larger, smaller): the pair the measurement compares
-MIN_POSITIONS = 16  # a bench run on fewer positions does not decide the default
-
-
-def choice_path(cpu: str) -> Path:
-    return cache_root() / "calibration" / f"default-target-{hashlib.sha1(cpu.encode()).hexdigest()[:12]}.json"
-
-
-def record_choice(cpu: str, measured: dict) -> Path:
-    """Keep a side-by-side bench's verdict for this CPU: `measured` has larger_combined_p50_ms,
-    smaller_ar_p50_ms, positions, repo, date, command. Written atomically."""
-    path = choice_path(cpu)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"cpu": cpu, **measured}, indent=1))
-    os.replace(tmp, path)
-    return path
-
-
-def cpu_default(cpu: str) -> tuple[str, str]:
-    """(target, why) for `--target default` on this CPU: the 1.5B where this CPU's side-by-side
-    measurement puts its `combined` p50 within LARGER_DEFAULT_WITHIN of the 0.5B's `ar` p50 and it
-    is installed, else the 0.5B; `why` says which case it is, for status and --json."""
-    larger, smaller = MEASURED_PAIR
-    bench = f"`completiond bench --targets {larger},{smaller}`"
-    try:
-        m = json.loads(choice_path(cpu).read_text())
-        ratio = float(m["larger_combined_p50_ms"]) / float(m["smaller_ar_p50_ms"])
-        where = f"{m['positions']} positions of {m['repo']}, {m['date']}"
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        return smaller, f"no side-by-side measurement on this CPU yet ({bench} makes one)"
-    measured = f"{larger} `combined` p50 is {ratio:.2f}x {smaller} `ar` p50 on this CPU ({where})"
-    if ratio > LARGER_DEFAULT_WITHIN:
-        return smaller, f"{measured}; the larger model is the default within {LARGER_DEFAULT_WITHIN}x"
-    if not installed(CODER_15B):
-        return smaller, f"{measured}, but {larger} is not installed ({CODER_15B.install_hint})"
-    return larger, measured
 
 
 def installed(m: NamedModel) -> bool:

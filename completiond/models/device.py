@@ -72,24 +72,33 @@ def cpu_bf16() -> dict:
     return calibrated("bf16", measure, ("bf16_faster", "bf16_gemm_faster"))
 
 
+def cpu_file(kind: str) -> Path:
+    """calibration/<kind>-<hash>.json: a measurement of this CPU (`cpu_key`)."""
+    return cache_root() / "calibration" / f"{kind}-{hashlib.sha1(cpu_key().encode()).hexdigest()[:12]}.json"
+
+
+def write_cpu_file(kind: str, data: dict) -> Path:
+    """Write `cpu_file(kind)` atomically, with the CPU it describes; OSError when the cache is unwritable."""
+    path = cpu_file(kind)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"cpu": cpu_key(), **data}))
+    os.replace(tmp, path)
+    return path
+
+
 def calibrated(kind: str, measure: Callable[[], dict], decisions: tuple[str, ...]) -> dict:
-    """A measurement of this CPU taken once and cached per CPU (`cpu_key`) in
-    calibration/<kind>-<hash>.json: returns the boolean `decisions` of what `measure()` returned
-    (the rest, its timings, stays in the file for the record). Written atomically; an unwritable
-    cache only means measuring again next time."""
-    cpu = cpu_key()
-    path = cache_root() / "calibration" / f"{kind}-{hashlib.sha1(cpu.encode()).hexdigest()[:12]}.json"
+    """A measurement of this CPU taken once and cached per CPU in `cpu_file(kind)`: returns the
+    boolean `decisions` of what `measure()` returned (the rest, its timings, stays in the file for
+    the record). An unwritable cache only means measuring again next time."""
     try:
-        got = json.loads(path.read_text())
+        got = json.loads(cpu_file(kind).read_text())
         return {k: bool(got[k]) for k in decisions}
     except (OSError, ValueError, KeyError):
         pass
     got = measure()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"cpu": cpu, **got}))
-        os.replace(tmp, path)
+        write_cpu_file(kind, got)
     except OSError:
         pass
     return {k: bool(got[k]) for k in decisions}

@@ -1,0 +1,54 @@
+"""Which target `--target default` means (issue 37): by device, and on a CPU by this CPU's own
+side-by-side measurement, kept by `completiond bench --targets` in the calibration cache."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .catalog import CODER_05B, CODER_15B, NAMED, default_models, installed
+from .device import cpu_file, write_cpu_file
+
+# On a CPU the 1.5B is the default where its `combined` p50 is within this factor of the 0.5B's `ar`
+# p50 on this CPU: it is right more often (README "Models" has both targets' quality), and a wait this
+# much longer is the most a user should pay for that.
+LARGER_DEFAULT_WITHIN = 1.25
+MEASURED_PAIR = (CODER_15B.name, CODER_05B.name)  # (larger, smaller): the pair the measurement compares
+MIN_POSITIONS = 16  # a bench run on fewer positions does not decide the default
+KIND = "default-target"  # calibration/default-target-<cpu>.json
+
+
+def record_choice(measured: dict) -> None:
+    """Keep a side-by-side bench's verdict for this CPU: `measured` has larger_combined_p50_ms,
+    smaller_ar_p50_ms, positions, repo, date, command."""
+    write_cpu_file(KIND, measured)
+
+
+def default_target(device: str) -> tuple[str, str]:
+    """(named target, why) that `--target default` means on this device type. On a CPU: the 1.5B
+    where this CPU's measurement puts its `combined` p50 within LARGER_DEFAULT_WITHIN of the 0.5B's
+    `ar` p50 and it is installed, else the 0.5B. A device default that is not installed (CUDA without
+    the `coder` extra) falls back to the CPU's. `why` is for status and --json."""
+    if device != "cpu":
+        name = default_models(device)[0]
+        m = NAMED[name]
+        if m is None or installed(m):
+            return name, f"the {device} default"
+        fallback = default_models("cpu")[0]
+        print(f"completiond: the {device} default {name} is not installed ({m.install_hint}); using {fallback}",
+              file=sys.stderr)
+        return fallback, f"{name} is the {device} default but is not installed ({m.install_hint})"
+    larger, smaller = MEASURED_PAIR
+    bench = f"`completiond bench --targets {larger},{smaller}`"
+    try:
+        m = json.loads(cpu_file(KIND).read_text())
+        ratio = float(m["larger_combined_p50_ms"]) / float(m["smaller_ar_p50_ms"])
+        where = f"{m['positions']} positions of {m['repo']}, {m['date']}"
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return smaller, f"no side-by-side measurement on this CPU yet ({bench} makes one)"
+    measured = f"{larger} `combined` p50 is {ratio:.2f}x {smaller} `ar` p50 on this CPU ({where})"
+    if ratio > LARGER_DEFAULT_WITHIN:
+        return smaller, f"{measured}; the larger model is the default within {LARGER_DEFAULT_WITHIN}x"
+    if not installed(CODER_15B):
+        return smaller, f"{measured}, but {larger} is not installed ({CODER_15B.install_hint})"
+    return larger, measured
