@@ -253,6 +253,15 @@ GREEDY_N_PROMPTS = ["x = [1, 2, 3]\nfor v in x:\n    ", "def area(r):\n    retur
                     "import os\n\n\ndef main():\n    path = ", "class Point:\n    def __init__(self, x, y):\n        "]
 
 
+def same_branches(got: list[str], want: list[str]) -> bool:
+    """The same suggestions in the same order: the greedy one exactly; each alternative the same
+    greedy branch, which ends where the pass-cost budget cut it (core/alternatives.py: a few passes
+    past the main one, whose count follows the tree sizes the timing picked), so one of the two
+    texts starts with the other."""
+    return len(got) == len(want) and got[0] == want[0] and all(
+        g.startswith(w) or w.startswith(g) for g, w in zip(got[1:], want[1:]))
+
+
 async def test_greedy_n_answers_the_daemons_distinct_alternatives_greedy_first(srv):
     """Greedy `n` / `n_cmpl` > 1: the daemon's alternatives (same passes) as distinct choices, the
     n=1 text first, n entries (the greedy one repeated past the distinct ones). Before: n copies.
@@ -268,7 +277,7 @@ async def test_greedy_n_answers_the_daemons_distinct_alternatives_greedy_first(s
         assert [c.index for c in res.choices] == [0, 1, 2, 3] and texts[0] == one.choices[0].text
         wire = await wire_result(srv, prompt, len(prompt), 8, n=3, reuse_prefix=False)
         alts = [a["text"] for a in wire["alternatives"]]
-        assert wire["text"] == texts[0] and texts == [texts[0], *alts] + [texts[0]] * (3 - len(alts))
+        assert wire["text"] == texts[0] and same_branches(texts, [texts[0], *alts] + [texts[0]] * (3 - len(alts)))
         k = 1 + len(alts)
         assert len(set(texts[:k])) == k  # the first k are distinct, the rest repeat the greedy one
         assert res.usage.completion_tokens > one.usage.completion_tokens or k == 1
@@ -280,7 +289,7 @@ async def test_greedy_n_answers_the_daemons_distinct_alternatives_greedy_first(s
         wire = await wire_result(srv, prefix + "\n", len(prefix), 8, n=3, reuse_prefix=False)
         want = [wire["text"], *[a["text"] for a in wire["alternatives"]]]
         assert status == 200 and [o["index"] for o in out] == [0, 1, 2]
-        assert [o["content"] for o in out] == want + [want[0]] * (3 - len(want))
+        assert same_branches([o["content"] for o in out], want + [want[0]] * (3 - len(want)))
         assert len(set(o["content"] for o in out[:len(want)])) == len(want)
     assert distinct >= len(GREEDY_N_PROMPTS) // 2  # the tiny model has runners-up at most prompts
 
