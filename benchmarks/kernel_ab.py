@@ -10,7 +10,7 @@ Build a library from a source folder (the flags cpu_kernel.py uses):
     SHAPE=1536,8960,28,151936 ...                     # the 1.5B's shapes (H, intermediate, layers, vocab)
 """
 import ctypes, sys, time, os, torch
-from completiond.core import cpu_kernel
+from completiond.models.kernels import cpu_kernel
 libs = {}
 for p in sys.argv[1:]:
     lib = ctypes.CDLL(p)

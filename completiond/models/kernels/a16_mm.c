@@ -86,7 +86,7 @@ static inline __attribute__((always_inline)) void block(int R, int C, const int1
         // the tile's C rows are contiguous (C x K bytes): fetch the tile after next at the same
         // pace, since rows of under 1 KB are too short for the hardware prefetcher to start
         if ((k & 63) == 0)
-            for (int c = 0; c < C; c++) _mm_prefetch((const char *)(w + 2 * C * K + k * C + c * 64), _MM_HINT_T0);
+            for (int c = 0; c < C; c++) COMPLETIOND_PREFETCH(w + 2 * C * K + k * C + c * 64);
         for (int c = 0; c < C; c++) wv[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + c * K + k)));
         for (int r = 0; r < R; r++) {
             __m256i xv = _mm256_loadu_si256((const __m256i *)(x + r * K + k));
@@ -117,7 +117,7 @@ static inline __attribute__((always_inline)) void block512(int R, int C, const i
         int64_t k = k0 + j;
         __m512i wv[4];
         if ((k & 63) == 0)
-            for (int c = 0; c < C; c++) _mm_prefetch((const char *)(w + 2 * C * K + k * C + c * 64), _MM_HINT_T0);
+            for (int c = 0; c < C; c++) COMPLETIOND_PREFETCH(w + 2 * C * K + k * C + c * 64);
         for (int c = 0; c < C; c++) wv[c] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + c * K + k)));
         for (int r = 0; r < R; r++) {
             __m512i xv = _mm512_loadu_si512((const void *)(x + r * K + k));

@@ -53,7 +53,7 @@ typedef struct {
 } A8Prefetch;
 
 static inline __attribute__((always_inline)) void prefetch_step(A8Prefetch *pf) {
-    for (int i = 0; i < pf->per && pf->cur < pf->end; i++, pf->cur += 64) _mm_prefetch(pf->cur, _MM_HINT_T0);
+    for (int i = 0; i < pf->per && pf->cur < pf->end; i++, pf->cur += 64) COMPLETIOND_PREFETCH(pf->cur);
 }
 
 // Row x [K] -> q [kp], s [nb], corr [nb, 16]. A block holding inf/nan gets scale nan (and zeros), so

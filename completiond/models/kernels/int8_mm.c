@@ -29,7 +29,7 @@ static inline __attribute__((always_inline)) void tile(int R, int C, const float
         // the tile's C rows are contiguous (C x K bytes): fetch the tile after next at the same pace,
         // since rows of under 1 KB are too short for the hardware prefetcher to start
         if ((k & 63) == 0)
-            for (int c = 0; c < C; c++) _mm_prefetch((const char *)(w + 2 * C * K + k * C + c * 64), _MM_HINT_T0);
+            for (int c = 0; c < C; c++) COMPLETIOND_PREFETCH(w + 2 * C * K + k * C + c * 64);
         for (int c = 0; c < C; c++) wv[c] = widen8(w + c * K + k);
         for (int r = 0; r < R; r++) {
             __m256 xv = _mm256_loadu_ps(x + r * K + k);
