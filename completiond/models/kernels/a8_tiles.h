@@ -1,7 +1,8 @@
 // a8_mm.c's tiling around one block kind, included once per kind. The includer defines BLOCK (the
-// block function: int32 sums of one block, folded to 8 lanes), SUFFIX (appended to the names defined
-// here: tile, rows, mm), the tile shapes (RB x CB for runs of RB rows; C3, C2, C1 channels for the 3,
-// 2 or 1 rows left) and the target (AVX2, AVX512 or AVX-VNNI) the code here is compiled for.
+// block function: int32 sums of one block, folded to 8 lanes), optionally TILE43 (its 4 x 3 tile
+// written out), SUFFIX (appended to the names defined here: tile, rows, mm), the tile shapes (RB x
+// CB for runs of RB rows; C3, C2, C1 channels for the 3, 2 or 1 rows left) and the target (AVX2,
+// AVX512 or AVX-VNNI) the code here is compiled for.
 #define A8_CAT_(a, b) a##b
 #define A8_CAT(a, b) A8_CAT_(a, b)
 #define TILE A8_CAT(tile, SUFFIX)
@@ -41,6 +42,10 @@ static inline __attribute__((always_inline)) void ROWS(int R, int C, const A8Row
                                                         const float *scale, int64_t K, int64_t N, float *y,
                                                         int64_t m0, int64_t n0, int64_t n1, A8Prefetch *pf) {
     int64_t n = n0;
+#ifdef TILE43  // the includer's hand-written 4 x 3 tile (the same sums and float steps as TILE)
+    if (R == 4 && C == 3)
+        for (; n + C <= n1; n += C) TILE43(a, m0, w + n * K, scale + n, K, y + m0 * N + n, N, pf);
+#endif
     for (; n + C <= n1; n += C) TILE(R, C, a, m0, w + n * K, scale + n, K, y + m0 * N + n, N, pf);
     for (; n < n1; n++) TILE(R, 1, a, m0, w + n * K, scale + n, K, y + m0 * N + n, N, pf);
 }
@@ -76,6 +81,7 @@ static void MM(const A8Rows *a, const int8_t *w, const float *scale, float *y, i
 #undef A8_CAT_
 // the includer's parameters end here too, so each inclusion sets them afresh
 #undef BLOCK
+#undef TILE43
 #undef SUFFIX
 #undef RB
 #undef CB
