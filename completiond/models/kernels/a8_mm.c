@@ -27,7 +27,7 @@
 
 #include "completiond_kernels.h"
 
-#define NB 16   // output channels per thread work item
+#define NB 24  // output channels per thread work item: 8 tiles of 4 x 3 (8-row trees), 6 of 1 x 4 (one row)
 #ifndef A8_KB  // (a -D for probes)
 #define A8_KB 128
 #endif
