@@ -1,0 +1,108 @@
+"""Target pass cost with OpenMP's threads spinning or sleeping while they wait, on a quiet machine
+and beside a competing process (what a laptop running a build or a browser tab looks like to us).
+
+libgomp's default lets a waiting thread spin before it sleeps; our passes open ~5 parallel regions a
+layer, so when another process holds a core, the thread that waits for the descheduled one spins
+through its whole time slice. Each setting runs in its own process (libgomp reads the variable when
+torch loads it), settings interleaved round by round; each cell is the fastest round's mean pass.
+The competitor is a busy loop per core (`--load N` of them, plain Python: no OpenMP of its own).
+
+    python benchmarks/omp_wait.py --target qwen2.5-coder-1.5b --threads 2 \
+        --json benchmarks/results/omp-wait-1.5b.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# None: unset (libgomp's default: spin 300,000 times, then sleep)
+SETTINGS = {"libgomp default": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None},
+            "active (spin)": {"OMP_WAIT_POLICY": "active", "GOMP_SPINCOUNT": None},
+            "passive (sleep)": {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": None},
+            "spin 20000 then sleep": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "20000"},
+            "spin 2000 then sleep": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "2000"},
+            "spin 200 then sleep": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "200"}}
+
+CHILD = r"""
+import json, sys, time, torch
+sys.path.insert(0, {bench!r})
+from pass_cost import fill_cache, tree
+from completiond import models
+from completiond.models import LoadedModel
+from completiond.core.forward.runner import Runner
+torch.set_num_threads({threads})
+loaded = models.load({target!r}, quant="int8")
+lm = LoadedModel(name={target!r}, model=loaded.model, tokenizer=None, device=torch.device("cpu"), dtype=loaded.dtype)
+r = Runner(lm, capacity={context} + 64, backend="lean")
+fill_cache(r, {context})
+out = {{}}
+for n in {sizes}:
+    r.forward(list(range(100, 100 + n)), tree(n), range(n)); r.rollback({context})
+    t = time.perf_counter()
+    for _ in range({passes}):
+        r.forward(list(range(100, 100 + n)), tree(n), range(n)); r.rollback({context})
+    out[n] = (time.perf_counter() - t) / {passes} * 1000
+print(json.dumps(out))
+"""
+
+
+def run(env_extra: dict[str, str | None], args) -> dict[int, float]:
+    code = CHILD.format(bench=str(Path(__file__).parent), threads=args.threads, target=args.target,
+                        context=args.context, sizes=args.sizes, passes=args.passes)
+    env = {k: v for k, v in {**os.environ, **env_extra}.items() if v is not None}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    return {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context", type=int, default=1536)
+    ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
+    ap.add_argument("--passes", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--load", type=int, default=2, help="busy processes beside us in the loaded cells")
+    ap.add_argument("--settings", default=",".join(SETTINGS), help="comma list of SETTINGS' names")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    cells: dict[str, dict[str, dict[int, float]]] = {}
+    for rnd in range(args.rounds):
+        for loaded in (False, True):
+            hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load if loaded else 0)]
+            try:
+                for name in args.settings.split(","):
+                    env = SETTINGS[name]
+                    key = f"{name}, {'beside ' + str(args.load) + ' busy processes' if loaded else 'quiet'}"
+                    got = run(env, args)
+                    best = cells.setdefault(key, {})
+                    for n, ms in got.items():
+                        best[n] = min(best.get(n, float("inf")), ms)
+                    print(f"round {rnd}: {key}: " + ", ".join(f"{n} nodes {ms:.1f} ms" for n, ms in got.items()),
+                          file=sys.stderr)
+            finally:
+                for h in hogs:
+                    h.kill()
+    print(f"\nms per pass ({args.target}, {args.threads} threads, {args.context} tokens of context; fastest of "
+          f"{args.rounds} rounds of {args.passes} passes)")
+    for key, by in cells.items():
+        print(f"{key:50s}" + "".join(f"{by[n]:>10.1f}" for n in args.sizes))
+    if args.json:
+        from completiond.models.device import cpu_name
+        args.json.write_text(json.dumps({
+            "command": "python " + " ".join(sys.argv), "cpu": cpu_name(), "threads": args.threads,
+            "target": args.target, "context": args.context, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "ms_per_pass": {k: {str(n): round(v, 1) for n, v in by.items()} for k, by in cells.items()}}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
