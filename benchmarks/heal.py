@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from completiond.bench.repo import read_text_file, resolve_repo, sample_positions  # noqa: E402
 from completiond.core.speculation import budget as B  # noqa: E402
+from completiond.models.device import loadavg  # noqa: E402
 from completiond.paths import cache_root  # noqa: E402
 
 
@@ -89,7 +90,7 @@ async def run(socks: list[Path], positions, completions: int, every: int, max_to
         await c.request("initialize", {"client": "heal-bench", "protocol": 1})
 
     async def checkpoint(k: int) -> list[dict]:
-        return [{"completions": k, "loadavg": B.loadavg(), "table": (await c.request("status", {}))["pass_costs"]}
+        return [{"completions": k, "loadavg": loadavg(), "table": (await c.request("status", {}))["pass_costs"]}
                 for c in clients]
 
     checkpoints = [[cp] for cp in await checkpoint(0)]
@@ -200,7 +201,7 @@ def main() -> int:
     print(f"quiet {quiet_before}\nloaded {loaded} (others busy {loaded_meta['others_busy']})", file=sys.stderr)
     ref_cache = temp_cache(real_cache, tmp / "reference")
     B.save_costs(ref_cache / "calibration" / path.name, quiet_before,
-                 {"measured_at": time.time(), "loadavg": B.loadavg(), "others_busy": 0.0})
+                 {"measured_at": time.time(), "loadavg": loadavg(), "others_busy": 0.0})
 
     root, label = resolve_repo(a.repo)
     positions = sample_positions(root, min(a.completions, 50), "both", seed=0)

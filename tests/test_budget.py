@@ -6,6 +6,7 @@ import json
 import time
 
 from completiond.core.speculation import budget as B
+from completiond.models import device
 from completiond.core.speculation.budget import PRIOR_WEIGHT, PROBE_AFTER, PROBE_SHARE, TreeBudget
 
 # a pass's true cost by tree size (ms): flat to 4 nodes, then growing (the shape of a calibrated CPU table)
@@ -180,8 +181,29 @@ def test_the_cache_keeps_when_and_under_what_load_a_table_was_measured(tmp_path)
 
 
 def test_others_busy_is_a_share():
-    share = B.quiet_now(0.05)
+    share = device.quiet_now(0.05)
     assert share is None or 0.0 <= share <= 1.0
+
+
+def test_a_cpu_measurement_taken_under_load_is_not_cached(tmp_path, monkeypatch):
+    """A kernel or dtype choice measured while other processes held the CPUs decides for this
+    process only; the next one measures again, and a quiet measurement is kept for good."""
+    monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path))
+    calls = []
+
+    def measure() -> dict:
+        calls.append(1)
+        return {"fast": len(calls) > 1, "ms": 1.0}
+
+    monkeypatch.setattr(device.OthersBusy, "share", lambda self: 0.9)
+    assert device.calibrated("probe-test", measure, ("fast",)) == {"fast": False}
+    assert not list(tmp_path.rglob("probe-test*"))
+    monkeypatch.setattr(device.OthersBusy, "share", lambda self: 0.05)
+    assert device.calibrated("probe-test", measure, ("fast",)) == {"fast": True}
+    assert device.calibrated("probe-test", measure, ("fast",)) == {"fast": True}
+    assert len(calls) == 2
+    [path] = tmp_path.rglob("probe-test*")
+    assert json.loads(path.read_text())["others_busy"] == 0.05
 
 
 def test_a_burst_of_slow_passes_in_one_second_does_not_flush_the_window():

@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .speculation.budget import (CALIBRATION_SIZES, LOADED, MAX_AGE_S, QUICK_SIZES, OthersBusy, TreeBudget,
-                                 calibration_path, load_table, loadavg, measure_costs, quiet_now, save_costs, stale_reason)
+from .speculation.budget import (CALIBRATION_SIZES, MAX_AGE_S, QUICK_SIZES, TreeBudget, calibration_path, load_table,
+                                 measure_costs, save_costs, stale_reason)
 from .speculation.index import TokenIndex
 from ..models.heads import EagleHead, MedusaHeads
 from .speculation.heads import head_proposer
 from ..models import LoadedModel
+from ..models.device import LOADED, OthersBusy, loadavg, quiet_now
 from .prompt import Heal
 from .speculation.proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
 from .forward.context import Cancelled, PassContext

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import platform
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -96,12 +97,67 @@ def calibrated(kind: str, measure: Callable[[], dict], decisions: tuple[str, ...
         return {k: bool(got[k]) for k in decisions}
     except (OSError, ValueError, KeyError):
         pass
+    busy = OthersBusy()
     got = measure()
+    share = busy.share()
+    if share is not None and share >= LOADED:
+        # others held the CPUs while it ran: the timings say more about them than about this CPU
+        # (a busy minute picked float32 activations over int8 here); decide for this process only
+        log.info("not caching %s: other processes used %.0f%% of the CPUs while it was measured", kind, 100 * share)
+        return {k: bool(got[k]) for k in decisions}
     try:
-        write_cpu_file(kind, got)
+        write_cpu_file(kind, {**got, "others_busy": share})
     except OSError:
         pass
     return {k: bool(got[k]) for k in decisions}
+
+
+LOADED = 0.25  # others' share of the CPUs from which a measurement counts as taken under load
+
+
+class OthersBusy:
+    """The share of this machine's CPU time that other processes used between two readings (0..1;
+    None where /proc/stat is missing): the load a measurement ran under, without this process's own
+    work (a 2-core machine's load average counts the daemon's own model load and calibration)."""
+
+    def __init__(self) -> None:
+        self.start = _cpu_times()
+
+    def share(self) -> float | None:
+        end = _cpu_times()
+        if self.start is None or end is None:
+            return None
+        (busy0, total0, own0), (busy1, total1, own1) = self.start, end
+        if total1 <= total0:
+            return None
+        return round(min(1.0, max(0.0, (busy1 - busy0 - (own1 - own0)) / (total1 - total0))), 3)
+
+
+def _cpu_times() -> tuple[float, float, float] | None:
+    """(busy, total) seconds of all CPUs from /proc/stat, and this process's CPU seconds."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is already counted in user
+    t = os.times()
+    return (total - idle) / hz, total / hz, t.user + t.system
+
+
+def quiet_now(seconds: float = 0.5) -> float | None:
+    """Others' share of the CPUs over the next `seconds` (see OthersBusy)."""
+    probe = OthersBusy()
+    time.sleep(seconds)
+    return probe.share()
+
+
+def loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 VECTOR_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "avx_vnni")

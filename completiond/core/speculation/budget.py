@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...models.device import cpu_key
+from ...models.device import LOADED, cpu_key
 from ...models.kernels import cpu_kernel
 from ...paths import cache_root
 
@@ -50,7 +50,6 @@ PRIOR_WEIGHT = 4  # a calibrated or cached cost counts as this many passes until
 PROBE_SHARE = 0.03  # at most this share of pass time is spent verifying at a size the controller did not pick
 PROBE_AFTER = 64  # passes: a size not run for this long may be probed
 MAX_AGE_S = 7 * 86400.0  # a cached table older than this is measured again (at start-up, when quiet)
-LOADED = 0.25  # a table measured while other processes kept this share of the CPUs busy was measured under load
 SOURCES = ("calibrated", "cached", "interpolated", "observed")  # where an estimate came from (`status`)
 OUTLIER = 2.0  # kept for older benchmarks (budget_ab.py): the bound the estimator had before issue 44
 
@@ -251,51 +250,6 @@ def calibration_path(target: LoadedModel) -> Path:
         key += f"|{cpu_kernel.name()}"  # a pass costs what its kernel makes it
     digest = hashlib.sha1(key.encode()).hexdigest()[:16]
     return cache_root() / "calibration" / f"{digest}.json"
-
-
-class OthersBusy:
-    """The share of this machine's CPU time that other processes used between two readings (0..1;
-    None where /proc/stat is missing): the load a measurement ran under, without this process's own
-    work (a 2-core machine's load average counts the daemon's own model load and calibration)."""
-
-    def __init__(self) -> None:
-        self.start = _cpu_times()
-
-    def share(self) -> float | None:
-        end = _cpu_times()
-        if self.start is None or end is None:
-            return None
-        (busy0, total0, own0), (busy1, total1, own1) = self.start, end
-        if total1 <= total0:
-            return None
-        return round(min(1.0, max(0.0, (busy1 - busy0 - (own1 - own0)) / (total1 - total0))), 3)
-
-
-def _cpu_times() -> tuple[float, float, float] | None:
-    """(busy, total) seconds of all CPUs from /proc/stat, and this process's CPU seconds."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    total = sum(fields[:8])  # guest time is already counted in user
-    t = os.times()
-    return (total - idle) / hz, total / hz, t.user + t.system
-
-
-def quiet_now(seconds: float = 0.5) -> float | None:
-    """Others' share of the CPUs over the next `seconds` (see OthersBusy)."""
-    probe = OthersBusy()
-    time.sleep(seconds)
-    return probe.share()
-
-
-def loadavg() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
 
 
 def stale_reason(table: dict, now_busy: float | None, now: float | None = None) -> str | None:
