@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from completiond.models import quant
+from completiond.models import device, quant
 from completiond.models.kernels import cpu_kernel
 from completiond.models.quant import QuantLinear
 from completiond.models.device import cpu_flags
@@ -247,6 +247,7 @@ def test_choice_between_kernels_is_measured_once_per_cpu(tmp_path, monkeypatch):
     second call reads the file instead of timing again."""
     import json
     monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path))
+    monkeypatch.setattr(device.OthersBusy, "share", lambda self: 0.0)  # as if measured quiet (else not cached)
     first = cpu_kernel.calibrate()
     [path] = (tmp_path / "calibration").glob("int8-kernel-v2-*.json")
     saved = json.loads(path.read_text())
@@ -278,6 +279,7 @@ def test_activations_are_measured_once_per_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path))
     monkeypatch.setenv("COMPLETIOND_INT8_KERNEL", "completiond")
     monkeypatch.delenv("COMPLETIOND_INT8_ACTIVATIONS", raising=False)
+    monkeypatch.setattr(device.OthersBusy, "share", lambda self: 0.0)  # as if measured quiet (else not cached)
     for fn in (cpu_kernel.enabled, cpu_kernel.activations):
         fn.cache_clear()
     try:
