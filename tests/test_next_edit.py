@@ -100,6 +100,20 @@ def test_edits_are_the_smallest_spans():
     assert len(edits(region, answer)) == 2
 
 
+def test_an_answer_that_ends_early_keeps_the_rest_of_the_region():
+    """The 1.5B renamed the use, then closed the region after the function (end marker): the lines
+    below read as deleted and the edit was wrong (bench, toolz/dicttoolz.py f -> value)."""
+    region = ("def _get_factory(value, kwargs):\n    name = f.__name__\n    return name\n\n\n"
+              "def merge(*dicts):\n    return dicts\n")
+    answer = "def _get_factory(value, kwargs):\n    name = value.__name__\n    return name\n"
+    use = region.index("f.__name__")
+    assert [(e.start, e.end, e.text) for e in edits(region, answer)] == [(use, use + 1, "value")]
+    # a changed last line before the early end: only that line is replaced, the rest is kept
+    answer = "def _get_factory(value, kwargs):\n    name = f.__name__\n    return name.upper()\n"
+    found = edits(region, answer)
+    assert len(found) == 1 and found[0].text == ".upper()" and region[found[0].end:].startswith("\n\n\ndef merge")
+
+
 def test_edits_apply_to_give_the_answer():
     region = "a = 1\nb = 2\nc = 3\n"
     for answer in ("a = 1\nb = 20\nc = 3\n", "a = 1\nc = 3\n", "a = 1\nb = 2\nb2 = 2\nc = 3\n", "x = 1\nb = 2\nc = 4\n"):

@@ -196,8 +196,10 @@ def _skipped_head(region: str, out: str) -> str:
 
 def edits(region: str, answer: str, offset: int = 0, finished: bool = True) -> list[TextEdit]:
     """The smallest edits that turn `region` into `answer` (offsets + `offset`), by lines, then each
-    changed block trimmed to the characters that differ. An answer that did not finish (max tokens)
-    keeps only the edits before its last line; one that changes over half the region gives none."""
+    changed block trimmed to the characters that differ. An answer that ends before the region's end
+    keeps the region's remaining lines (an early end never deletes code); one that did not finish
+    (max tokens) keeps only the edits before its last line; one that changes over half the region
+    gives none."""
     if answer == region:
         return []
     a, b = region.splitlines(keepends=True), answer.splitlines(keepends=True)
@@ -208,9 +210,11 @@ def edits(region: str, answer: str, offset: int = 0, finished: bool = True) -> l
     for line in a:
         starts.append(starts[-1] + len(line))
     ops = sm.get_opcodes()
-    if not finished and ops and ops[-1][0] != "equal":
-        # the region's lines after the cut are not deleted: a trailing delete is dropped, a trailing
-        # replace keeps only as many old lines as it has new ones (the answer stopped there)
+    if ops and ops[-1][0] != "equal":
+        # an answer that ends before the region does (cut by max tokens, or the model closed the
+        # region early: the 1.5B ended after the function and 7 lines below it read as deleted) does
+        # not delete the region's remaining lines: a trailing delete is dropped, a trailing replace
+        # keeps only as many old lines as it has new ones (the answer stopped there)
         tag, i1, i2, j1, j2 = ops.pop()
         if tag == "replace":
             ops.append(("replace", i1, min(i2, i1 + j2 - j1), j1, j2))
@@ -234,6 +238,7 @@ def edits(region: str, answer: str, offset: int = 0, finished: bool = True) -> l
             if old != new:
                 out.append(TextEdit(offset + starts[k1] + p, offset + starts[k2] - q, new[p:len(new) - q]))
     changed = sum(max(e.end - e.start, len(e.text)) for e in out)
-    if finished and changed > (1 - MIN_SIMILARITY) * max(len(region), len(answer)):
+    covered = starts[ops[-1][2]] if ops else len(region)  # the region's part the answer rewrote
+    if finished and changed > (1 - MIN_SIMILARITY) * max(covered, len(answer)):
         return []  # most of the region changed: a new text, not an edit
     return out
