@@ -81,6 +81,24 @@ def test_window_is_whole_lines_around_the_anchor():
     assert w.end - w.start <= 40 and "line 20" in text[w.start:w.end]
 
 
+def test_window_starts_at_the_anchor_block():
+    """A region that opened in the previous function's tail or a docstring's end is where both Qwen
+    targets copied a rename back (bench, round 4): it starts at the edited function now."""
+    text = ('    """\n    A docstring.\n    """\n    return 1\n\n@cache\ndef scale(value, k):\n'
+            '    y = x * k\n    if y:\n        y += 1\n        y *= 2\n    return y + x\n')
+    w = window_at(text, text.index("value"))  # a `def`: from its decorator
+    assert text[w.start:].startswith("@cache\ndef scale(")
+    w = window_at(text, text.index("y *= 2"))  # a body line: from the header of its block
+    assert text[w.start:].startswith("    if y:\n")
+    w = window_at(text, text.index("y = x"))
+    assert text[w.start:].startswith("def scale(")
+    body = "".join(f"    x{i} = {i}\n" for i in range(8))  # no header within 4 lines: 4 lines above
+    w = window_at("def f():\n" + body, len("def f():\n") + body.index("x6"))
+    assert ("def f():\n" + body)[w.start:].startswith("    x2 = 2\n")
+    w = window_at(text, text.index("    y = x"), before=0)  # not further up than `before` allows
+    assert text[w.start:].startswith("    y = x")
+
+
 def test_edits_are_the_smallest_spans():
     region = "def scale(value, k):\n    y = x * k\n    return y + x\n"
     answer = "def scale(value, k):\n    y = value * k\n    return y + value\n"
