@@ -291,7 +291,7 @@ def write(a: argparse.Namespace, rows: list[dict], n_cases: int, target, engine,
         "quant": target.meta.get("quant", "none"), "calibration": calibration,
         "pass_cost_ms": {str(k): round(v, 2) for k, v in engine.budget.costs().items()},
         "load_s": round(load_s, 1), "packages": a.packages, "cases_done": f"{len(rows)}/{n_cases}",
-        "note": "2-core machine shared with ~7 other agents: ms are noisy; passes and identity are not",
+        "note": a.note,
         "summary": {"all": summary(rows), "rename": summary([r for r in rows if r["kind"] == "rename"]),
                     "release": summary([r for r in rows if r["kind"] == "release"])},
         "cases": rows,
@@ -312,6 +312,8 @@ def main() -> None:
     p.add_argument("--releases", type=int, default=6, help="release-diff cases per package (at most)")
     p.add_argument("--ar", type=int, default=1000, help="run plain decoding on the first N cases only (it is slow)")
     p.add_argument("--json", type=Path)
+    p.add_argument("--note", default="2-core machine shared with other agents: ms are noisy; passes and identity are not",
+                   help="how the machine was used during the run (kept in the JSON)")
     a = p.parse_args()
 
     from completiond.core.engine import Engine

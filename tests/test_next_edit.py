@@ -81,6 +81,24 @@ def test_window_is_whole_lines_around_the_anchor():
     assert w.end - w.start <= 40 and "line 20" in text[w.start:w.end]
 
 
+def test_window_starts_at_the_anchor_block():
+    """A region that opened in the previous function's tail or a docstring's end is where both Qwen
+    targets copied a rename back (bench, round 4): it starts at the edited function now."""
+    text = ('    """\n    A docstring.\n    """\n    return 1\n\n@cache\ndef scale(value, k):\n'
+            '    y = x * k\n    if y:\n        y += 1\n        y *= 2\n    return y + x\n')
+    w = window_at(text, text.index("value"))  # a `def`: from its decorator
+    assert text[w.start:].startswith("@cache\ndef scale(")
+    w = window_at(text, text.index("y *= 2"))  # a body line: from the header of its block
+    assert text[w.start:].startswith("    if y:\n")
+    w = window_at(text, text.index("y = x"))
+    assert text[w.start:].startswith("def scale(")
+    body = "".join(f"    x{i} = {i}\n" for i in range(8))  # no header within 4 lines: 4 lines above
+    w = window_at("def f():\n" + body, len("def f():\n") + body.index("x6"))
+    assert ("def f():\n" + body)[w.start:].startswith("    x2 = 2\n")
+    w = window_at(text, text.index("    y = x"), before=0)  # not further up than `before` allows
+    assert text[w.start:].startswith("    y = x")
+
+
 def test_edits_are_the_smallest_spans():
     region = "def scale(value, k):\n    y = x * k\n    return y + x\n"
     answer = "def scale(value, k):\n    y = value * k\n    return y + value\n"
@@ -98,6 +116,20 @@ def test_edits_are_the_smallest_spans():
     assert edits(region, answer[:answer.index("print(") + 3], finished=False) == edits(region, answer)
     assert edits(region, answer[:answer.index("y + ")], finished=False) == edits(region, answer)[:1]
     assert len(edits(region, answer)) == 2
+
+
+def test_an_answer_that_ends_early_keeps_the_rest_of_the_region():
+    """The 1.5B renamed the use, then closed the region after the function (end marker): the lines
+    below read as deleted and the edit was wrong (bench, toolz/dicttoolz.py f -> value)."""
+    region = ("def _get_factory(value, kwargs):\n    name = f.__name__\n    return name\n\n\n"
+              "def merge(*dicts):\n    return dicts\n")
+    answer = "def _get_factory(value, kwargs):\n    name = value.__name__\n    return name\n"
+    use = region.index("f.__name__")
+    assert [(e.start, e.end, e.text) for e in edits(region, answer)] == [(use, use + 1, "value")]
+    # a changed last line before the early end: only that line is replaced, the rest is kept
+    answer = "def _get_factory(value, kwargs):\n    name = f.__name__\n    return name.upper()\n"
+    found = edits(region, answer)
+    assert len(found) == 1 and found[0].text == ".upper()" and region[found[0].end:].startswith("\n\n\ndef merge")
 
 
 def test_edits_apply_to_give_the_answer():

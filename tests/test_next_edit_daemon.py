@@ -41,10 +41,10 @@ async def test_next_edit_answers_edits_with_ranges(daemon):
     for e in res["edits"]:
         assert set(e) == {"range", "text"} and isinstance(e["text"], str)
         assert res["window"]["start"]["line"] <= e["range"]["start"]["line"] <= e["range"]["end"]["line"]
-    # at a position: the window is around it
+    # at a position: the window is around it, from its block (`def area`, the line above)
     at = await asyncio.wait_for(c.request("next_edit", {"uri": URI, "version": version, "max_tokens": 8,
                                                         "position": {"line": 6, "character": 4}}), 120)
-    assert at["window"]["start"]["line"] == 2 and at["tokens"] <= 8
+    assert at["window"]["start"]["line"] == 5 and at["tokens"] <= 8
     await c.close()
 
 

@@ -26,6 +26,7 @@ SYSTEM = ("You predict a programmer's next edit. You are shown their recent edit
           "that needs no change exactly; if nothing needs "
           "to change, reply with the region unchanged.")
 LINES_BEFORE, LINES_AFTER = 4, 12  # the editable region around the anchor line: most next edits are below
+BLOCK_START = True  # the region starts at the anchor's block when it is near (window_at)
 MAX_WINDOW_CHARS = 2400  # a region of long lines is cut to this (whole lines)
 CONTEXT_CHARS = 1200  # unchanged code shown before and after the region (shrunk to fit the budget); with 3000
 # the 1.5B copied a rename case back whose other methods used the old name, with 1200 it renamed
@@ -47,16 +48,65 @@ class TextEdit:
     text: str
 
 
-def window_at(text: str, offset: int, before: int = LINES_BEFORE, after: int = LINES_AFTER,
-              max_chars: int = MAX_WINDOW_CHARS) -> Window:
-    """Whole lines around the line of `offset`: `before` lines above it, `after` below, at most
-    `max_chars` (lines are dropped from the far end below first, then above)."""
-    line_start = text.rfind("\n", 0, offset) + 1
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def block_start(text: str, line_start: int, before: int = LINES_BEFORE) -> int | None:
+    """Where the block of the line at `line_start` starts, when that is at most `before` lines above:
+    the line itself when it opens a block (the next code line is indented deeper: a `def`, a `class`,
+    an `if`, a `{`), with the decorators directly above it; else the nearest line above indented less
+    (the header of the block it is in, or the start of the statement it continues). None when there is
+    none that near. By indentation only, so any language; blank lines do not count."""
+    nl = text.find("\n", line_start)
+    line = text[line_start:nl if nl >= 0 else len(text)]
+    if not line.strip():
+        return None
+    ind, pos = _indent(line), nl + 1 if nl >= 0 else len(text)
+    while pos < len(text):  # the next code line
+        e = text.find("\n", pos)
+        nxt = text[pos:e if e >= 0 else len(text)]
+        if nxt.strip():
+            break
+        pos = e + 1 if e >= 0 else len(text)
+    else:
+        nxt = ""
     a = line_start
+    if nxt.strip() and _indent(nxt) > ind:  # it opens a block: start here, decorators included
+        for _ in range(before):
+            if a == 0:
+                break
+            p = text.rfind("\n", 0, a - 1) + 1
+            prev = text[p:a - 1]
+            if not (prev.lstrip().startswith("@") and _indent(prev) == ind):
+                break
+            a = p
+        return a
     for _ in range(before):
         if a == 0:
             break
         a = text.rfind("\n", 0, a - 1) + 1
+        prev = text[a:text.find("\n", a)]
+        if prev.strip() and _indent(prev) < ind:
+            return a
+    return None
+
+
+def window_at(text: str, offset: int, before: int = LINES_BEFORE, after: int = LINES_AFTER,
+              max_chars: int = MAX_WINDOW_CHARS) -> Window:
+    """Whole lines around the line of `offset`: from the start of its block (`block_start`: the
+    function whose signature was edited, the `if` it is in) when that is at most `before` lines above,
+    else `before` lines above it; `after` lines below it; at most `max_chars` (lines are dropped from
+    the far end below first, then above). A region that opened in the previous function's tail or a
+    docstring's end is where both Qwen targets copied a rename back unchanged (bench, round 4)."""
+    line_start = text.rfind("\n", 0, offset) + 1
+    a = block_start(text, line_start, before) if BLOCK_START else None
+    if a is None:
+        a = line_start
+        for _ in range(before):
+            if a == 0:
+                break
+            a = text.rfind("\n", 0, a - 1) + 1
     b = line_start
     for _ in range(after + 1):
         nl = text.find("\n", b)
@@ -196,8 +246,10 @@ def _skipped_head(region: str, out: str) -> str:
 
 def edits(region: str, answer: str, offset: int = 0, finished: bool = True) -> list[TextEdit]:
     """The smallest edits that turn `region` into `answer` (offsets + `offset`), by lines, then each
-    changed block trimmed to the characters that differ. An answer that did not finish (max tokens)
-    keeps only the edits before its last line; one that changes over half the region gives none."""
+    changed block trimmed to the characters that differ. An answer that ends before the region's end
+    keeps the region's remaining lines (an early end never deletes code); one that did not finish
+    (max tokens) keeps only the edits before its last line; one that changes over half the region
+    gives none."""
     if answer == region:
         return []
     a, b = region.splitlines(keepends=True), answer.splitlines(keepends=True)
@@ -208,9 +260,11 @@ def edits(region: str, answer: str, offset: int = 0, finished: bool = True) -> l
     for line in a:
         starts.append(starts[-1] + len(line))
     ops = sm.get_opcodes()
-    if not finished and ops and ops[-1][0] != "equal":
-        # the region's lines after the cut are not deleted: a trailing delete is dropped, a trailing
-        # replace keeps only as many old lines as it has new ones (the answer stopped there)
+    if ops and ops[-1][0] != "equal":
+        # an answer that ends before the region does (cut by max tokens, or the model closed the
+        # region early: the 1.5B ended after the function and 7 lines below it read as deleted) does
+        # not delete the region's remaining lines: a trailing delete is dropped, a trailing replace
+        # keeps only as many old lines as it has new ones (the answer stopped there)
         tag, i1, i2, j1, j2 = ops.pop()
         if tag == "replace":
             ops.append(("replace", i1, min(i2, i1 + j2 - j1), j1, j2))
@@ -234,6 +288,7 @@ def edits(region: str, answer: str, offset: int = 0, finished: bool = True) -> l
             if old != new:
                 out.append(TextEdit(offset + starts[k1] + p, offset + starts[k2] - q, new[p:len(new) - q]))
     changed = sum(max(e.end - e.start, len(e.text)) for e in out)
-    if finished and changed > (1 - MIN_SIMILARITY) * max(len(region), len(answer)):
+    covered = starts[ops[-1][2]] if ops else len(region)  # the region's part the answer rewrote
+    if finished and changed > (1 - MIN_SIMILARITY) * max(covered, len(answer)):
         return []  # most of the region changed: a new text, not an edit
     return out
