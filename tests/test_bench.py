@@ -120,3 +120,18 @@ def test_bench_runs_two_targets_side_by_side(tmp_path, tiny_dir):
     da, db = (res["by_target"][t]["details"] for t in res["targets"])
     assert [(d["file"], d["line"], d["col"]) for d in da] == [(d["file"], d["line"], d["col"]) for d in db]
     assert cli.main(["bench", "--repo", str(repo), "--targets", str(tiny_dir)]) == EXIT_USAGE
+
+
+def test_only_llama_cpp_asked_for_runs_no_transformers_peer():
+    """`--peers llama.cpp` alone used to prefill every prompt with transformers first (minutes per
+    target on a CPU) for no peer at all."""
+    from types import SimpleNamespace
+
+    from completiond.bench.peers import run_transformers
+
+    class Untouchable:
+        def __getattr__(self, name):
+            raise AssertionError(f"the model was used ({name})")
+
+    engine = SimpleNamespace(target=SimpleNamespace(model=Untouchable()), draft=None)
+    assert run_transformers(engine, [SimpleNamespace(prompt=[1, 2, 3], runs={})], ["llama.cpp"]) == {}

@@ -138,7 +138,8 @@ def bench_target(a: argparse.Namespace, target_spec: str, root: Path, label: str
     table_start = engine.budget.table_status()  # the table the modes start from (then real passes refine it)
     prepared = run_modes(engine, root, positions, modes, a.max_tokens, multiline=not a.single_line,
                          max_prompt=a.prompt_tokens, context=a.repo_context)
-    peer_rows = run_transformers(engine, prepared, [p for p in peers if p.startswith("hf-")]) if peers else {}
+    hf = [p for p in peers if p.startswith("hf-")]
+    peer_rows = run_transformers(engine, prepared, hf) if hf else {}
     prefill = {}
     if "llama.cpp" in peers:
         if (why := llama_cpp_available()) is None:

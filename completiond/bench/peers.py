@@ -65,6 +65,8 @@ def _hf_assistant(engine: Engine):
 
 @torch.inference_mode()
 def run_transformers(engine: Engine, prepared: list[BenchPrompt], peers: list[str]) -> dict[str, list[dict]]:
+    if not any(p.startswith("hf-") for p in peers):  # (no transformers prefill of every prompt for nothing)
+        return {}
     model = _hf(engine.target.model)
     assistant, assistant_name = _hf_assistant(engine) if "hf-assisted" in peers else (None, None)
     out: dict[str, list[dict]] = {p: [] for p in peers if p.startswith("hf-")}
