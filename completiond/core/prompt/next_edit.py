@@ -26,7 +26,6 @@ SYSTEM = ("You predict a programmer's next edit. You are shown their recent edit
           "that needs no change exactly; if nothing needs "
           "to change, reply with the region unchanged.")
 LINES_BEFORE, LINES_AFTER = 4, 12  # the editable region around the anchor line: most next edits are below
-BLOCK_START = True  # the region starts at the anchor's block when it is near (window_at)
 MAX_WINDOW_CHARS = 2400  # a region of long lines is cut to this (whole lines)
 CONTEXT_CHARS = 1200  # unchanged code shown before and after the region (shrunk to fit the budget); with 3000
 # the 1.5B copied a rename case back whose other methods used the old name, with 1200 it renamed
@@ -100,7 +99,7 @@ def window_at(text: str, offset: int, before: int = LINES_BEFORE, after: int = L
     the far end below first, then above). A region that opened in the previous function's tail or a
     docstring's end is where both Qwen targets copied a rename back unchanged (bench, round 4)."""
     line_start = text.rfind("\n", 0, offset) + 1
-    a = block_start(text, line_start, before) if BLOCK_START else None
+    a = block_start(text, line_start, before)
     if a is None:
         a = line_start
         for _ in range(before):
