@@ -216,3 +216,27 @@ def test_a_burst_of_slow_passes_in_one_second_does_not_flush_the_window():
     for i in range(B.WINDOW):  # the machine stays slow past the horizon: the estimate follows
         b.observe_pass(2, 400.0, now=104.0 + B.HORIZON_S + i)
     assert b.cost(2) == 400.0
+
+
+def test_step_gate_keeps_the_faster_arm_and_probes_the_other():
+    """A costly proposer runs while its steps cost fewer ms per emitted token than steps without it:
+    both arms are measured in turn first, then the slower one only every PROBE-th time, and a
+    change in which is faster is followed (synthetic timings)."""
+    g = B.StepGate()
+    # warm-up: the arms alternate until each has WARM steps
+    first = []
+    for _ in range(2 * g.WARM):
+        ran = g.allows()
+        first.append(ran)
+        g.record(ran, 100.0 if ran else 60.0, 1)  # with: 100 ms per token, without: 60
+    assert first.count(True) == first.count(False) == g.WARM
+    # the proposer costs more per token: it runs only on probes
+    ran = [g.allows() for _ in range(8 * g.PROBE) if True]
+    assert sum(ran) == 8
+    # it gets good (a long accepted run per step): once measured, it runs every time
+    for _ in range(60):
+        r = g.allows()
+        g.record(r, 120.0 if r else 60.0, 4 if r else 1)  # with: 30 ms per token
+    assert all(g.allows() for _ in range(20))
+    s = g.status()
+    assert s["ms_per_token_with"] < s["ms_per_token_without"]

@@ -46,3 +46,42 @@ def test_draft_tree_nodes_are_top_tokens_of_their_paths(branch, code_ids):
     # the next proposal after the tree starts from committed context only
     again = draft.propose(context, Limits(max_len=4, min_value=0.0))
     assert {tuple(c.tokens) for c in again} == {tuple(c.tokens) for c in cands}
+
+
+def test_a_draft_that_does_not_pay_is_left_out_and_output_stays_identical(code_ids):
+    """The engine's StepGate: a draft whose proposals cost far more than the target passes they save
+    (here: 60 ms added to each, beside passes of about a millisecond) runs only while its two arms
+    are measured and then on probes, every PROBE-th step it says it pays; the output is the target's
+    greedy output all the same. A draft that guesses the target's own continuation at no cost keeps
+    running."""
+    import time
+
+    from completiond.core.engine import Engine, Request
+    from completiond.core.speculation.budget import StepGate
+    from completiond.core.speculation.tree import Candidate
+    from completiond.models import self_draft
+
+    target = tiny.loaded(tiny.gemma_config(window=16, layers=4), seed=1, scale=4.0)
+    prompt = code_ids[40:80]
+    ar = Engine(target).complete(Request(prompt=prompt, mode="ar", max_tokens=48)).token_ids
+    for slow in (True, False):
+        engine = Engine(target, self_draft(target, 2))
+        engine.calibrate(sizes=(1, 4, 16), context=8)
+        engine.draft.pays = lambda *a, **k: True  # the gate alone decides
+        propose = engine.draft.propose
+        if slow:
+            engine.draft.propose = lambda *a, **k: time.sleep(0.06) or propose(*a, **k)
+        else:  # an oracle: the rest of the target's greedy output after the context
+            def oracle(context, limits, ctx=None):
+                rest = ar[len(context) - len(prompt):][:limits.max_len]
+                return [Candidate(rest, [0.9] * len(rest), "draft")] if rest else []
+            engine.draft.propose = oracle
+        for _ in range(3):
+            assert engine.complete(Request(prompt=prompt, mode="draft", max_tokens=48)).token_ids == ar
+        gate = engine.gates["draft"]
+        asked = gate.steps[True] + gate.steps[False]
+        if slow:
+            assert gate.steps[True] <= StepGate.WARM + asked // StepGate.PROBE + 1
+            assert gate.steps[False] > gate.steps[True]
+        else:
+            assert gate.steps[True] > gate.steps[False]

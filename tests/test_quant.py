@@ -382,3 +382,17 @@ def test_untied_head_keeps_an_int8_residual_instead_of_a_full_precision_copy(cod
     quantize(tied.model, "int8")
     kept = tied.model.get_output_embeddings().full_weight
     assert kept.data_ptr() == tied.model.get_input_embeddings().weight.data_ptr()  # the same storage
+
+
+def test_a_quantized_target_gets_an_int8_draft(tiny_dir, tmp_path):
+    """The draft runs on the same int8 path as a quantized target (it only ranks guesses: the output
+    stays the target's); a full-precision target keeps a full-precision draft."""
+    from completiond.models import load, load_draft
+
+    draft_dir = tiny.save(tmp_path / "draft", tiny.gemma_config(window=16, layers=1), seed=7, scale=4.0)
+    for scheme, want in (("int8", "int8"), ("int4", "int8"), ("none", "none")):
+        target = load(str(tiny_dir), "target", "cpu", "bfloat16", scheme)
+        draft = load_draft(str(draft_dir), target)
+        assert draft.meta["quant"] == want
+        layers = [m for m in draft.model.modules() if isinstance(m, QuantLinear)]
+        assert bool(layers) == (want != "none")

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .speculation.budget import (CALIBRATION_SIZES, MAX_AGE_S, QUICK_SIZES, TreeBudget, calibration_path, load_table,
-                                 measure_costs, save_costs, stale_reason)
+from .speculation.budget import (CALIBRATION_SIZES, MAX_AGE_S, QUICK_SIZES, StepGate, TreeBudget, calibration_path,
+                                 load_table, measure_costs, save_costs, stale_reason)
 from .speculation.index import TokenIndex
 from ..models.heads import EagleHead, MedusaHeads
 from .speculation.heads import head_proposer
@@ -89,6 +89,18 @@ class Decoding:
                       accepted_by_depth=self.by_depth, served_tokens=served, alternatives=self.alternatives)
 
 
+def weight_share(draft: LoadedModel, target: LoadedModel) -> float:
+    """The weights a draft pass reads over those a target pass reads (decoder layers and output
+    layer, from the configs; a pass reads them all): about its cost in target passes."""
+    def read(lm: LoadedModel) -> float:
+        c = lm.model.config
+        h, n = c.hidden_size, getattr(c, "num_attention_heads", 1)
+        kv = getattr(c, "num_key_value_heads", n) * (getattr(c, "head_dim", None) or h // n)  # K or V width
+        layer = h * (2 * h + 2 * kv) + 3 * h * c.intermediate_size
+        return c.num_hidden_layers * layer + c.vocab_size * h
+    return read(draft) / max(read(target), 1.0)
+
+
 class Engine:
     """Target (+ optional draft) resident, with a token index for prompt lookup. One request at a time."""
 
@@ -103,9 +115,11 @@ class Engine:
         # the draft: a small model, or heads on the target's own hidden states (Medusa, EAGLE-style)
         self.heads = head_proposer(draft, target.model, target.dtype) \
             if isinstance(draft, (MedusaHeads, EagleHead)) else None
-        self.draft = DraftModel(draft, capacity, branch=draft_branch) \
+        self.draft = DraftModel(draft, capacity, branch=draft_branch, cost_share=weight_share(draft, target)) \
             if draft is not None and self.heads is None else None
         self.budget = TreeBudget(max_nodes, always=always_speculate)
+        self.gates: dict[str, StepGate] = {}  # by proposer name: does a costly proposer pay, measured
+        self._gated: tuple[str, bool] | None = None  # this step's gate decision (_propose -> _step)
         self.max_candidate_len = max_candidate_len
         self.eos = target.eos_ids()
         self.lock = threading.Lock()
@@ -326,9 +340,14 @@ class Engine:
 
     def _step(self, st: Decoding, proposers: list[Proposer], ctx: PassContext) -> None:
         """propose -> tree -> verify (one target pass) -> accept -> keep the path, emit its tokens."""
+        t0 = time.perf_counter()
+        self._gated = None
         tree = self._propose(st.token, proposers, st.req.max_tokens - len(st.out.ids), ctx, st.feature)
         path, bonus = self._verify(st, tree, proposers, ctx)
         st.emit([tree.tokens[i] for i in path[1:]] + [bonus])
+        if self._gated is not None:  # accepted tokens + the bonus, for the wall time of the whole step
+            name, ran = self._gated
+            self.gates[name].record(ran, (time.perf_counter() - t0) * 1000, len(path))
 
     def _verify(self, st: Decoding, tree: TokenTree, proposers: list[Proposer], ctx: PassContext,
                 logits: torch.Tensor | None = None, at: int = 0) -> tuple[list[int], int]:
@@ -376,7 +395,14 @@ class Engine:
         for p in proposers:
             if not always and not p.pays(candidates, pass_ms, ctx):
                 continue
-            min_value = 0.0 if always else max(0.02, p.min_value(pass_ms))
+            if not always and p.costly:  # it says it pays: the measured gate has the last word
+                ran = self.gates.setdefault(p.name, StepGate()).allows()
+                self._gated = (p.name, ran)
+                if not ran:
+                    continue
+            # a costly proposer's node must also pay for its place in the verify pass
+            node_ms = (self.budget.cost(8) - pass_ms) / 7 if p.costly else 0.0
+            min_value = 0.0 if always else max(0.02, p.min_value(pass_ms) + max(node_ms, 0.0) / pass_ms)
             candidates += p.propose(context, Limits(max_len=max_len, min_value=min_value), ctx)
         tree = build_tree(root, candidates, self.budget.max_nodes)
         return truncate(tree, self.budget.best_size(tree.value))

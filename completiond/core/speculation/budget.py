@@ -63,6 +63,48 @@ class Ewma:
         self.value += self.alpha * (x - self.value)
 
 
+class StepGate:
+    """Whether a proposer that costs time (a draft model, heads) pays, measured: at the moments it
+    says it would pay (its `pays`, a model of its own gain), the engine runs the step with it or
+    without it, and this keeps the wall ms per emitted token of each (propose + verify, EWMAs of ms
+    and of tokens). It runs while its steps are cheaper per token; while not, every PROBE-th such
+    step still runs it, so that the estimate can recover. The two arms are first measured in turn
+    (WARM steps each). The estimate models nothing: whatever the draft costs on this machine now,
+    and whatever it adds beyond prompt lookup on this code, combined ends about as fast as the
+    faster of the two (issue 37: "never slower than ar")."""
+
+    WARM = 4
+    PROBE = 8
+
+    def __init__(self) -> None:
+        self.ms = {True: Ewma(0.0, 0.1), False: Ewma(0.0, 0.1)}  # by "ran": ms per step ...
+        self.tokens = {True: Ewma(0.0, 0.1), False: Ewma(0.0, 0.1)}  # ... and tokens per step
+        self.steps = {True: 0, False: 0}
+        self._asked = 0
+
+    def ms_per_token(self, ran: bool) -> float | None:
+        return self.ms[ran].value / self.tokens[ran].value if self.steps[ran] else None
+
+    def allows(self) -> bool:
+        """Run the proposer on this step (it said it pays)?"""
+        self._asked += 1
+        if min(self.steps.values()) < self.WARM:
+            return self.steps[True] <= self.steps[False]
+        with_, without = self.ms_per_token(True), self.ms_per_token(False)
+        return with_ < without or self._asked % self.PROBE == 0
+
+    def record(self, ran: bool, ms: float, tokens: int) -> None:
+        """A step taken at such a moment: `ran` with the proposer or not, its wall ms, tokens emitted."""
+        for e, x in ((self.ms[ran], ms), (self.tokens[ran], float(tokens))):
+            e.value = x if self.steps[ran] == 0 else e.value + e.alpha * (x - e.value)
+        self.steps[ran] += 1
+
+    def status(self) -> dict:
+        return {"steps_with": self.steps[True], "steps_without": self.steps[False],
+                **{f"ms_per_token_{k}": round(v, 2) for k, ran in (("with", True), ("without", False))
+                   if (v := self.ms_per_token(ran)) is not None}}
+
+
 def quantile(xs: list[float], q: float) -> float:
     """The q-quantile of xs, the order statistic below (not interpolated: of up to 4 passes that is
     the fastest, so one slow pass among few moves nothing; a pass is never spuriously fast)."""

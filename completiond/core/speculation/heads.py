@@ -20,6 +20,8 @@ from .tree import Candidate
 class _HeadProposer:
     """What both proposers share: the readout rows, calibration by depth."""
 
+    costly = True
+
     def __init__(self, heads: nn.Module, rows: torch.Tensor, depth: int):
         self.heads = heads.to(device=rows.device, dtype=rows.dtype).eval()  # the target's device
         self.rows = rows  # [V', H] the target's output layer rows for heads.vocab

@@ -40,6 +40,7 @@ class Proposer(Protocol):
     candidate nodes are worth its own cost (`min_value`), from its measured cost and acceptance."""
 
     name: str
+    costly: bool  # its proposals take measurable time: the engine's StepGate checks that they pay
 
     def pays(self, found: list[Candidate], pass_ms: float, ctx: PassContext = NO_CONTEXT) -> bool:
         """Run now? `found`: candidates of the proposers that ran before; pass_ms: a target pass."""
@@ -62,6 +63,7 @@ class PromptLookup:
     """Continuations of the context's suffix found in the prompt, open buffers and workspace files."""
 
     name = "pld"
+    costly = False
 
     def __init__(self, index: TokenIndex | None = None, max_candidates: int = 6):
         self.index = index or TokenIndex()
@@ -110,9 +112,14 @@ class DraftModel:
     branch=1 grows only the greedy chain (with the runner-ups as one-token branches)."""
 
     name = "draft"
+    costly = True
 
-    def __init__(self, lm: LoadedModel, capacity: int = 4096, branch: int = 4, top: int = 2):
+    def __init__(self, lm: LoadedModel, capacity: int = 4096, branch: int = 4, top: int = 2,
+                 cost_share: float = 0.0):
         self.lm = lm
+        # a draft pass's cost in target passes until one is measured: its weights' share of the
+        # target's (a pass reads them all); 0 = unknown (then its first proposal sets no bound)
+        self.cost_share = cost_share
         self.runner = Runner(lm, capacity, lean=True)  # lean forward, no fp32 refinement: it only ranks
         self.branch, self.top = branch, top
         # Calibration: draft probabilities times accepted.value / raw.value match observed acceptance.
@@ -131,18 +138,22 @@ class DraftModel:
         each saving about one target pass, for about as many draft steps plus one. A skipped draft
         is still probed every 8th time so that its estimate can recover.
         """
-        if self.step_ms.value == 0:
+        step_ms = self._step_ms(pass_ms)
+        if step_ms == 0:
             return True  # not measured yet
         p = max((c.probs[0] for c in found), default=0.0)
         a = min(self.first_accept.value, 0.9)
         expected = a / (1 - a)
-        if (1 - p) * expected * pass_ms > (1 + expected) * self.step_ms.value:
+        if (1 - p) * expected * pass_ms > (1 + expected) * step_ms:
             return True
         self._skips += 1
         return self._skips % 8 == 0
 
     def min_value(self, pass_ms: float) -> float:
-        return self.step_ms.value / pass_ms if self.step_ms.value > 0 else 0.0
+        return self._step_ms(pass_ms) / pass_ms if pass_ms > 0 else 0.0
+
+    def _step_ms(self, pass_ms: float) -> float:
+        return self.step_ms.value or self.cost_share * pass_ms
 
     @torch.inference_mode()
     def warm(self, context: list[int], ctx: PassContext = NO_CONTEXT) -> None:
