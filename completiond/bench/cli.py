@@ -161,6 +161,8 @@ def bench_target(a: argparse.Namespace, target_spec: str, root: Path, label: str
         "pass_costs_start": table_start, "pass_costs": engine.budget.table_status(),
         # what one proposal of the draft costs (a draft model's pass, or the heads' steps), ms, recent average
         "draft_step_ms": round(p.step_ms.value, 3) if (p := engine.draft or engine.heads) is not None else None,
+        # whether the draft paid, measured: ms per emitted token of steps with and without it (StepGate)
+        "draft_gate": {name: g.status() for name, g in engine.gates.items()},
         "modes": summarize_modes(prepared, modes), "peers": summarize_peers(prepared, peer_rows),
         **({"prefill": prefill} if prefill else {}),
         "details": details(prepared, positions, root),
