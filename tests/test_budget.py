@@ -231,7 +231,7 @@ def test_step_gate_keeps_the_faster_arm_and_probes_the_other():
         g.record(ran, 100.0 if ran else 60.0, 1)  # with: 100 ms per token, without: 60
     assert first.count(True) == first.count(False) == g.WARM
     # the proposer costs more per token: it runs only on probes
-    ran = [g.allows() for _ in range(8 * g.PROBE) if True]
+    ran = [g.allows() for _ in range(8 * g.PROBE)]
     assert sum(ran) == 8
     # it gets good (a long accepted run per step): once measured, it runs every time
     for _ in range(60):

@@ -96,7 +96,10 @@ class StepGate:
     def record(self, ran: bool, ms: float, tokens: int) -> None:
         """A step taken at such a moment: `ran` with the proposer or not, its wall ms, tokens emitted."""
         for e, x in ((self.ms[ran], ms), (self.tokens[ran], float(tokens))):
-            e.value = x if self.steps[ran] == 0 else e.value + e.alpha * (x - e.value)
+            if self.steps[ran] == 0:
+                e.value = x  # the first step is the estimate, not a tenth of it
+            else:
+                e.add(x)
         self.steps[ran] += 1
 
     def status(self) -> dict:
