@@ -240,3 +240,20 @@ def test_step_gate_keeps_the_faster_arm_and_probes_the_other():
     assert all(g.allows() for _ in range(20))
     s = g.status()
     assert s["ms_per_token_with"] < s["ms_per_token_without"]
+
+
+def test_useful_nodes_is_the_size_that_pays_when_every_node_is_accepted():
+    """A costly proposer grows no more nodes than a verify pass of certain nodes would keep: with
+    the 1.5B's table from a 2-core run (ms by size), 4 nodes past the root; where more nodes cost
+    nothing, all of them; never more than a tree whose best_size is larger."""
+    b = TreeBudget(max_nodes=64)
+    b.load_costs({1: 49.5, 4: 80.6, 5: 84.5, 8: 147.7, 16: 335.1})
+    assert b.useful_nodes() == 4
+    assert b.best_size([1.0] * 20) <= 4  # the controller cuts a certain chain there too
+    flat = TreeBudget(max_nodes=16)
+    flat.load_costs({1: 10.0, 64: 10.0})
+    assert flat.useful_nodes() == 16
+    steep = TreeBudget(max_nodes=64)
+    steep.load_costs({1: 10.0, 2: 30.0, 8: 200.0})  # a second node costs two passes
+    assert steep.useful_nodes() == 0
+    assert TreeBudget(max_nodes=8, always=True).useful_nodes() == 8

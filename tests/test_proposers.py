@@ -85,3 +85,18 @@ def test_a_draft_that_does_not_pay_is_left_out_and_output_stays_identical(code_i
             assert gate.steps[False] > gate.steps[True]
         else:
             assert gate.steps[True] > gate.steps[False]
+
+
+def test_the_draft_grows_no_more_nodes_than_the_verify_pass_can_keep(code_ids):
+    """Limits.max_nodes (the budget's useful_nodes): once the draft's tree holds that many nodes it
+    runs no more passes, which a cut tree would waste; without the cap it grows the whole depth."""
+    lm = tiny.loaded(tiny.gemma_config(window=8, layers=2), seed=3, scale=4.0)
+    context = code_ids[:30]
+    for cap, passes_run, depth in ((64, 8, 8), (3, 2, 2)):  # passes: the context's, then the tree's
+        draft = DraftModel(lm, branch=1, top=2)
+        passes = []
+        forward = draft.runner.forward
+        draft.runner.forward = lambda *a, **kw: passes.append(len(a[0])) or forward(*a, **kw)
+        cands = draft.propose(context, Limits(max_len=8, min_value=0.0, max_nodes=cap))
+        longest = max(len(c.tokens) for c in cands)
+        assert len(passes) == passes_run and longest == depth

@@ -215,6 +215,20 @@ class TreeBudget:
                 return probe - 1
         return best_n
 
+    def useful_nodes(self) -> int:
+        """The most nodes beyond the root that can pay in one pass even if the target accepted every
+        one: what best_size would pick for such a tree. A costly proposer stops growing there, since
+        best_size cuts what lies past it (a 13-token draft chain cost 12 draft passes to be cut to 4)."""
+        if self.always:
+            return self.max_nodes
+        known = self._known()
+        best_n, best_rate = 0, 1.0 / _interpolate(known, 1)
+        for n in range(1, self.max_nodes + 1):
+            rate = (1 + n) / _interpolate(known, n + 1)
+            if rate > best_rate:
+                best_n, best_rate = n, rate
+        return best_n
+
     def _probe(self, known: list[tuple[int, float]], reach: int, chosen: int) -> int | None:
         """The size to probe instead of `chosen` (None: no probe now): among the table's sizes up to
         `reach`, the one longest without a real pass, if that is over PROBE_AFTER passes ago and

@@ -101,12 +101,14 @@ class EagleProposer(_HeadProposer):
             return []
         t0 = time.perf_counter()
         scale = self._scales()
-        depth = min(self.depth, limits.max_len)
+        depth = min(self.depth, limits.max_len, limits.max_nodes)
         # node i: token, parent (-1: the root), calibrated probability, path value, depth, state (once fed)
         tok, parent, prob, value, dep = [context[-1]], [-1], [1.0], [1.0], [0]
         state: dict[int, torch.Tensor] = {}
         fed_state = {0: ctx.feature.to(self.rows.dtype)}  # the state each fed node came from
         for _ in range(depth):
+            if len(tok) - 1 >= limits.max_nodes:
+                break  # the verify pass would cut what more steps grow
             open_nodes = [i for i in range(len(tok)) if i not in state and i in fed_state
                           and dep[i] < depth and (value[i] >= limits.min_value or i == 0)]
             pick = sorted(open_nodes, key=lambda i: -value[i])[:self.branch]

@@ -26,6 +26,7 @@ from .tree import Candidate
 class Limits:
     max_len: int  # tokens per candidate
     min_value: float  # stop extending a candidate once P(whole path accepted) falls below this
+    max_nodes: int = 64  # nodes worth growing in all: the verify pass would cut more (TreeBudget.useful_nodes)
 
 
 @dataclass
@@ -204,8 +205,11 @@ class DraftModel:
                     greedy.append(j == 0 and (node < 0 or greedy[node]))
 
         add_children(logits, [-1])
-        for _ in range(limits.max_len - 1):  # as many draft passes as a chain of max_len tokens needs
-            open_nodes = [i for i in range(len(ids)) if i not in fed and depth[i] < limits.max_len
+        deepest = min(limits.max_len, limits.max_nodes)
+        for _ in range(deepest - 1):  # as many draft passes as a chain of max_len tokens needs
+            if len(ids) >= limits.max_nodes:
+                break  # a bigger tree would not be verified whole: more passes would be wasted
+            open_nodes = [i for i in range(len(ids)) if i not in fed and depth[i] < deepest
                           and value[i] >= limits.min_value and (self.branch > 1 or greedy[i])]
             pick = sorted(open_nodes, key=lambda i: -value[i])[:self.branch]
             if not pick:
