@@ -5,9 +5,10 @@ nodes) of `combined`, and the StepGate's measured ms per emitted token with and 
 Prompts are cut to --prompt-tokens (512: short prefills, so that a run takes minutes); each mode
 starts from the same warm caches as `completiond bench` (the prompt minus its last 8 tokens).
 
-    python benchmarks/draft_steps.py --positions 8 --modes ar,pld,combined \
-        --json benchmarks/results/draft-steps-1.5b.json
-    python benchmarks/draft_steps.py --positions 8 --modes ar,pld,combined --no-gate   # the draft's own `pays` only
+    python benchmarks/draft_steps.py --positions 16 --modes ar,pld,combined \
+        --json benchmarks/results/draft-steps-1.5b.json --plot benchmarks/results/draft-steps-1.5b.png
+    python benchmarks/draft_steps.py --positions 16 --modes ar,pld,combined --no-gate \
+        --json benchmarks/results/draft-steps-1.5b-no-gate.json --plot ...   # the draft's own `pays` only
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main() -> None:
     ap.add_argument("--no-gate", action="store_true", help="the draft runs whenever its own `pays` says so")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None, help="PNG: ms per position, modes side by side")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     modes = a.modes.split(",")
@@ -95,6 +97,29 @@ def main() -> None:
     print(json.dumps({k: out[k] for k in ("total_ms", "vs_ar", "draft_step_ms", "gate")}))
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+    if a.plot:
+        plot(out, modes, Path(a.plot))
+
+
+def plot(out: dict, modes: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    positions = sorted({r["position"] for r in out["runs"]})
+    ms = {(r["position"], r["mode"]): r["ms"] for r in out["runs"]}
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / len(modes)
+    for j, mode in enumerate(modes):
+        ax.bar([p + j * width for p in positions], [ms[p, mode] for p in positions], width,
+               label=f"{mode}: {out['total_ms'][mode]} ms in all")
+    ax.set_xlabel("position")
+    ax.set_ylabel("ms per completion")
+    ax.set_title(f"{out['target']} + {out['draft']} draft, {out['machine']}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":

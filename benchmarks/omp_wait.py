@@ -26,6 +26,7 @@ SETTINGS = {"libgomp default": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}
             "active (spin)": {"OMP_WAIT_POLICY": "active", "GOMP_SPINCOUNT": None},
             "passive (sleep)": {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": None},
             "spin 20000 then sleep": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "20000"},
+            "spin 5000 then sleep": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "5000"},
             "spin 2000 then sleep": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "2000"},
             "spin 200 then sleep": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "200"}}
 

@@ -1,5 +1,13 @@
+import os
 import sys
 from pathlib import Path
+
+# The suite's real-model texts and quantization tolerances were set with int16 activations (this
+# project's machines cache int16 or float32). A fresh AVX512-VNNI machine's probe may pick int8,
+# which changes ~1 % of greedy tokens (docs/kernels.md): pin the kind so every machine tests the
+# same model. int8 itself is tested where it is asked for (test_native_layer, test_lossless_quant,
+# test_cpu_kernel), and a user's own setting still wins.
+os.environ.setdefault("COMPLETIOND_INT8_ACTIVATIONS", "int16")
 
 import pytest
 

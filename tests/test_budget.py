@@ -220,8 +220,9 @@ def test_a_burst_of_slow_passes_in_one_second_does_not_flush_the_window():
 
 def test_step_gate_keeps_the_faster_arm_and_probes_the_other():
     """A costly proposer runs while its steps cost fewer ms per emitted token than steps without it:
-    both arms are measured in turn first, then the slower one only every PROBE-th time, and a
-    change in which is faster is followed (synthetic timings)."""
+    both arms are measured in turn first, then the slower one only on probes, further apart while
+    probes find it slower (PROBE, 2 PROBE, ... up to MAX_PROBE steps), and a change in which is
+    faster is followed: a probe that pays brings the next one after PROBE steps (synthetic timings)."""
     g = B.StepGate()
     # warm-up: the arms alternate until each has WARM steps
     first = []
@@ -231,12 +232,20 @@ def test_step_gate_keeps_the_faster_arm_and_probes_the_other():
         g.record(ran, 100.0 if ran else 60.0, 1)  # with: 100 ms per token, without: 60
     assert first.count(True) == first.count(False) == g.WARM
     # the proposer costs more per token: it runs only on probes
-    ran = [g.allows() for _ in range(8 * g.PROBE)]
-    assert sum(ran) == 8
-    # it gets good (a long accepted run per step): once measured, it runs every time
-    for _ in range(60):
+    ran = []
+    for _ in range(16 * g.PROBE):
+        ran.append(g.allows())
+        g.record(ran[-1], 100.0 if ran[-1] else 60.0, 1)
+    probes = [i + 1 for i, r in enumerate(ran) if r]  # after 8, then 16, 32, 64, 64 more steps
+    assert [b - a for a, b in zip([0] + probes, probes)] == [8, 16, 32, 64]
+    assert g.every == g.MAX_PROBE
+    # it gets good (a long accepted run per step): within a few probes it runs every time
+    asked = 0
+    while g.ms_per_token(True) >= g.ms_per_token(False):
         r = g.allows()
         g.record(r, 120.0 if r else 60.0, 4 if r else 1)  # with: 30 ms per token
+        asked += 1
+        assert asked < g.MAX_PROBE + 4 * g.PROBE
     assert all(g.allows() for _ in range(20))
     s = g.status()
     assert s["ms_per_token_with"] < s["ms_per_token_without"]

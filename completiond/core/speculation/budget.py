@@ -67,34 +67,46 @@ class StepGate:
     """Whether a proposer that costs time (a draft model, heads) pays, measured: at the moments it
     says it would pay (its `pays`, a model of its own gain), the engine runs the step with it or
     without it, and this keeps the wall ms per emitted token of each (propose + verify, EWMAs of ms
-    and of tokens). It runs while its steps are cheaper per token; while not, every PROBE-th such
-    step still runs it, so that the estimate can recover. The two arms are first measured in turn
-    (WARM steps each). The estimate models nothing: whatever the draft costs on this machine now,
+    and of tokens). It runs while its steps are cheaper per token; while not, a probe still runs it
+    after PROBE such steps, then after twice as many each time a probe finds it slower (up to
+    MAX_PROBE: a probe of the 0.5B drafting for the 1.5B on 2 cores costs about three steps'
+    time per token), and after PROBE again once a probe's step was the cheaper. The two arms are
+    first measured in turn (WARM steps each). The estimate models nothing: whatever the draft costs on this machine now,
     and whatever it adds beyond prompt lookup on this code, combined ends about as fast as the
     faster of the two (issue 37: "never slower than ar")."""
 
     WARM = 4
     PROBE = 8
+    MAX_PROBE = 64
 
     def __init__(self) -> None:
         self.ms = {True: Ewma(0.0, 0.1), False: Ewma(0.0, 0.1)}  # by "ran": ms per step ...
         self.tokens = {True: Ewma(0.0, 0.1), False: Ewma(0.0, 0.1)}  # ... and tokens per step
         self.steps = {True: 0, False: 0}
-        self._asked = 0
+        self.every = self.PROBE  # steps left out between two probes, now
+        self._since = 0  # steps left out since the last probe
 
     def ms_per_token(self, ran: bool) -> float | None:
         return self.ms[ran].value / self.tokens[ran].value if self.steps[ran] else None
 
     def allows(self) -> bool:
         """Run the proposer on this step (it said it pays)?"""
-        self._asked += 1
         if min(self.steps.values()) < self.WARM:
             return self.steps[True] <= self.steps[False]
-        with_, without = self.ms_per_token(True), self.ms_per_token(False)
-        return with_ < without or self._asked % self.PROBE == 0
+        if self.ms_per_token(True) < self.ms_per_token(False):
+            self.every, self._since = self.PROBE, 0
+            return True
+        self._since += 1
+        if self._since < self.every:
+            return False
+        self._since, self.every = 0, min(2 * self.every, self.MAX_PROBE)  # a probe
+        return True
 
     def record(self, ran: bool, ms: float, tokens: int) -> None:
         """A step taken at such a moment: `ran` with the proposer or not, its wall ms, tokens emitted."""
+        without = self.ms_per_token(False)
+        if ran and without is not None and ms < without * max(tokens, 1):
+            self.every = self.PROBE  # this probe paid: the next comes soon, so the estimate can follow
         for e, x in ((self.ms[ran], ms), (self.tokens[ran], float(tokens))):
             if self.steps[ran] == 0:
                 e.value = x  # the first step is the estimate, not a tenth of it
