@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from omp_wait import run
+from omp_wait import measure
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -36,26 +36,12 @@ def main() -> int:
     trees = {"old": args.old.resolve(), "new": HERE}
     commits = {k: subprocess.run(["git", "-C", str(p), "rev-parse", "--short", "HEAD"], capture_output=True,
                                  text=True).stdout.strip() for k, p in trees.items()}
-    cells: dict[str, dict[int, float]] = {}
-    for rnd in range(args.rounds):
-        for loaded in (False, True):
-            hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load if loaded else 0)]
-            try:
-                for name, tree in (trees.items() if rnd % 2 == 0 else reversed(trees.items())):
-                    key = f"{name}, {'beside ' + str(args.load) + ' busy' if loaded else 'quiet'}"
-                    got = run({"PYTHONPATH": str(tree), "OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None}, args)
-                    best = cells.setdefault(key, {})
-                    for n, ms in got.items():
-                        best[n] = min(best.get(n, float("inf")), ms)
-                    print(f"round {rnd}: {key}: " + ", ".join(f"{n} nodes {ms:.1f} ms" for n, ms in got.items()),
-                          file=sys.stderr)
-            finally:
-                for h in hogs:
-                    h.kill()
+    env = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None}
+    cells = measure({name: {**env, "PYTHONPATH": str(tree)} for name, tree in trees.items()}, args, alternate=True)
     print(f"\nms per pass ({args.target}, {args.threads} threads, {args.context} tokens of context; old {commits['old']}, "
           f"new {commits['new']}; fastest of {args.rounds} rounds of {args.passes} passes)")
     for key, by in cells.items():
-        print(f"{key:30s}" + "".join(f"{by[n]:>10.1f}" for n in args.sizes))
+        print(f"{key:40s}" + "".join(f"{by[n]:>10.1f}" for n in args.sizes))
     if args.json:
         from completiond.models.device import cpu_name
         args.json.write_text(json.dumps({

@@ -63,6 +63,30 @@ def run(env_extra: dict[str, str | None], args) -> dict[int, float]:
     return {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
 
 
+def measure(variants: dict[str, dict[str, str | None]], args, alternate: bool = False) -> dict[str, dict[int, float]]:
+    """Each variant's environment in its own child, variants in turn, round by round, on a quiet
+    machine and beside args.load busy processes; each cell the fastest round's ms per pass by size.
+    alternate: reverse the variants' order every other round (two variants: neither always first)."""
+    cells: dict[str, dict[int, float]] = {}
+    for rnd in range(args.rounds):
+        for loaded in (False, True):
+            hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load if loaded else 0)]
+            try:
+                order = list(variants.items())
+                for name, env in (order[::-1] if alternate and rnd % 2 else order):
+                    key = f"{name}, {'beside ' + str(args.load) + ' busy processes' if loaded else 'quiet'}"
+                    got = run(env, args)
+                    best = cells.setdefault(key, {})
+                    for n, ms in got.items():
+                        best[n] = min(best.get(n, float("inf")), ms)
+                    print(f"round {rnd}: {key}: " + ", ".join(f"{n} nodes {ms:.1f} ms" for n, ms in got.items()),
+                          file=sys.stderr)
+            finally:
+                for h in hogs:
+                    h.kill()
+    return cells
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
@@ -75,23 +99,7 @@ def main() -> int:
     ap.add_argument("--settings", default=",".join(SETTINGS), help="comma list of SETTINGS' names")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    cells: dict[str, dict[str, dict[int, float]]] = {}
-    for rnd in range(args.rounds):
-        for loaded in (False, True):
-            hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load if loaded else 0)]
-            try:
-                for name in args.settings.split(","):
-                    env = SETTINGS[name]
-                    key = f"{name}, {'beside ' + str(args.load) + ' busy processes' if loaded else 'quiet'}"
-                    got = run(env, args)
-                    best = cells.setdefault(key, {})
-                    for n, ms in got.items():
-                        best[n] = min(best.get(n, float("inf")), ms)
-                    print(f"round {rnd}: {key}: " + ", ".join(f"{n} nodes {ms:.1f} ms" for n, ms in got.items()),
-                          file=sys.stderr)
-            finally:
-                for h in hogs:
-                    h.kill()
+    cells = measure({name: SETTINGS[name] for name in args.settings.split(",")}, args)
     print(f"\nms per pass ({args.target}, {args.threads} threads, {args.context} tokens of context; fastest of "
           f"{args.rounds} rounds of {args.passes} passes)")
     for key, by in cells.items():

@@ -391,7 +391,6 @@ class Engine:
         ctx = dataclasses.replace(ctx, feature=feature)
         pass_ms = self.budget.cost(1)
         always = self.budget.always
-        useful = self.budget.useful_nodes()
         candidates = []
         for p in proposers:
             if not always and not p.pays(candidates, pass_ms, ctx):
@@ -404,8 +403,9 @@ class Engine:
             # a costly proposer's node must also pay for its place in the verify pass
             node_ms = (self.budget.cost(8) - pass_ms) / 7 if p.costly else 0.0
             min_value = 0.0 if always else max(0.02, p.min_value(pass_ms) + max(node_ms, 0.0) / pass_ms)
+            # and stop growing where even a certain tree would be cut (pld's lookups cost nothing)
             limits = Limits(max_len=max_len, min_value=min_value,
-                            max_nodes=useful if p.costly else self.budget.max_nodes)
+                            max_nodes=self.budget.useful_nodes() if p.costly else self.budget.max_nodes)
             candidates += p.propose(context, limits, ctx)
         tree = build_tree(root, candidates, self.budget.max_nodes)
         return truncate(tree, self.budget.best_size(tree.value))

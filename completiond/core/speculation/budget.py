@@ -69,11 +69,11 @@ class StepGate:
     without it, and this keeps the wall ms per emitted token of each (propose + verify, EWMAs of ms
     and of tokens). It runs while its steps are cheaper per token; while not, a probe still runs it
     after PROBE such steps, then after twice as many each time a probe finds it slower (up to
-    MAX_PROBE: a probe of the 0.5B drafting for the 1.5B on 2 cores costs about three steps'
-    time per token), and after PROBE again once a probe's step was the cheaper. The two arms are
-    first measured in turn (WARM steps each). The estimate models nothing: whatever the draft costs on this machine now,
-    and whatever it adds beyond prompt lookup on this code, combined ends about as fast as the
-    faster of the two (issue 37: "never slower than ar")."""
+    MAX_PROBE: a probe of the 0.5B drafting for the 1.5B on 2 cores costs about three steps' time
+    per token), and after PROBE again once a probe's step was the cheaper. The two arms are first
+    measured in turn (WARM steps each). The estimate models nothing: whatever the draft costs on
+    this machine now, and whatever it adds beyond prompt lookup on this code, combined ends about
+    as fast as the faster of the two (issue 37: "never slower than ar")."""
 
     WARM = 4
     PROBE = 8
@@ -214,12 +214,7 @@ class TreeBudget:
         if self.always:
             return min(len(values) - 1, self.max_nodes)
         known = self._known()  # once per tree: this runs before every verify pass
-        best_n, best_rate, gain = 0, 1.0 / _interpolate(known, 1), 1.0
-        for n in range(1, min(len(values), self.max_nodes + 1)):
-            gain += values[n]
-            rate = gain / _interpolate(known, n + 1)
-            if rate > best_rate:
-                best_n, best_rate = n, rate
+        best_n = self._best_n(known, values)
         if len(values) > 1:
             probe = self._probe(known, min(len(values) - 1, self.max_nodes) + 1, best_n + 1)
             if probe is not None:
@@ -233,10 +228,15 @@ class TreeBudget:
         best_size cuts what lies past it (a 13-token draft chain cost 12 draft passes to be cut to 4)."""
         if self.always:
             return self.max_nodes
-        known = self._known()
-        best_n, best_rate = 0, 1.0 / _interpolate(known, 1)
-        for n in range(1, self.max_nodes + 1):
-            rate = (1 + n) / _interpolate(known, n + 1)
+        return self._best_n(self._known(), [1.0] * (self.max_nodes + 1))
+
+    def _best_n(self, known: list[tuple[int, float]], values: list[float]) -> int:
+        """The node count past the root whose expected tokens (1 + the values of the nodes kept) per
+        ms of pass is highest, by the table `known`."""
+        best_n, best_rate, gain = 0, 1.0 / _interpolate(known, 1), 1.0
+        for n in range(1, min(len(values), self.max_nodes + 1)):
+            gain += values[n]
+            rate = gain / _interpolate(known, n + 1)
             if rate > best_rate:
                 best_n, best_rate = n, rate
         return best_n
