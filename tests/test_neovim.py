@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -506,6 +507,18 @@ def test_setup_with_every_option_given_starts(daemon_sock, workspace):
         quit_nvim(n)
 
 
+def lsp_log(n) -> Path:
+    return Path(n.exec_lua("return vim.lsp.log.get_filename()"))
+
+
+def inline_completion_log(n, since: int) -> str:
+    """The LSP log's lines about inline completion requests after byte `since` (the log is shared)."""
+    log = lsp_log(n)
+    lines = log.read_bytes()[since:].decode(errors="replace").splitlines() if log.exists() else ["(no LSP log)"]
+    keep = [ln[:600] for ln in lines if any(k in ln for k in ("inlineCompletion", "rpc.receive", "ERROR"))]
+    return "\n".join(keep[-12:])
+
+
 def test_native_renderer_option(daemon_sock, workspace):
     """renderer = 'native' hands the suggestion to Neovim 0.12's vim.lsp.inline_completion."""
     n = fresh_nvim()
@@ -516,16 +529,26 @@ def test_native_renderer_option(daemon_sock, workspace):
                    " { renderer = 'native' }))",
                    str(PLUGIN_ROOT), sys.executable, str(daemon_sock), DEBOUNCE_MS, MAX_TOKENS)
         open_buffer(n, workspace / "native.py", PY)
-        n.input("GA")
+        n.exec_lua("vim.lsp.log.set_level('debug')")  # the log then holds what each request got back
+        since = lsp_log(n).stat().st_size if lsp_log(n).exists() else 0
         ns = "vim.api.nvim_create_namespace('nvim.lsp.inline_completion')"
-        try:
-            mark = wait_for(lambda: n.exec_lua(f"return vim.api.nvim_buf_get_extmarks(0, {ns}, 0, -1, "
-                                               "{ details = true })[1]"), timeout=30, what="native inline completion")
-        except TimeoutError as e:  # Neovim asks once per cursor move: say what that one request got
-            log = Path(n.exec_lua("return vim.lsp.log.get_filename()"))
-            tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no LSP log)"
-            raise AssertionError(f"{e}; the server now suggests {n.exec_lua(SERVER_SUGGESTION)!r}; "
-                                 f"LSP log tail:\n{tail}") from None
+        mark, misses = None, []
+        n.input("GA")
+        for _ in range(3):  # Neovim asks once per InsertEnter / cursor move, and shows only that answer
+            try:
+                mark = wait_for(lambda: n.exec_lua(f"return vim.api.nvim_buf_get_extmarks(0, {ns}, 0, -1, "
+                                                   "{ details = true })[1]"), timeout=15,
+                                what="native inline completion")
+                break
+            except TimeoutError:
+                misses.append(inline_completion_log(n, since))
+                n.input("<Esc>A")  # leave and re-enter insert mode at the same place: Neovim asks again
+        if mark is None:
+            raise AssertionError(f"no native inline completion after {len(misses)} requests; the server now "
+                                 f"suggests {n.exec_lua(SERVER_SUGGESTION)!r}; what Neovim got:\n"
+                                 + "\n---\n".join(misses))
+        if misses:  # shown by pytest: a first answer that Neovim did not show is worth a look
+            warnings.warn("native inline completion needed another request; what Neovim got:\n" + misses[0])
         text = mark[3]["virt_text"][0][0]
         assert (mark[1], mark[2]) == (3, len(PY[3]))
         assert as_virtual_text(n.exec_lua(SERVER_SUGGESTION)) == text
