@@ -1,4 +1,4 @@
-"""Does the 0.5B pay as the 1.5B's draft? Modes side by side on the same positions, one engine, with
+"""Does a draft (the 0.5B, or heads: --draft eagle:PATH) pay for the 1.5B? Modes side by side on the same positions, one engine, with
 what each speculative step cost: every draft proposal (ms, candidates, longest) and target pass (ms,
 nodes) of `combined`, and the StepGate's measured ms per emitted token with and without the draft.
 
@@ -55,8 +55,9 @@ def main() -> None:
     files = index_repo(engine, root)
     prepared = prepare(engine, root, sample_positions(root, a.positions, "both", 0), True, a.prompt_tokens)
     steps: list[tuple] = []  # this completion's proposals and passes
-    if engine.draft is not None:
-        propose = engine.draft.propose
+    drafter = engine.draft or engine.heads  # a draft model, or heads on the target's hidden states
+    if drafter is not None:
+        propose = drafter.propose
 
         def timed_propose(*args, **kw):
             t0 = time.perf_counter()
@@ -64,7 +65,7 @@ def main() -> None:
             steps.append(("draft", round((time.perf_counter() - t0) * 1000, 1), len(out),
                           max((len(c.tokens) for c in out), default=0)))
             return out
-        engine.draft.propose = timed_propose
+        drafter.propose = timed_propose
     forward = engine.runner.forward
 
     def timed_forward(ids, *args, **kw):
@@ -90,7 +91,7 @@ def main() -> None:
            "machine": machine(target), "target": target.name, "draft": getattr(draft, "name", None),
            "draft_quant": draft.meta.get("quant") if draft is not None and hasattr(draft, "meta") else None,
            "pass_cost_ms": {str(k): round(v, 1) for k, v in engine.budget.costs().items()},
-           "draft_step_ms": round(engine.draft.step_ms.value, 1) if engine.draft else None,
+           "draft_step_ms": round(drafter.step_ms.value, 2) if drafter else None,
            "total_ms": {m: round(v) for m, v in total.items()},
            "vs_ar": {m: round(total["ar"] / v, 3) for m, v in total.items()} if "ar" in total else None,
            "gate": {n: g.status() for n, g in engine.gates.items()}, "runs": rows}
