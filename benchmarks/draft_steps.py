@@ -1,6 +1,7 @@
-"""Does a draft (the 0.5B, or heads: --draft eagle:PATH) pay for the 1.5B? Modes side by side on the same positions, one engine, with
-what each speculative step cost: every draft proposal (ms, candidates, longest) and target pass (ms,
-nodes) of `combined`, and the StepGate's measured ms per emitted token with and without the draft.
+"""Does a draft (the 0.5B, or heads: --draft eagle:PATH) pay for the 1.5B? Modes side by side on
+the same positions, one engine, with what each speculative step cost: every draft proposal (ms,
+candidates, longest) and target pass (ms, nodes) of `combined`, and the StepGate's measured ms per
+emitted token with and without the draft.
 
 Prompts are cut to --prompt-tokens (512: short prefills, so that a run takes minutes); each mode
 starts from the same warm caches as `completiond bench` (the prompt minus its last 8 tokens).

@@ -530,7 +530,8 @@ def test_native_renderer_option(daemon_sock, workspace):
                    str(PLUGIN_ROOT), sys.executable, str(daemon_sock), DEBOUNCE_MS, MAX_TOKENS)
         open_buffer(n, workspace / "native.py", PY)
         n.exec_lua("vim.lsp.log.set_level('debug')")  # the log then holds what each request got back
-        since = lsp_log(n).stat().st_size if lsp_log(n).exists() else 0
+        log = lsp_log(n)
+        since = log.stat().st_size if log.exists() else 0
         ns = "vim.api.nvim_create_namespace('nvim.lsp.inline_completion')"
         mark, misses = None, []
         n.input("GA")
