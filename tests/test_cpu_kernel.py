@@ -24,6 +24,8 @@ def operands(m: int, k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch
 
 
 KINDS_HERE = cpu_kernel.kinds_here() if cpu_kernel.wanted() else ()
+W4_HERE = tuple(k for k in KINDS_HERE if k.startswith("w4"))  # int4 weights: w4_mm, tests at the end
+KINDS_HERE = tuple(k for k in KINDS_HERE if k not in W4_HERE)  # int8 weights: int8_mm
 
 
 @needs_kernel
@@ -81,7 +83,7 @@ def test_kinds_follow_the_cpu():
     assert cpu_kernel.kind_of("int8", wide=False) == "int8" and cpu_kernel.kind_of("float32") == "float32"
     if cpu_kernel.AVX512_VNNI <= cpu_flags():
         assert cpu_kernel.kind_of("int8") == "int8+avx512-vnni" and cpu_kernel.kind_of("int16") == "int16+avx512-vnni"
-    lacking = [k for k in cpu_kernel.KINDS if k not in KINDS_HERE]
+    lacking = [k for k in cpu_kernel.KINDS if k not in KINDS_HERE and not k.startswith("w4")]
     x, q, s = operands(2, 64, 8)
     for kind in lacking:
         with pytest.raises(ValueError, match="does not run on this CPU"):
@@ -295,3 +297,110 @@ def test_activations_are_measured_once_per_cpu(tmp_path, monkeypatch):
     finally:
         for fn in (cpu_kernel.enabled, cpu_kernel.activations):
             fn.cache_clear()
+
+
+# ---- int4 weights (w4_mm.c, quant.pack_w4) ----
+
+def w4_operands(m: int, k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) / 32
+    packed, scales = quant.pack_w4(w)
+    return x, w, packed, scales
+
+
+def test_pack_w4_rounds_each_weight_to_its_block_grid():
+    """Each weight lands on its block's grid q * d, q in [-8, 7], within half a step (a full step for
+    the one value clipped at +7 when the block's peak is negative); values already on a grid come
+    back exactly; K off the blocks is padded and cut."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(40, 300, generator=g)
+    packed, scales = quant.pack_w4(w)
+    assert packed.shape == (40, 3 * 64) and packed.dtype == torch.uint8 and scales.shape == (40, 3)
+    back = quant.unpack_w4(packed, scales, 300)
+    d = scales.repeat_interleave(128, 1)[:, :300].abs()
+    assert ((back - w).abs() <= d * (1 + 1e-6)).all()
+    assert ((back - w).abs() <= d / 2 * (1 + 1e-6)).float().mean() > 0.99
+    assert float(((back - w).norm() / w.norm())) < 0.12  # 4 bits on Gaussian weights: ~0.10
+    grid = torch.randint(-8, 8, (8, 256), generator=g).float() * 0.25
+    grid[:, 0] = -2.0  # every block holds a -8
+    grid[:, 128] = -2.0
+    p2, s2 = quant.pack_w4(grid)
+    assert torch.equal(quant.unpack_w4(p2, s2, 256), grid)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", W4_HERE)
+@pytest.mark.parametrize("k,n", [(896, 200), (37, 19), (128, 16), (1003, 131), (1536, 53), (4864, 23)])
+def test_w4_rows_are_bit_identical_alone_and_in_any_batch(k, n, kind):
+    """As for int8 weights: a row's outputs do not depend on the rows beside it (every tile shape:
+    runs of 4 / 2 rows and the 3, 2, 1 left over), nor on the thread count."""
+    x, _, packed, scales = w4_operands(70, k, n)
+    whole = cpu_kernel.w4_mm(x, packed, scales, kind)
+    for a, b in [(0, 1), (5, 6), (3, 10), (0, 64), (13, 70), (7, 9), (1, 4), (2, 5), (0, 5), (4, 15), (9, 13)]:
+        assert torch.equal(cpu_kernel.w4_mm(x[a:b], packed, scales, kind), whole[a:b]), (a, b)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(cpu_kernel.w4_mm(x[:9], packed, scales, kind), whole[:9])
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_w4_every_integer_path_gives_the_avx2_bits():
+    """vpdpbusd (AVX512-VNNI, AVX-VNNI) and vpmaddubsw + vpmaddwd (AVX2) sum the same bytes per lane:
+    the same outputs, so an int4 model computes the same on every CPU."""
+    if len(W4_HERE) < 2:
+        pytest.skip("only the AVX2 int4 path on this CPU")
+    for k, n in [(896, 200), (37, 19), (1003, 131)]:
+        x, _, packed, scales = w4_operands(23, k, n)
+        narrow = cpu_kernel.w4_mm(x, packed, scales, "w4")
+        for kind in W4_HERE[1:]:
+            assert torch.equal(cpu_kernel.w4_mm(x, packed, scales, kind), narrow), (kind, k, n)
+
+
+@needs_kernel
+def test_w4_is_the_unpacked_matmul_within_the_activations_rounding():
+    """Against x @ unpack_w4(...)^T in float64: the int8 activations' rounding bound (half a step
+    of each block times |w|), outliers included; a row holding inf is nan and leaves the others."""
+    if not W4_HERE:
+        pytest.skip("no int4 kernel on this CPU")
+    x, _, packed, scales = w4_operands(6, 1003, 300)
+    x[:, ::97] *= 50
+    wd = quant.unpack_w4(packed, scales, 1003).double()
+    ref = x.double() @ wd.T
+    got = cpu_kernel.w4_mm(x, packed, scales).double()
+    xp = torch.nn.functional.pad(x.double().abs(), (0, 1024 - 1003))
+    step = xp.view(6, -1, 128).amax(-1) / 127
+    w_abs = torch.nn.functional.pad(wd.abs(), (0, 1024 - 1003)).view(300, -1, 128).sum(-1)
+    bound = 0.5 * step @ w_abs.T * (1 + 1e-6) + 1e-5 * ref.abs().max()
+    assert ((got - ref).abs() <= bound).all()
+    x[2, 10] = float("inf")
+    bad = cpu_kernel.w4_mm(x, packed, scales)
+    assert bad[2].isnan().all() and torch.equal(bad[[0, 1, 3, 4, 5]].double(), got[[0, 1, 3, 4, 5]])
+    with pytest.raises(ValueError, match="do not fit"):
+        cpu_kernel.w4_mm(x[:, :800], packed, scales)
+    with pytest.raises(ValueError, match="not an int4 kind"):
+        cpu_kernel.w4_mm(x, packed, scales, "int8")
+
+
+@needs_kernel
+def test_w4_quant_linear_runs_the_kernel_fused_and_in_bulk():
+    """QuantLinear "w4": the kernel for decode rows, fused parts (gate + up) give each part's
+    outputs, and a prefill chunk inside bulk() runs the unpacked weights densely."""
+    if not W4_HERE:
+        pytest.skip("no int4 kernel on this CPU")
+    g = torch.Generator().manual_seed(4)
+    gate, up = (torch.nn.Linear(256, n, bias=False) for n in (96, 40))
+    for lin in (gate, up):
+        lin.weight.data = torch.randn(lin.weight.shape, generator=g) / 16
+    parts = [quant.QuantLinear.from_linear(lin, "w4") for lin in (gate, up)]
+    x = torch.randn(5, 256, generator=g)
+    alone = [p(x) for p in parts]
+    fused = quant.QuantLinear.cat(parts)
+    assert fused.scheme == "w4" and torch.equal(fused(x), torch.cat(alone, 1))
+    assert torch.equal(alone[0], cpu_kernel.w4_mm(x, parts[0].packed, parts[0].scales))
+    xb = torch.randn(40, 256, generator=g)
+    with quant.bulk(torch.float32):
+        dense = fused(xb)
+    torch.testing.assert_close(dense, xb @ fused.dequantize().T, rtol=1e-5, atol=1e-5)

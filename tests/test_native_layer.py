@@ -6,6 +6,7 @@ import torch
 
 import tiny
 from completiond.models.kernels import cpu_kernel
+from completiond.models import quant
 from completiond.models.quant import quantize
 from completiond.core.forward.runner import Runner
 
@@ -21,14 +22,14 @@ def acts(request, monkeypatch) -> str:
     return request.param
 
 
-def runner(dtype: torch.dtype, hidden: int = 128, seed: int = 2) -> Runner:
+def runner(dtype: torch.dtype, hidden: int = 128, seed: int = 2, scheme: str = "int8") -> Runner:
     lm = tiny.loaded(tiny.qwen2_config(layers=2, hidden=hidden), seed=seed, scale=4.0)
     if dtype != torch.float32:
         lm.model.to(dtype)
         lm.dtype = dtype
-    quantize(lm.model, "int8")
+    quantize(lm.model, scheme)
     r = Runner(lm, backend="lean")
-    assert r.base.native is not None, "int8 Qwen2 on completiond's kernel should run the native layer"
+    assert r.base.native is not None, f"{scheme} Qwen2 on completiond's kernel should run the native layer"
     r.extend(PROMPT)
     return r
 
@@ -135,8 +136,31 @@ def test_not_used_without_the_kernel(monkeypatch):
     assert Runner(lm, backend="lean").base.native is None
 
 
-def test_not_used_for_int4_or_unquantized_models():
+def test_not_used_for_torch_int4_or_unquantized_models(monkeypatch):
     lm = tiny.loaded(tiny.qwen2_config(layers=1), seed=1)
     assert Runner(lm, backend="lean").base.native is None
+    monkeypatch.setattr(quant, "w4_native", lambda: False)  # int4 MLPs on torch's kernel
     quantize(lm.model, "int4")
+    assert {m.scheme for m in lm.model.modules() if isinstance(m, quant.QuantLinear)} == {"int8", "int4"}
     assert Runner(lm, backend="lean").base.native is None
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_mlps_run_native_bit_identical_in_trees_and_close_to_the_torch_ops(dtype, acts):
+    """quantize(..., "int4") where the w4 kernel runs: MLPs "w4" (attention int8) in the native layer.
+    Tree nodes equal one-token passes bit for bit; the torch ops on the same weights (w4_mm per
+    matmul) give the same model within int8 activations' tolerance, argmax equal."""
+    r = runner(dtype, scheme="int4")
+    assert all(n.mlp_w4 for n in r.base.native)
+    ids, parents = [7, 8, 20, 9, 21, 10], [-1, 0, 0, 1, 2, 3]
+    tree = r.forward(ids, parents, range(len(ids)))
+    r.rollback(len(PROMPT))
+    for path in ([0, 1, 3, 5], [0, 2, 4]):
+        logits, _ = one_token_passes(r, [ids[i] for i in path])
+        assert torch.equal(tree[path], logits), path
+    saved, r.base.native = r.base.native, None
+    torch_ops = r.forward(ids, parents, range(len(ids)))
+    r.base.native = saved
+    assert (tree - torch_ops).abs().max() <= 0.05 * torch_ops.abs().max()
+    assert torch.equal(tree.argmax(-1), torch_ops.argmax(-1))

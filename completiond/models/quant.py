@@ -4,7 +4,11 @@ Schemes (weights only; activations keep the model's dtype, embeddings stay as th
 - int8: per-output-channel symmetric, w ~ q * s with q in [-127, 127], s = max|w_row| / 127;
   run by completiond's own kernel (`cpu_kernel.int8_mm`: batch-invariant, AVX2 / AVX512-VNNI)
   where it builds, else by `aten._weight_int8pack_mm(x [M, K], q [N, K] int8, s [N])` (s in x's dtype).
-- int4: the MLP layers only (attention and the output layer stay int8, see INT4_KEEP_INT8 and
+- w4 (what `quantize(..., "int4")` gives the MLP layers where completiond's kernel runs it,
+  cpu_kernel.w4_kind): symmetric int4 with one float32 scale per block of 128 along K (`pack_w4`),
+  run by `cpu_kernel.w4_mm` with int8 activations, and by the native Qwen2 layer: half the bytes of
+  int8 for a one-token pass that is bound by reading them.
+- int4 elsewhere: the MLP layers only (attention and the output layer stay int8, see INT4_KEEP_INT8 and
   `quantize`), group-wise asymmetric, groups of INT4_GROUP = 32 along K, w ~ (q - 8) * scale + zero with
   q in [0, 15] (the tinygemm convention the kernel uses); packed by
   `aten._convert_weight_to_int4pack_for_cpu(q [N, K] int32, inner_k_tiles)` into uint8 [N, K / 2]
@@ -41,7 +45,7 @@ from torch import nn
 from .catalog import ModelError
 from .kernels import cpu_kernel
 
-SCHEMES = ("int8", "int4")
+SCHEMES = ("int8", "int4", "w4")  # what a QuantLinear holds; quantize() takes int8 or int4
 INT4_GROUP = 32
 # Layers kept int8 under the int4 scheme: attention is ~12 % of a Qwen2 layer's weights but int4
 # there costs the most agreement with the unquantized model (README "Fast target pass").
@@ -95,8 +99,9 @@ class QuantLinear(nn.Module):
         if scheme == "int8" and not checked and packed.numel() and int(packed.min()) < -127:
             # the int8-activation kernels' sign trick negates weights: -128 has no int8 negation
             raise ValueError("int8 weights must lie in [-127, 127] (quantize with quant._int8)")
-        self.register_buffer("packed", packed, persistent=False)  # int8 [N, K] / uint8 [N_pad, K / 2]
-        self.register_buffer("scales", scales, persistent=False)  # [N] / [K / group, N_pad, 2]
+        # int8 [N, K] / int4: uint8 [N_pad, K / 2] / w4: uint8 [N, kp / 2]
+        self.register_buffer("packed", packed, persistent=False)
+        self.register_buffer("scales", scales, persistent=False)  # [N] / [K / group, N_pad, 2] / [N, kp / 128]
         self.bias = bias
         self.full_weight: torch.Tensor | None = None  # the output layer's full-precision weight
         self.residual: tuple[torch.Tensor, torch.Tensor] | None = None  # untied output layer: int8 [N, K], scales [N]
@@ -121,7 +126,11 @@ class QuantLinear(nn.Module):
             raise RuntimeError("int4 chunks must be whole packing blocks")
         for s in range(0, n, _ROWS):
             rows = w[s:s + _ROWS]
-            q, sc, deq = _int8(rows, norms) if scheme == "int8" else _int4(rows, group, norms)
+            if scheme == "w4":
+                q, sc = pack_w4(rows)
+                deq = unpack_w4(q, sc, k) if norms else None
+            else:
+                q, sc, deq = _int8(rows, norms) if scheme == "int8" else _int4(rows, group, norms)
             if scheme == "int4":
                 if len(rows) % 16:  # the packer wants N % 16 == 0: zero rows (scale 0, zero 0), sliced off
                     pad = 16 - len(rows) % 16
@@ -134,7 +143,7 @@ class QuantLinear(nn.Module):
                 err.append((rows.float() - deq).norm(dim=1))
                 dn.append(deq.norm(dim=1))
         bias = None if getattr(linear, "bias", None) is None else linear.bias.detach()
-        out = cls(scheme, torch.cat(packs), torch.cat(scales, 0 if scheme == "int8" else 1), n, k, bias, group)
+        out = cls(scheme, torch.cat(packs), torch.cat(scales, 1 if scheme == "int4" else 0), n, k, bias, group)
         if norms:
             out.err_norm, out.deq_norm = torch.cat(err), torch.cat(dn)
         return out
@@ -160,6 +169,14 @@ class QuantLinear(nn.Module):
             y = cpu_kernel.int8_mm(x2, self.packed, self._scales(torch.float32), kind=kind)
         elif self.scheme == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x2, self.packed, self._scales(x.dtype))
+        elif self.scheme == "w4" and x2.device.type == "cpu" and cpu_kernel.w4_kind() is not None and not (
+                is_bulk(len(x2))):
+            y = cpu_kernel.w4_mm(x2, self.packed, self.scales)
+        elif self.scheme == "w4":  # prefill chunks (and a CPU without the kernel): dense, a block of rows at a time
+            dt = bulk_dtype(x2) or x2.dtype
+            y = torch.cat([F.linear(x2.to(dt), unpack_w4(self.packed[i:i + DEQ_BLOCK], self.scales[i:i + DEQ_BLOCK],
+                                                          self.in_features).to(dt))
+                           for i in range(0, self.out_features, DEQ_BLOCK)], 1).to(x.dtype)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.group, self._scales(x.dtype))
             if y.shape[1] != self.out_features:
@@ -173,6 +190,8 @@ class QuantLinear(nn.Module):
         big layers: it runs the kernel on an identity matrix, since the packed layout is private)."""
         if self.scheme == "int8":
             return self.packed.float() * self.scales.float()[:, None]
+        if self.scheme == "w4":
+            return unpack_w4(self.packed, self.scales, self.in_features)
         eye = torch.eye(self.in_features, dtype=torch.float32)
         wt = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group, self._scales(torch.float32))
         return wt[:, :self.out_features].T.contiguous()
@@ -192,17 +211,17 @@ class QuantLinear(nn.Module):
             bias = torch.cat([p.bias if p.bias is not None else p.scales.new_zeros(p.out_features) for p in parts])
         # parts that already lie back to back (a runtime cache stores siblings so) are viewed, not copied
         packed = _joined([p.packed for p in parts])
-        scales = _joined([p.scales for p in parts]) if scheme == "int8" else None
+        scales = _joined([p.scales for p in parts]) if scheme != "int4" else None
         out = QuantLinear(scheme, torch.cat([p.packed for p in parts]) if packed is None else packed,
                           scales if scales is not None else
-                          torch.cat([p.scales for p in parts], 0 if scheme == "int8" else 1),
+                          torch.cat([p.scales for p in parts], 1 if scheme == "int4" else 0),
                           sum(p.out_features for p in parts), parts[0].in_features, bias, group, checked=True)
         # the parts (what transformers' forward runs) keep views of the fused weights, not a second copy
         at = 0
         for p in parts:
             rows = len(p.packed)
             p.packed = out.packed[at:at + rows]
-            if scheme == "int8":
+            if scheme != "int4":
                 p.scales = out.scales[at:at + rows]
             at += rows
         return out
@@ -270,6 +289,56 @@ def _int4(w: torch.Tensor, group: int, deq: bool = True) -> tuple[torch.Tensor, 
     return q.to(torch.int32).view(n, k), sz, dq
 
 
+W4_BLOCK = 128  # weights per int4 scale along K (the int8 activations' block: cpu_kernel.w4_mm)
+W4_STEPS = (1.0, 0.95, 0.9, 0.85, 0.8)  # scales tried per block (of max|w| / 8): the least squared error wins
+
+
+def w4_native() -> bool:
+    """Whether int4 layers become "w4" (completiond's int4 kernel, the native layer) here rather than
+    torch's int4 kernel: x86 with completiond's kernel enabled."""
+    return cpu_kernel.enabled() and cpu_kernel.w4_kind() is not None
+
+
+def pack_w4(w: torch.Tensor, rows: int = _ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (packed uint8 [N, kp / 2], scales float32 [N, kp / 128]) for cpu_kernel.w4_mm:
+    q in [-8, 7] per weight, one scale per block of 128 along K (K zero-padded to kp, a multiple
+    of 128), stored as nibbles q + 8 in w4_mm.c's order (per 32-byte piece: weights 64 s + j low,
+    64 s + 32 + j high). Each block's scale is the one of W4_STEPS with the least squared error:
+    the largest |w| lands on -8 (the wider side) at step 1.0, closer to 0 at smaller steps."""
+    n, k = w.shape
+    nb = (k + W4_BLOCK - 1) // W4_BLOCK
+    packed = torch.empty(n, nb * W4_BLOCK // 2, dtype=torch.uint8)
+    scales = torch.empty(n, nb, dtype=torch.float32)
+    for s in range(0, n, rows):
+        wb = F.pad(w[s:s + rows].float(), (0, nb * W4_BLOCK - k)).view(-1, nb, W4_BLOCK)
+        idx = wb.abs().argmax(-1, keepdim=True)
+        peak = wb.gather(-1, idx)  # the signed value of largest magnitude per block
+        best_err = best_q = best_d = None
+        for f in W4_STEPS:
+            d = peak / (-8 * f)
+            d = torch.where(d == 0, torch.ones_like(d), d)
+            q = torch.round(wb / d).clamp(-8, 7)
+            err = ((q * d - wb) ** 2).sum(-1, keepdim=True)
+            if best_err is None:
+                best_err, best_q, best_d = err, q, d
+            else:
+                better = err < best_err
+                best_err = torch.where(better, err, best_err)
+                best_q, best_d = torch.where(better, q, best_q), torch.where(better, d, best_d)
+        nib = (best_q + 8).to(torch.uint8).view(len(wb), nb * W4_BLOCK // 64, 2, 32)
+        packed[s:s + rows] = (nib[:, :, 0] | (nib[:, :, 1] << 4)).view(len(wb), -1)
+        scales[s:s + rows] = best_d[..., 0]
+    return packed, scales
+
+
+def unpack_w4(packed: torch.Tensor, scales: torch.Tensor, k: int) -> torch.Tensor:
+    """pack_w4's weights as float32 [N, k] (the values the kernel multiplies by)."""
+    n, nb = scales.shape
+    p = packed.view(n, nb * W4_BLOCK // 64, 1, 32)
+    q = torch.cat([p & 15, p >> 4], 2).view(n, nb, W4_BLOCK).float() - 8
+    return (q * scales[..., None]).view(n, -1)[:, :k]
+
+
 def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP, full_head: bool = False) -> None:
     """Replace every nn.Linear of the decoder and the output layer by a QuantLinear, in place.
 
@@ -278,14 +347,15 @@ def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP, full_head: 
     `exact_head_logits` (over a quarter of the vocabulary could win on every pass, README). It keeps
     `full_weight` when that is the embedding (tied) or when `full_head` (see the module docstring).
     """
-    if scheme not in SCHEMES:
-        raise ValueError(f"unknown quantization scheme {scheme!r} (expected one of {', '.join(SCHEMES)})")
+    if scheme not in ("int8", "int4"):
+        raise ValueError(f"unknown quantization scheme {scheme!r} (expected int8 or int4)")
     base = getattr(model, model.base_model_prefix)
+    low = "w4" if scheme == "int4" and w4_native() else scheme
     for module in list(base.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 keep = scheme == "int4" and name in INT4_KEEP_INT8
-                setattr(module, name, QuantLinear.from_linear(child, "int8" if keep else scheme, group))
+                setattr(module, name, QuantLinear.from_linear(child, "int8" if keep else low, group))
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear):
         raise ValueError(f"cannot quantize an output layer of type {type(head).__name__}")
@@ -307,9 +377,9 @@ def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP, full_head: 
 
 
 def scheme_of(model: nn.Module) -> str:
-    """'int8' / 'int4' (some layer int4) for a quantized model, else 'none'."""
+    """'int8' / 'int4' (some layer int4 or w4) for a quantized model, else 'none'."""
     schemes = {m.scheme for m in model.modules() if isinstance(m, QuantLinear)}
-    return "int4" if "int4" in schemes else "int8" if schemes else "none"
+    return "int4" if schemes & {"int4", "w4"} else "int8" if schemes else "none"
 
 
 def full_weight(head: nn.Module) -> torch.Tensor:

@@ -46,6 +46,11 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def weights_file(dtype: torch.dtype, scheme: str) -> str:
+    """int4 forms name their MLP format: "-w4" (completiond's int4 kernel, quant.w4_native) or torch's."""
+    if scheme == "int4":
+        from .quant import w4_native
+
+        scheme = "int4-w4" if w4_native() else "int4"
     return f"weights.{dtype_name(dtype)}-{scheme}.safetensors"
 
 

@@ -285,6 +285,7 @@ class LeanQwen2(_Lean):
             raise ValueError(f"native layer: mask {tuple(mask.shape)} for {n} rows after {begin} slots")
         lib, threads = cpu_kernel.library(), torch.get_num_threads()
         kind = cpu_kernel.KINDS[cpu_kernel.kind()]  # one kind for every layer of the pass
+        w4 = cpu_kernel.KINDS[cpu_kernel.w4_kind() or "w4"]  # int4 MLPs (the same bits on every w4 kind)
         need = lib.completiond_qwen2_work(n, H, self.inter, self.heads, self.kv_heads, d, begin + n, threads)
         if self._work.numel() < need:  # one scratch buffer, grown as contexts grow
             self._work = torch.empty(max(need, 2 * self._work.numel()))
@@ -295,21 +296,24 @@ class LeanQwen2(_Lean):
             lib.completiond_qwen2_layer(
                 h.data_ptr(), n, H, *weights.args, cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(),
                 k.dtype == torch.bfloat16, k.shape[2], begin, begin + n, mask.data_ptr(), self.heads,
-                self.kv_heads, d, self.scaling, self._work.data_ptr(), kind, threads)
+                self.kv_heads, d, self.scaling, self._work.data_ptr(), kind, w4 if weights.mlp_w4 else kind, threads)
         normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return LeanOutput((self.norm * normed.to(self.norm.dtype))[None])
 
 
 class NativeWeights(NamedTuple):
     """One Qwen2 layer as completiond_qwen2_layer takes it: `args` are the pointers and sizes after
-    (h, n, H); `keep` holds the tensors they point into (float32 norms, scales and bias)."""
+    (h, n, H); `keep` holds the tensors they point into (float32 norms, scales and bias); `mlp_w4`:
+    gate / up / down hold int4 weights (QuantLinear scheme "w4")."""
     args: tuple
     keep: tuple
+    mlp_w4: bool = False
 
 
 def _native_layers(lean: LeanQwen2) -> list[NativeWeights] | None:
     """The native layer's weights, where it can run: CPU, int8 weights on completiond's kernel for
-    every matmul of every layer, head size a multiple of 8 up to 256 (its attention's registers)."""
+    every attention matmul of every layer and int8 or int4 ("w4", both alike) for its MLP, head size
+    a multiple of 8 up to 256 (its attention's registers)."""
     first = lean.layers[0].qkv if lean.layers else None
     if (not isinstance(first, QuantLinear) or first.packed.device.type != "cpu" or lean.head_dim % 8
             or lean.head_dim > 256 or not cpu_kernel.enabled()):
@@ -317,15 +321,17 @@ def _native_layers(lean: LeanQwen2) -> list[NativeWeights] | None:
     out = []
     for L in lean.layers:
         mats = (L.qkv, L.o, L.gate_up, L.down)
-        if not all(isinstance(m, QuantLinear) and m.scheme == "int8" for m in mats) or any(
-                m.bias is not None for m in mats[1:]):
+        if not all(isinstance(m, QuantLinear) for m in mats) or any(m.bias is not None for m in mats[1:]):
+            return None
+        if L.qkv.scheme != "int8" or L.o.scheme != "int8" or L.down.scheme != L.gate_up.scheme or (
+                L.down.scheme not in ("int8", "w4") or L.down.scheme == "w4" and cpu_kernel.w4_kind() is None):
             return None
         bias = L.qkv.bias if L.qkv.bias is not None else torch.zeros(L.qkv.out_features)
         keep = tuple(t.float().contiguous() for t in (L.in_norm, L.post_attn_norm, bias)) + tuple(
             t for m in mats for t in (m.packed.contiguous(), m._scales(torch.float32).contiguous()))
         in_norm, post_norm, b, wqkv, sqkv, wo, so, wgu, sgu, wd, sd = (t.data_ptr() for t in keep)
         out.append(NativeWeights((in_norm, post_norm, lean.eps, wqkv, sqkv, b, wo, so, wgu, sgu, lean.inter, wd, sd),
-                                 keep))
+                                 keep, L.down.scheme == "w4"))
     return out
 
 

@@ -28,17 +28,9 @@
 #include "completiond_kernels.h"
 
 #define NB 24  // output channels per thread work item: 8 tiles of 4 x 3 (8-row trees), 6 of 1 x 4 (one row)
-#ifndef A8_KB  // (a -D for probes)
-#define A8_KB 128
-#endif
-#define KB A8_KB  // activations per int8 block (one scale each); a multiple of 64
+#define KB COMPLETIOND_A8_KB  // activations per int8 block (one scale each); a multiple of 64
 
-typedef struct {
-    int8_t *q;      // [M, kp] int8, zero past K
-    float *s;       // [M, nb] block scales
-    int32_t *corr;  // [M, nb, 16] -128 * (sum of xq over each 512-bit lane's bytes), for the u8 x s8 paths
-    int64_t kp, nb;
-} A8Rows;
+typedef CompletiondA8Rows A8Rows;
 
 // The weights of a thread's next block of NB channels, fetched while the current block computes.
 // Every row block re-reads the current block from cache and issues no memory traffic of its own, so
@@ -347,17 +339,27 @@ static inline __attribute__((always_inline)) void block_avxvnni(int R, int C, co
 #include "a8_tiles.h"  // tile_avxvnni, rows_avxvnni, mm_avxvnni
 #pragma GCC pop_options
 
+void completiond_a8_rows(const float *x, int64_t M, int64_t K, int threads, A8Rows *a) {
+    a->nb = (K + KB - 1) / KB;
+    a->kp = a->nb * KB;
+    a->q = malloc(M * a->kp + 64);
+    a->s = malloc(sizeof(float) * M * a->nb);
+    a->corr = malloc(sizeof(int32_t) * M * a->nb * 16);
+#pragma omp parallel for schedule(static) num_threads(threads) if (M * K >= 32768)
+    for (int64_t m = 0; m < M; m++)
+        quantize_row(x + m * K, K, a->kp, a->q + m * a->kp, a->s + m * a->nb, a->corr + m * a->nb * 16);
+}
+
+void completiond_a8_rows_free(A8Rows *a) {
+    free(a->q);
+    free(a->s);
+    free(a->corr);
+}
+
 void completiond_mm_a8(int sums, const float *x, const int8_t *w, const float *scale, float *y, int64_t M,
                        int64_t K, int64_t N, int threads) {
     A8Rows a;
-    a.nb = (K + KB - 1) / KB;
-    a.kp = a.nb * KB;
-    a.q = malloc(M * a.kp + 64);
-    a.s = malloc(sizeof(float) * M * a.nb);
-    a.corr = malloc(sizeof(int32_t) * M * a.nb * 16);
-#pragma omp parallel for schedule(static) num_threads(threads) if (M * K >= 32768)
-    for (int64_t m = 0; m < M; m++)
-        quantize_row(x + m * K, K, a.kp, a.q + m * a.kp, a.s + m * a.nb, a.corr + m * a.nb * 16);
+    completiond_a8_rows(x, M, K, threads, &a);
     if (sums == 1)
 #ifdef A8_ZMM
         mm_vnni512(&a, w, scale, y, M, K, N, threads);
@@ -368,7 +370,5 @@ void completiond_mm_a8(int sums, const float *x, const int8_t *w, const float *s
         mm_avxvnni(&a, w, scale, y, M, K, N, threads);
     else
         mm_avx2(&a, w, scale, y, M, K, N, threads);
-    free(a.q);
-    free(a.s);
-    free(a.corr);
+    completiond_a8_rows_free(&a);
 }

@@ -21,7 +21,12 @@ enum completiond_mm_kind {
     COMPLETIOND_MM_A8 = 3,           // rounded to int8 per block (a8_mm.c), vpmaddubsw (AVX2)
     COMPLETIOND_MM_A8_VNNI512 = 4,   // the same bits as A8, vpdpbusd on AVX512-VNNI
     COMPLETIOND_MM_A8_AVXVNNI = 5,   // the same bits as A8, vpdpbusd on AVX-VNNI (256-bit)
-    COMPLETIOND_MM_KINDS = 6,
+    // int4 weights (w4_mm.c): w is uint8 [N, kp / 2] of packed nibbles q + 8 (q in [-8, 7]), scale
+    // [N, kp / 128] per block of 128 along K (kp: K rounded up to 128); activations as A8
+    COMPLETIOND_MM_W4 = 6,           // vpmaddubsw (AVX2)
+    COMPLETIOND_MM_W4_VNNI512 = 7,   // the same bits as W4, vpdpbusd on AVX512-VNNI (256-bit, AVX512-VL)
+    COMPLETIOND_MM_W4_AVXVNNI = 8,   // the same bits as W4, vpdpbusd on AVX-VNNI
+    COMPLETIOND_MM_KINDS = 9,
 };
 
 // ---- exported (ctypes) ----
@@ -38,14 +43,15 @@ int64_t completiond_qwen2_work(int64_t n, int64_t H, int64_t inter, int64_t head
                                int64_t d, int64_t keys, int threads);
 
 // One Qwen2 decoder layer on h [n, H] in place (qwen2_layer.c says what each argument is); its
-// matmuls run `kind` (one of completiond_mm_kind, supported here).
+// attention matmuls run `kind`, its MLP's `mlp_kind` (completiond_mm_kinds supported here: a W4
+// kind where wgu / wd are int4, else `kind`).
 void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_norm, const float *post_norm,
                              float eps, const int8_t *wqkv, const float *sqkv, const float *bqkv,
                              const int8_t *wo, const float *so, const int8_t *wgu, const float *sgu,
                              int64_t inter, const int8_t *wd, const float *sd, const float *cos,
                              const float *sin, void *kc, void *vc, int kv_bf16, int64_t cap, int64_t begin,
                              int64_t keys, const uint8_t *mask, int64_t heads, int64_t kv_heads, int64_t d,
-                             float scale, float *work, int kind, int threads);
+                             float scale, float *work, int kind, int mlp_kind, int threads);
 
 // ---- internal: shared by the sources, not exported ----
 #define COMPLETIOND_HIDDEN __attribute__((visibility("hidden")))
@@ -57,6 +63,23 @@ COMPLETIOND_HIDDEN void completiond_mm_a16(int wide, const float *x, const int8_
 // sums: 0 AVX2, 1 AVX512-VNNI, 2 AVX-VNNI
 COMPLETIOND_HIDDEN void completiond_mm_a8(int sums, const float *x, const int8_t *w, const float *scale,
                                           float *y, int64_t M, int64_t K, int64_t N, int threads);
+
+// Activation rows rounded to int8 per block of COMPLETIOND_A8_KB (a8_mm.c; w4_mm.c uses them too).
+#ifndef A8_KB  // (a -D for probes; w4_mm.c needs 128)
+#define A8_KB 128
+#endif
+#define COMPLETIOND_A8_KB A8_KB
+typedef struct {
+    int8_t *q;      // [M, kp] int8, zero past K
+    float *s;       // [M, nb] block scales
+    int32_t *corr;  // [M, nb, 16] -128 * (sum of xq over each 512-bit lane's bytes), for the u8 x s8 paths
+    int64_t kp, nb;
+} CompletiondA8Rows;
+COMPLETIOND_HIDDEN void completiond_a8_rows(const float *x, int64_t M, int64_t K, int threads, CompletiondA8Rows *a);
+COMPLETIOND_HIDDEN void completiond_a8_rows_free(CompletiondA8Rows *a);
+// sums: 0 AVX2, 1 AVX512-VNNI, 2 AVX-VNNI
+COMPLETIOND_HIDDEN void completiond_mm_w4(int sums, const float *x, const uint8_t *w, const float *scale, float *y,
+                                          int64_t M, int64_t K, int64_t N, int threads);
 
 // Software prefetches of weights go to L2 (_MM_HINT_T2), not L1: a block of weights fetched into L1
 // evicted the lines of the block being computed (L1 holds 32 KB on most x86 CPUs), and on AMD Zen 4

@@ -11,6 +11,9 @@ completiond_kernels.h declares the C side):
 - `a8_mm.c`: activations rounded to int8 per block (u8 x s8 dot products: vpmaddubsw on AVX2,
   vpdpbusd on AVX512-VNNI or AVX-VNNI, the same bits on all three), the densest arithmetic a CPU
   has: what keeps a tree pass near a one-token pass's cost.
+- `w4_mm.c` (kinds `w4*`): int4 weights with a scale per block of 128 (quant.pack_w4) times a8's
+  int8 activations: half the bytes of int8 weights, for the layers of a large target whose
+  one-token pass is bound by reading them (`w4_mm`, `w4_kind`).
 
 `activations()` picks float32, int16 or int8 by measurement once per CPU; `kind()` adds the widest
 integer sums the CPU has. `qwen2_layer.c`, in the same library, runs a whole int8 Qwen2 decoder layer
@@ -50,9 +53,11 @@ from ...paths import private_dir
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(n) for n in ("int8_mm.c", "a16_mm.c", "a8_mm.c", "mm.c", "qwen2_layer.c")]
+SOURCES = [Path(__file__).with_name(n) for n in ("int8_mm.c", "a16_mm.c", "a8_mm.c", "w4_mm.c", "mm.c",
+                                                          "qwen2_layer.c")]
 # included by the sources: part of the build's key. completiond_kernels.h declares what the library exports.
-HEADERS = [Path(__file__).with_name(n) for n in ("completiond_kernels.h", "a16_tiles.h", "a8_tiles.h")]
+HEADERS = [Path(__file__).with_name(n) for n in ("completiond_kernels.h", "a16_tiles.h", "a8_tiles.h",
+                                                          "w4_tiles.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 # The exported functions' ctypes signatures (argtypes, restype), in completiond_kernels.h's words;
@@ -64,12 +69,13 @@ SIGNATURES: dict[str, tuple[list, type | None]] = {
     # (n, H, inter, heads, kv_heads, d, keys, threads) -> floats of scratch
     "completiond_qwen2_work": ([_I] * 7 + [_C], _I),
     # (h, n, H, in_norm, post_norm, eps, wqkv, sqkv, bqkv, wo, so, wgu, sgu, inter, wd, sd, cos, sin,
-    #  kc, vc, kv_bf16, cap, begin, keys, mask, heads, kv_heads, d, scale, work, kind, threads)
+    #  kc, vc, kv_bf16, cap, begin, keys, mask, heads, kv_heads, d, scale, work, kind, mlp_kind, threads)
     "completiond_qwen2_layer": ([_P, _I, _I, _P, _P, _F, _P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P,
-                                 _C, _I, _I, _I, _P, _I, _I, _I, _F, _P, _C, _C], None),
+                                 _C, _I, _I, _I, _P, _I, _I, _I, _F, _P, _C, _C, _C], None),
 }
 # completiond_mm_kind: the matmul kernels by name (activations, then where the int32 sums run)
-KINDS = {"float32": 0, "int16": 1, "int16+avx512-vnni": 2, "int8": 3, "int8+avx512-vnni": 4, "int8+avx-vnni": 5}
+KINDS = {"float32": 0, "int16": 1, "int16+avx512-vnni": 2, "int8": 3, "int8+avx512-vnni": 4, "int8+avx-vnni": 5,
+         "w4": 6, "w4+avx512-vnni": 7, "w4+avx-vnni": 8}  # w4: int4 weights (w4_mm.c), int8 activations
 ACTIVATIONS = ("float32", "int16", "int8")
 NAME = "completiond-avx2"  # what status / --json report as the int8 kernel
 SUFFIX = {"float32": "", "int16": "+int16-activations", "int8": "+int8-activations"}  # appended to NAME
@@ -161,6 +167,14 @@ def kind_of(activations: str, wide: bool = True) -> str:
             if k in kinds_here():
                 return k
     return activations
+
+
+def w4_kind() -> str | None:
+    """The int4-weight kind on the widest integer sums this CPU has (all give the same bits), or None."""
+    for k in ("w4+avx512-vnni", "w4+avx-vnni", "w4"):
+        if k in kinds_here():
+            return k
+    return None
 
 
 def kind() -> str:
@@ -268,10 +282,32 @@ def int8_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, kind: str = 
     assert lib is not None, "int8_mm needs library()"
     if kind not in kinds_here():
         raise ValueError(f"matmul kind {kind!r} does not run on this CPU (it runs {', '.join(kinds_here())})")
+    if kind.startswith("w4"):
+        raise ValueError(f"matmul kind {kind!r} takes int4 weights: w4_mm")
     xf = x.float().contiguous()
     q, scales = q.contiguous(), scales.contiguous()
     m, k = xf.shape
     y = torch.empty(m, q.shape[0], dtype=torch.float32)
     lib.completiond_mm(KINDS[kind], xf.data_ptr(), q.data_ptr(), scales.data_ptr(), y.data_ptr(), m, k, q.shape[0],
+                       torch.get_num_threads())
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+def w4_mm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, kind: str | None = None) -> torch.Tensor:
+    """x [M, K] (any float dtype) @ W^T for int4 weights packed by quant.pack_w4 (packed uint8 [N,
+    kp / 2], scales float32 [N, kp / 128]) -> [M, N] in x's dtype; `kind` defaults to w4_kind()."""
+    lib = library()
+    assert lib is not None, "w4_mm needs library()"
+    kind = kind or w4_kind()
+    if kind not in kinds_here() or not kind.startswith("w4"):
+        raise ValueError(f"matmul kind {kind!r} is not an int4 kind this CPU runs ({', '.join(kinds_here())})")
+    xf = x.float().contiguous()
+    m, k = xf.shape
+    n, nb = scales.shape
+    if packed.shape != (n, nb * 64) or packed.dtype != torch.uint8 or (k + 127) // 128 != nb:
+        raise ValueError(f"w4 weights {tuple(packed.shape)} / scales {tuple(scales.shape)} do not fit K = {k}")
+    packed, scales = packed.contiguous(), scales.float().contiguous()
+    y = torch.empty(m, n, dtype=torch.float32)
+    lib.completiond_mm(KINDS[kind], xf.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), m, k, n,
                        torch.get_num_threads())
     return y if x.dtype == torch.float32 else y.to(x.dtype)

@@ -10,10 +10,13 @@ int completiond_mm_supported(int kind) {
     switch (kind) {
         case COMPLETIOND_MM_F32:
         case COMPLETIOND_MM_A16:
-        case COMPLETIOND_MM_A8: return avx2;
+        case COMPLETIOND_MM_A8:
+        case COMPLETIOND_MM_W4: return avx2;
         case COMPLETIOND_MM_A16_VNNI512:
-        case COMPLETIOND_MM_A8_VNNI512: return vnni512;
-        case COMPLETIOND_MM_A8_AVXVNNI: return avx2 && __builtin_cpu_supports("avxvnni");
+        case COMPLETIOND_MM_A8_VNNI512:
+        case COMPLETIOND_MM_W4_VNNI512: return vnni512;
+        case COMPLETIOND_MM_A8_AVXVNNI:
+        case COMPLETIOND_MM_W4_AVXVNNI: return avx2 && __builtin_cpu_supports("avxvnni");
         default: return 0;
     }
 }
@@ -30,6 +33,11 @@ int completiond_mm(int kind, const float *x, const int8_t *w, const float *scale
         case COMPLETIOND_MM_A8: completiond_mm_a8(0, x, w, scale, y, M, K, N, threads); return 0;
         case COMPLETIOND_MM_A8_VNNI512: completiond_mm_a8(1, x, w, scale, y, M, K, N, threads); return 0;
         case COMPLETIOND_MM_A8_AVXVNNI: completiond_mm_a8(2, x, w, scale, y, M, K, N, threads); return 0;
+        case COMPLETIOND_MM_W4:
+        case COMPLETIOND_MM_W4_VNNI512:
+        case COMPLETIOND_MM_W4_AVXVNNI:  // w: packed nibbles, scale: [N, kp / 128] (completiond_kernels.h)
+            completiond_mm_w4(kind - COMPLETIOND_MM_W4, x, (const uint8_t *)w, scale, y, M, K, N, threads);
+            return 0;
         default: return -1;
     }
 }

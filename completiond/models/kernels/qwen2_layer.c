@@ -270,7 +270,9 @@ int64_t completiond_qwen2_work(int64_t n, int64_t H, int64_t inter, int64_t head
 // Cache: kc / vc [kv_heads, cap, d] (bf16 when kv_bf16, else float32); this pass's rows go to slots
 // [begin, begin + n) and row r attends to slots t < keys where mask[r * keys + t].
 // cos / sin: [n, d] at the rows' positions. kind: the matmuls' completiond_mm_kind, the one cpu_kernel
-// chose for this process (one choice for every pass, so trees and single tokens agree).
+// chose for this process (one choice for every pass, so trees and single tokens agree); mlp_kind:
+// the gate / up / down matmuls' (a W4 kind where wgu / wd are int4 packed as w4_mm.c reads them,
+// with their block scales in sgu / sd; else kind).
 void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_norm,
                              const float *post_norm, float eps, const int8_t *wqkv,
                              const float *sqkv, const float *bqkv, const int8_t *wo,
@@ -278,7 +280,8 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
                              const int8_t *wd, const float *sd, const float *cos,
                              const float *sin, void *kc, void *vc, int kv_bf16, int64_t cap,
                              int64_t begin, int64_t keys, const uint8_t *mask, int64_t heads,
-                             int64_t kv_heads, int64_t d, float scale, float *work, int kind, int threads) {
+                             int64_t kv_heads, int64_t d, float scale, float *work, int kind, int mlp_kind,
+                             int threads) {
     int64_t nq = heads * d, nkv = kv_heads * d, nqkv = nq + 2 * nkv, g = heads / kv_heads;
     float *x = work, *y = x + n * max64(H, inter), *a = y + n * max64(nqkv, 2 * inter), *y2 = a + n * nq;
     float *jobs = y2 + n * H;
@@ -334,13 +337,13 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
     for (int64_t i = 0; i < n * H; i++) h[i] += y2[i];
 
     rms_norm(h, post_norm, x, n, H, eps);
-    completiond_mm(kind, x, wgu, sgu, y, n, H, 2 * inter, threads);
+    completiond_mm(mlp_kind, x, wgu, sgu, y, n, H, 2 * inter, threads);
     for (int64_t r = 0; r < n; r++) {  // silu(gate) * up = gate * up / (1 + e^-gate)
         float *gate = y + r * 2 * inter, *up = gate + inter, *m = x + r * inter;
         for (int64_t i = 0; i < inter; i++) m[i] = -gate[i];
         exp_inplace(m, inter);
         for (int64_t i = 0; i < inter; i++) m[i] = gate[i] / (1.0f + m[i]) * up[i];
     }
-    completiond_mm(kind, x, wd, sd, y2, n, inter, H, threads);
+    completiond_mm(mlp_kind, x, wd, sd, y2, n, inter, H, threads);
     for (int64_t i = 0; i < n * H; i++) h[i] += y2[i];
 }
