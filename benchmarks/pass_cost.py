@@ -50,8 +50,8 @@ TORCH_KERNEL = "lean/int8 (torch kernel)"  # int8 on aten._weight_int8pack_mm wh
 TORCH_OPS = "lean/int8 (torch ops)"  # completiond's kernel inside torch ops, where the native Qwen2 layer runs
 
 
-def kind_variant(kind: str) -> str:
-    return f"lean/int8 [{kind}]"
+def kind_variant(kind: str, weights: str = "int8") -> str:
+    return f"lean/{weights} [{kind}]"
 
 
 @contextlib.contextmanager
@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels-only", action="store_true",
                     help="only the int8 model on each kernel kind, ratios to each variant's one-node pass")
     ap.add_argument("--kinds", default="", help="kernel kinds to run side by side (default: every kind this CPU runs)")
+    ap.add_argument("--quants", default="int8",
+                    help="--kernels-only with --target: the runtime forms to run side by side (int8,int4; "
+                         "int4's MLPs run completiond's int4 kernel, its attention each kind)")
     ap.add_argument("--context", type=int, default=1536)
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     ap.add_argument("--reps", type=int, default=5, help="most timed passes per cell (the median drops a first-call outlier)")
@@ -172,10 +175,13 @@ def main(argv: list[str] | None = None) -> int:
         # a named target loads from its runtime form (mapped, already int8) once the float checkpoint
         # is gone from models/; --kernels-only needs no more than that
         runtime_form = args.kernels_only and not args.model.is_dir()
+    forms = {}
     if runtime_form:
         from completiond import models as completiond_models
-        loaded = completiond_models.load(args.target, quant="int8")
-        bf16, name = loaded.model, args.target
+        for q in args.quants.split(","):
+            loaded = completiond_models.load(args.target, quant=q)
+            forms[q] = loaded.model
+        bf16, name = forms[args.quants.split(",")[0]], args.target
     elif args.random:
         bf16, name = random_05b(), "random Qwen2.5-Coder-0.5B shapes"
     else:
@@ -185,14 +191,15 @@ def main(argv: list[str] | None = None) -> int:
         from transformers import AutoModelForCausalLM
         bf16 = AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.bfloat16, attn_implementation="sdpa").eval()
         name = args.target or str(args.model)
-    kinds = [k for k in args.kinds.split(",") if k] or list(cpu_kernel.kinds_here())
+    # int8-weight kinds (the w4 kinds are int4 weights' own: an int4 form's MLPs always run one)
+    kinds = [k for k in args.kinds.split(",") if k] or [k for k in cpu_kernel.kinds_here() if not k.startswith("w4")]
     if args.kernels_only:
         if not cpu_kernel.enabled():
             print("pass_cost: --kernels-only needs completiond's int8 kernel", file=sys.stderr)
             return 2
         if not runtime_form:  # as the daemon loads it (no full-precision copy of an untied head)
             quant.quantize(bf16, "int8")
-        models = {"int8": bf16}
+        models = forms or {"int8": bf16}
     else:
         models = {"bf16": bf16, "fp32": copy.deepcopy(bf16).float()}
         for scheme in quant.SCHEMES:
@@ -205,10 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     variant_kind: dict[str, str] = {}
     for weights, m in models.items():
         lm = LoadedModel(name=name, model=m, tokenizer=None, device=torch.device("cpu"), dtype=loaded.dtype if runtime_form else next(m.parameters()).dtype)
-        if weights == "int8" and cpu_kernel.enabled():  # each kernel kind on the same weights
+        if (weights == "int8" or args.kernels_only) and cpu_kernel.enabled():  # each kernel kind on the same weights
             for k in kinds:
-                runners[kind_variant(k)] = Runner(lm, capacity=args.context + 256, backend="lean")
-                variant_kind[kind_variant(k)] = k
+                runners[kind_variant(k, weights)] = Runner(lm, capacity=args.context + 256, backend="lean")
+                variant_kind[kind_variant(k, weights)] = k
         if args.kernels_only:
             continue
         for backend in ("transformers", "lean"):
@@ -257,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = "".join(f"{ms[v][n]:>8.1f} ({ratio[v][n]:.2f})" for n in sizes)
         print(f"{v:32s}{cells}")
     if args.kernels_only:
-        return finish(args, sizes, name, kinds, ms, median, ratio, base, times, t_start)
+        return finish(args, sizes, name, variant_kind, ms, median, ratio, base, times, t_start)
     heads = {"bf16": (models["bf16"].get_output_embeddings(), torch.bfloat16),
              "fp32": (models["fp32"].get_output_embeddings(), torch.float32)}
     for scheme in quant.SCHEMES:
@@ -277,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         "context": args.context, "sizes": sizes, "tree": "node i under node (i-1)//2, logits at every node",
         "cache": "random K/V for the context (pass cost does not depend on the values)",
         "int8_kernel": cpu_kernel.name(), "torch_kernel_variant": TORCH_KERNEL, "torch_ops_variant": TORCH_OPS,
-        "kind_variants": {kind_variant(k): k for k in kinds},
+        "kind_variants": {v: k for v, k in variant_kind.items()},
         "native_layer": "lean/int8 runs each Qwen2 layer in one C call (models/kernels/qwen2_layer.c) where "
                         f"{TORCH_OPS} is listed",
         "quantization": {"int8": f"per-output-channel symmetric, {cpu_kernel.name()} kernel",
@@ -303,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def finish(args, sizes: list[int], name: str, kinds: list[str], ms: dict, median: dict, ratio: dict, base: str,
+def finish(args, sizes: list[int], name: str, variant_kind: dict[str, str], ms: dict, median: dict, ratio: dict, base: str,
            times: dict, t_start: float) -> int:
     """--kernels-only: the JSON and plot of the kernel kinds side by side."""
     result = {
@@ -311,14 +318,18 @@ def finish(args, sizes: list[int], name: str, kinds: list[str], ms: dict, median
         "command": " ".join(["python", *sys.argv]), "model": name, "cpu": cpu_info(),
         "context": args.context, "sizes": sizes, "tree": "node i under node (i-1)//2, logits at every node",
         "cache": "random K/V for the context (pass cost does not depend on the values)",
-        "int8_kernel_chosen_here": cpu_kernel.name(), "kind_variants": {kind_variant(k): k for k in kinds},
+        "int8_kernel_chosen_here": cpu_kernel.name(), "kind_variants": variant_kind,
         "kinds": {"float32": "int8_mm.c, float32 activations", "int16": "a16_mm.c, int16 activations (vpmaddwd)",
                   "int16+avx512-vnni": "a16_mm.c on AVX512-VNNI vpdpwssd (same bits as int16)",
                   "int8": "a8_mm.c, int8 activations (vpmaddubsw)",
                   "int8+avx512-vnni": "a8_mm.c on AVX512-VNNI vpdpbusd (same bits as int8)",
                   "int8+avx-vnni": "a8_mm.c on AVX-VNNI vpdpbusd (same bits as int8)"},
         "model_setup": "int8 weights (quant.quantize, as the daemon loads them), lean backend with the native "
-                       "Qwen2 layer, output layer on the same kernel with the top-8 float32 refinement",
+                       "Qwen2 layer, output layer on the same kernel with the top-8 float32 refinement; "
+                       "lean/int4 variants: the --quant int4 runtime form, MLPs int4 on w4_mm.c "
+                       f"({cpu_kernel.w4_kind()}: int8 activations, a scale per 128 weights), attention "
+                       "and output layer int8 on the variant's kind",
+        "quants": args.quants,
         "clock": args.clock, "threads": torch.get_num_threads(), "load_average": list(os.getloadavg()),
         "shared_machine": "other jobs ran on this 2-core machine at the same time (load_average); "
                           "variants and sizes interleaved rep by rep, fastest rep per cell",

@@ -27,17 +27,24 @@ from completiond.models.device import cpu_name
 from completiond.paths import cache_root
 
 VARIANTS = {"int8": ("int8", None), "int4": ("int4", quant.INT4_KEEP_INT8), "int4, every layer": ("int4", ()),
-            "int4, down_proj int8 too": ("int4", quant.INT4_KEEP_INT8 + ("down_proj",))}
+            "int4, down_proj int8 too": ("int4", quant.INT4_KEEP_INT8 + ("down_proj",)),
+            "int4 on torch's kernel (group 32)": ("int4-torch", quant.INT4_KEEP_INT8)}
+# int4 is "w4" (completiond's int4 kernel: symmetric, a scale per 128) where it runs, else torch's
+# group-32 asymmetric int4; "int4-torch" forces the latter. (Named runtime forms are cached per scheme
+# and int4 format only: the variants with another `keep` need --target to be a directory.)
 
 
-def logits(scheme: str, keep: tuple[str, ...] | None, texts: list[str], tokens: int) -> list[torch.Tensor]:
-    saved = quant.INT4_KEEP_INT8
+def logits(scheme: str, keep: tuple[str, ...] | None, texts: list[str], tokens: int,
+           target: str = "default") -> list[torch.Tensor]:
+    saved, saved_native = quant.INT4_KEEP_INT8, quant.w4_native
     if keep is not None:
         quant.INT4_KEEP_INT8 = keep
+    if scheme == "int4-torch":
+        scheme, quant.w4_native = "int4", lambda: False
     try:
-        t = load("default", "target", "cpu", "bfloat16", scheme)
+        t = load(target, "target", "cpu", "bfloat16", scheme)
     finally:
-        quant.INT4_KEEP_INT8 = saved
+        quant.INT4_KEEP_INT8, quant.w4_native = saved, saved_native
     with torch.inference_mode():
         ids = [t.tokenizer.encode(x)[:tokens] for x in texts]
         return [t.model(torch.tensor([i])).logits[0].float() for i in ids if len(i) >= 64]
@@ -64,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=768, help="tokens per file")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--target", default="default", help="the model (default: the CPU default target)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS))
+    ap.add_argument("--no-picks", action="store_true", help="skip the refined-picks rows")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     files = sorted((cache_root() / "bench-repos").glob("*[!l]/*/*.py"))[: a.files]
@@ -71,21 +81,23 @@ def main(argv: list[str] | None = None) -> int:
         print("quant_agreement: no bench repositories in the cache (see the docstring)", file=sys.stderr)
         return 2
     texts = [f.read_text(errors="replace") for f in files]
-    ref = logits("none", None, texts, a.tokens)
+    ref = logits("none", None, texts, a.tokens, a.target)
     n = sum(len(x) for x in ref)
     rows = {}
-    for name, (scheme, keep) in VARIANTS.items():
-        got = logits(scheme, keep, texts, a.tokens)
+    for name in a.variants.split(","):
+        scheme, keep = VARIANTS[name]
+        got = logits(scheme, keep, texts, a.tokens, a.target)
         agree = sum((r.argmax(-1) == g.argmax(-1)).sum().item() for r, g in zip(ref, got)) / n
         kl = sum(F.kl_div(g.log_softmax(-1), r.log_softmax(-1), log_target=True, reduction="sum").item()
                  for r, g in zip(ref, got)) / n
         rows[name] = {"top1_agreement": round(agree, 4), "mean_kl": round(kl, 4)}
         print(f"{name:28} top-1 agreement {agree:.4f}  mean KL {kl:.4f}", flush=True)
     # what the daemon picks (refined top rows), against the unquantized target refined the same way
-    ref_pick = refined_argmax("none", False, texts, a.tokens)
     picks = {}
-    for name, (scheme, full) in {"int8, refined with full-precision rows": ("int8", True),
-                                 "int8, refined with its int8 + residual rows (shipped)": ("int8", False)}.items():
+    ref_pick = [] if a.no_picks else refined_argmax("none", False, texts, a.tokens)
+    for name, (scheme, full) in {} if a.no_picks else {
+            "int8, refined with full-precision rows": ("int8", True),
+            "int8, refined with its int8 + residual rows (shipped)": ("int8", False)}.items():
         got = refined_argmax(scheme, full, texts, a.tokens)
         agree = sum((r == g).sum().item() for r, g in zip(ref_pick, got)) / n
         picks[name] = {"top1_agreement": round(agree, 4)}
@@ -94,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         a.json.write_text(json.dumps({
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(["python", *sys.argv]), "cpu": cpu_name(), "files": [f.name for f in files],
-            "tokens": n, "reference": "qwen2.5-coder-0.5b, GGUF dequantized to bf16", "variants": rows,
+            "tokens": n, "reference": f"{a.target} (default: qwen2.5-coder-0.5b), GGUF dequantized to bf16",
+            "variants": rows,
             "refined_picks": picks}, indent=1) + "\n")
     return 0
 

@@ -303,27 +303,27 @@ def test_activations_are_measured_once_per_cpu(tmp_path, monkeypatch):
 
 def w4_operands(m: int, k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) / 32
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) / 32 + 0.01
     packed, scales = quant.pack_w4(w)
     return x, w, packed, scales
 
 
-def test_pack_w4_rounds_each_weight_to_its_block_grid():
-    """Each weight lands on its block's grid q * d, q in [-8, 7], within half a step (a full step for
-    the one value clipped at +7 when the block's peak is negative); values already on a grid come
-    back exactly; K off the blocks is padded and cut."""
+def test_pack_w4_rounds_each_weight_to_its_group_grid():
+    """Each weight lands on its group's grid q * scale + zero (q in [0, 15], min / max per group of
+    32, bf16 scale and zero) within about half a step; values already on a grid come back exactly;
+    K off the blocks is padded and cut."""
     g = torch.Generator().manual_seed(1)
     w = torch.randn(40, 300, generator=g)
     packed, scales = quant.pack_w4(w)
-    assert packed.shape == (40, 3 * 64) and packed.dtype == torch.uint8 and scales.shape == (40, 3)
+    assert packed.shape == (40, 3 * 64) and packed.dtype == torch.uint8
+    assert scales.shape == (40, 2, 12) and scales.dtype == torch.bfloat16
     back = quant.unpack_w4(packed, scales, 300)
-    d = scales.repeat_interleave(128, 1)[:, :300].abs()
-    assert ((back - w).abs() <= d * (1 + 1e-6)).all()
-    assert ((back - w).abs() <= d / 2 * (1 + 1e-6)).float().mean() > 0.99
-    assert float(((back - w).norm() / w.norm())) < 0.12  # 4 bits on Gaussian weights: ~0.10
-    grid = torch.randint(-8, 8, (8, 256), generator=g).float() * 0.25
-    grid[:, 0] = -2.0  # every block holds a -8
-    grid[:, 128] = -2.0
+    step = scales[:, 0].float().repeat_interleave(32, 1)[:, :300]
+    assert ((back - w).abs() <= 0.6 * step).all()  # half a step, and bf16's rounding of the zero
+    assert float(((back - w).norm() / w.norm())) < 0.1  # 4 bits, groups of 32, on Gaussian weights
+    grid = torch.randint(0, 16, (8, 256), generator=g).float() * 0.25 - 2
+    grid[:, ::32] = -2.0  # every group spans [-2, 1.75]: scale 0.25, zero -2, exact in bf16
+    grid[:, 1::32] = 1.75
     p2, s2 = quant.pack_w4(grid)
     assert torch.equal(quant.unpack_w4(p2, s2, 256), grid)
 
@@ -380,14 +380,16 @@ def test_w4_is_the_unpacked_matmul_within_the_activations_rounding():
     assert bad[2].isnan().all() and torch.equal(bad[[0, 1, 3, 4, 5]].double(), got[[0, 1, 3, 4, 5]])
     with pytest.raises(ValueError, match="do not fit"):
         cpu_kernel.w4_mm(x[:, :800], packed, scales)
+    with pytest.raises(ValueError, match="do not fit"):
+        cpu_kernel.w4_mm(x, packed, scales.float())
     with pytest.raises(ValueError, match="not an int4 kind"):
         cpu_kernel.w4_mm(x, packed, scales, "int8")
 
 
 @needs_kernel
 def test_w4_quant_linear_runs_the_kernel_fused_and_in_bulk():
-    """QuantLinear "w4": the kernel for decode rows, fused parts (gate + up) give each part's
-    outputs, and a prefill chunk inside bulk() runs the unpacked weights densely."""
+    """QuantLinear "w4": the kernel for decode rows and prefill chunks, fused parts (gate + up) give
+    each part's outputs; without the kernel it runs the unpacked weights densely."""
     if not W4_HERE:
         pytest.skip("no int4 kernel on this CPU")
     g = torch.Generator().manual_seed(4)
@@ -402,5 +404,7 @@ def test_w4_quant_linear_runs_the_kernel_fused_and_in_bulk():
     assert torch.equal(alone[0], cpu_kernel.w4_mm(x, parts[0].packed, parts[0].scales))
     xb = torch.randn(40, 256, generator=g)
     with quant.bulk(torch.float32):
-        dense = fused(xb)
-    torch.testing.assert_close(dense, xb @ fused.dequantize().T, rtol=1e-5, atol=1e-5)
+        assert torch.equal(fused(xb), cpu_kernel.w4_mm(xb, fused.packed, fused.scales))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_kernel, "w4_kind", lambda: None)
+        torch.testing.assert_close(fused(xb), xb @ fused.dequantize().T, rtol=1e-5, atol=1e-5)

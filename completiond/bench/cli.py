@@ -48,6 +48,7 @@ def add_parser(sub) -> None:
     b.add_argument("--plot", default=None, metavar="OUT.png", help="write a latency plot to OUT.png")
     b.add_argument("--targets", default=None, metavar="A,B",
                    help="run the same positions on each of these targets in turn and report them side by side "
+                        "(NAME@int4 / NAME@int8: that target's --quant) "
                         "(instead of --target)")
     model_flags(b)
     b.set_defaults(func=cmd_bench)
@@ -70,6 +71,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
     targets = [t.strip() for t in (a.targets or "").split(",") if t.strip()]
     if a.targets is not None and (len(targets) < 2 or len(set(targets)) < len(targets)):
         raise UsageError("--targets takes a comma list of two or more different targets")
+    from ..models.quant import QUANTS
+
+    if bad := [t for t in targets if "@" in t and t.partition("@")[2] not in QUANTS]:
+        raise UsageError(f"--targets: {bad[0]!r}: a target's @QUANT is one of {', '.join(QUANTS)}")
     if a.threads:
         torch.set_num_threads(a.threads)
     try:
@@ -91,8 +96,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
         runs = {}
         for t in targets:
-            runs[t] = bench_target(argparse.Namespace(**{**vars(a), "target": t}), t, root, label, positions,
-                                   modes, peers)
+            spec, _, q = t.partition("@")  # NAME@int4: this target's --quant
+            runs[t] = bench_target(argparse.Namespace(**{**vars(a), "target": spec, "quant": q or a.quant}), spec,
+                                   root, label, positions, modes, peers)
             gc.collect()  # one target in memory at a time
             if a.plot:
                 from .report import plot

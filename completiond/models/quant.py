@@ -5,7 +5,7 @@ Schemes (weights only; activations keep the model's dtype, embeddings stay as th
   run by completiond's own kernel (`cpu_kernel.int8_mm`: batch-invariant, AVX2 / AVX512-VNNI)
   where it builds, else by `aten._weight_int8pack_mm(x [M, K], q [N, K] int8, s [N])` (s in x's dtype).
 - w4 (what `quantize(..., "int4")` gives the MLP layers where completiond's kernel runs it,
-  cpu_kernel.w4_kind): symmetric int4 with one float32 scale per block of 128 along K (`pack_w4`),
+  cpu_kernel.w4_kind): asymmetric int4 with a bf16 scale and zero per group of 32 along K (`pack_w4`),
   run by `cpu_kernel.w4_mm` with int8 activations, and by the native Qwen2 layer: half the bytes of
   int8 for a one-token pass that is bound by reading them.
 - int4 elsewhere: the MLP layers only (attention and the output layer stay int8, see INT4_KEEP_INT8 and
@@ -101,7 +101,7 @@ class QuantLinear(nn.Module):
             raise ValueError("int8 weights must lie in [-127, 127] (quantize with quant._int8)")
         # int8 [N, K] / int4: uint8 [N_pad, K / 2] / w4: uint8 [N, kp / 2]
         self.register_buffer("packed", packed, persistent=False)
-        self.register_buffer("scales", scales, persistent=False)  # [N] / [K / group, N_pad, 2] / [N, kp / 128]
+        self.register_buffer("scales", scales, persistent=False)  # [N] / [K / group, N_pad, 2] / bf16 [N, 2, kp / 32]
         self.bias = bias
         self.full_weight: torch.Tensor | None = None  # the output layer's full-precision weight
         self.residual: tuple[torch.Tensor, torch.Tensor] | None = None  # untied output layer: int8 [N, K], scales [N]
@@ -169,10 +169,10 @@ class QuantLinear(nn.Module):
             y = cpu_kernel.int8_mm(x2, self.packed, self._scales(torch.float32), kind=kind)
         elif self.scheme == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x2, self.packed, self._scales(x.dtype))
-        elif self.scheme == "w4" and x2.device.type == "cpu" and cpu_kernel.w4_kind() is not None and not (
-                is_bulk(len(x2))):
+        elif self.scheme == "w4" and x2.device.type == "cpu" and cpu_kernel.w4_kind() is not None:
+            # prefill chunks too: on VNNI its int8 products beat unpacking the nibbles for a dense matmul
             y = cpu_kernel.w4_mm(x2, self.packed, self.scales)
-        elif self.scheme == "w4":  # prefill chunks (and a CPU without the kernel): dense, a block of rows at a time
+        elif self.scheme == "w4":  # a CPU without the kernel: dense, a block of rows at a time
             dt = bulk_dtype(x2) or x2.dtype
             y = torch.cat([F.linear(x2.to(dt), unpack_w4(self.packed[i:i + DEQ_BLOCK], self.scales[i:i + DEQ_BLOCK],
                                                           self.in_features).to(dt))
@@ -289,8 +289,8 @@ def _int4(w: torch.Tensor, group: int, deq: bool = True) -> tuple[torch.Tensor, 
     return q.to(torch.int32).view(n, k), sz, dq
 
 
-W4_BLOCK = 128  # weights per int4 scale along K (the int8 activations' block: cpu_kernel.w4_mm)
-W4_STEPS = (1.0, 0.95, 0.9, 0.85, 0.8)  # scales tried per block (of max|w| / 8): the least squared error wins
+W4_GROUP = 32  # weights per int4 scale and zero along K (cpu_kernel.w4_mm)
+W4_PAD = 128  # K is padded to the int8 activations' block
 
 
 def w4_native() -> bool:
@@ -300,43 +300,35 @@ def w4_native() -> bool:
 
 
 def pack_w4(w: torch.Tensor, rows: int = _ROWS) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] -> (packed uint8 [N, kp / 2], scales float32 [N, kp / 128]) for cpu_kernel.w4_mm:
-    q in [-8, 7] per weight, one scale per block of 128 along K (K zero-padded to kp, a multiple
-    of 128), stored as nibbles q + 8 in w4_mm.c's order (per 32-byte piece: weights 64 s + j low,
-    64 s + 32 + j high). Each block's scale is the one of W4_STEPS with the least squared error:
-    the largest |w| lands on -8 (the wider side) at step 1.0, closer to 0 at smaller steps."""
+    """w [N, K] -> (packed uint8 [N, kp / 2], scales bfloat16 [N, 2, kp / 32]) for cpu_kernel.w4_mm:
+    w ~ q * scale + zero per group of 32 along K, q in [0, 15] (asymmetric min / max, as the torch
+    int4 scheme's groups; scale and zero rounded to bf16 first, q from the rounded pair), K
+    zero-padded to kp (a multiple of 128), nibbles in w4_mm.c's order (per 32-byte piece: weights
+    64 s + j low, 64 s + 32 + j high)."""
     n, k = w.shape
-    nb = (k + W4_BLOCK - 1) // W4_BLOCK
-    packed = torch.empty(n, nb * W4_BLOCK // 2, dtype=torch.uint8)
-    scales = torch.empty(n, nb, dtype=torch.float32)
+    kp = (k + W4_PAD - 1) // W4_PAD * W4_PAD
+    g = kp // W4_GROUP
+    packed = torch.empty(n, kp // 2, dtype=torch.uint8)
+    scales = torch.empty(n, 2, g, dtype=torch.bfloat16)
     for s in range(0, n, rows):
-        wb = F.pad(w[s:s + rows].float(), (0, nb * W4_BLOCK - k)).view(-1, nb, W4_BLOCK)
-        idx = wb.abs().argmax(-1, keepdim=True)
-        peak = wb.gather(-1, idx)  # the signed value of largest magnitude per block
-        best_err = best_q = best_d = None
-        for f in W4_STEPS:
-            d = peak / (-8 * f)
-            d = torch.where(d == 0, torch.ones_like(d), d)
-            q = torch.round(wb / d).clamp(-8, 7)
-            err = ((q * d - wb) ** 2).sum(-1, keepdim=True)
-            if best_err is None:
-                best_err, best_q, best_d = err, q, d
-            else:
-                better = err < best_err
-                best_err = torch.where(better, err, best_err)
-                best_q, best_d = torch.where(better, q, best_q), torch.where(better, d, best_d)
-        nib = (best_q + 8).to(torch.uint8).view(len(wb), nb * W4_BLOCK // 64, 2, 32)
+        wb = F.pad(w[s:s + rows].float(), (0, kp - k)).view(-1, g, W4_GROUP)
+        lo, hi = wb.amin(-1), wb.amax(-1)
+        scale = ((hi - lo) / 15).clamp(min=1e-12).to(torch.bfloat16)
+        zero = lo.to(torch.bfloat16)
+        q = torch.round((wb - zero.float()[..., None]) / scale.float()[..., None]).clamp(0, 15)
+        nib = q.to(torch.uint8).view(len(wb), kp // 64, 2, 32)
         packed[s:s + rows] = (nib[:, :, 0] | (nib[:, :, 1] << 4)).view(len(wb), -1)
-        scales[s:s + rows] = best_d[..., 0]
+        scales[s:s + rows] = torch.stack([scale, zero], 1)
     return packed, scales
 
 
 def unpack_w4(packed: torch.Tensor, scales: torch.Tensor, k: int) -> torch.Tensor:
     """pack_w4's weights as float32 [N, k] (the values the kernel multiplies by)."""
-    n, nb = scales.shape
-    p = packed.view(n, nb * W4_BLOCK // 64, 1, 32)
-    q = torch.cat([p & 15, p >> 4], 2).view(n, nb, W4_BLOCK).float() - 8
-    return (q * scales[..., None]).view(n, -1)[:, :k]
+    n, _, g = scales.shape
+    p = packed.view(n, g // 2, 1, 32)
+    q = torch.cat([p & 15, p >> 4], 2).view(n, g, W4_GROUP).float()
+    sc = scales.float()
+    return (q * sc[:, 0, :, None] + sc[:, 1, :, None]).view(n, -1)[:, :k]
 
 
 def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP, full_head: bool = False) -> None:

@@ -328,7 +328,8 @@ def _native_layers(lean: LeanQwen2) -> list[NativeWeights] | None:
             return None
         bias = L.qkv.bias if L.qkv.bias is not None else torch.zeros(L.qkv.out_features)
         keep = tuple(t.float().contiguous() for t in (L.in_norm, L.post_attn_norm, bias)) + tuple(
-            t for m in mats for t in (m.packed.contiguous(), m._scales(torch.float32).contiguous()))
+            t for m in mats  # w4: bf16 scales and zeros as the kernel reads them; int8: float32 scales
+            for t in (m.packed.contiguous(), (m.scales if m.scheme == "w4" else m._scales(torch.float32)).contiguous()))
         in_norm, post_norm, b, wqkv, sqkv, wo, so, wgu, sgu, wd, sd = (t.data_ptr() for t in keep)
         out.append(NativeWeights((in_norm, post_norm, lean.eps, wqkv, sqkv, b, wo, so, wgu, sgu, lean.inter, wd, sd),
                                  keep, L.down.scheme == "w4"))

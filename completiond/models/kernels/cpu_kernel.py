@@ -11,8 +11,8 @@ completiond_kernels.h declares the C side):
 - `a8_mm.c`: activations rounded to int8 per block (u8 x s8 dot products: vpmaddubsw on AVX2,
   vpdpbusd on AVX512-VNNI or AVX-VNNI, the same bits on all three), the densest arithmetic a CPU
   has: what keeps a tree pass near a one-token pass's cost.
-- `w4_mm.c` (kinds `w4*`): int4 weights with a scale per block of 128 (quant.pack_w4) times a8's
-  int8 activations: half the bytes of int8 weights, for the layers of a large target whose
+- `w4_mm.c` (kinds `w4*`): int4 weights with a scale and zero per group of 32 (quant.pack_w4)
+  times a8's int8 activations: half the bytes of int8 weights, for the layers of a large target whose
   one-token pass is bound by reading them (`w4_mm`, `w4_kind`).
 
 `activations()` picks float32, int16 or int8 by measurement once per CPU; `kind()` adds the widest
@@ -295,7 +295,8 @@ def int8_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, kind: str = 
 
 def w4_mm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, kind: str | None = None) -> torch.Tensor:
     """x [M, K] (any float dtype) @ W^T for int4 weights packed by quant.pack_w4 (packed uint8 [N,
-    kp / 2], scales float32 [N, kp / 128]) -> [M, N] in x's dtype; `kind` defaults to w4_kind()."""
+    kp / 2], scales bfloat16 [N, 2, kp / 32]: scales, zeros) -> [M, N] in x's dtype; `kind`
+    defaults to w4_kind()."""
     lib = library()
     assert lib is not None, "w4_mm needs library()"
     kind = kind or w4_kind()
@@ -303,10 +304,11 @@ def w4_mm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, kind: str
         raise ValueError(f"matmul kind {kind!r} is not an int4 kind this CPU runs ({', '.join(kinds_here())})")
     xf = x.float().contiguous()
     m, k = xf.shape
-    n, nb = scales.shape
-    if packed.shape != (n, nb * 64) or packed.dtype != torch.uint8 or (k + 127) // 128 != nb:
+    n, g = scales.shape[0], scales.shape[-1]
+    if (packed.shape != (n, g * 16) or packed.dtype != torch.uint8 or scales.shape != (n, 2, g)
+            or scales.dtype != torch.bfloat16 or (k + 127) // 128 * 4 != g):
         raise ValueError(f"w4 weights {tuple(packed.shape)} / scales {tuple(scales.shape)} do not fit K = {k}")
-    packed, scales = packed.contiguous(), scales.float().contiguous()
+    packed, scales = packed.contiguous(), scales.contiguous()
     y = torch.empty(m, n, dtype=torch.float32)
     lib.completiond_mm(KINDS[kind], xf.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), m, k, n,
                        torch.get_num_threads())

@@ -8,68 +8,64 @@
 #define ROWS W4_CAT(w4_rows, SUFFIX)
 #define MM W4_CAT(w4_mm, SUFFIX)
 
-// R rows from m0 x C channels (packed rows at w, stride kp / 2 bytes; block scales at ws, stride
-// nb). Per block of 128: int32 lane sums from -8 * the lanes' sums of xq (the nibbles are q + 8),
-// then acc += float(sums) * (row scale * weight scale); a fixed horizontal sum at the end.
+// R rows from m0 x C channels (packed rows at w, stride kp / 2 bytes; bf16 scale and zero rows at
+// sz, stride 2 G: G scales then G zeros). Per group of 32: int32 lane sums of nibble x xq, then
+// acc += float(sums) x (row's block scale x group scale); at the end a fixed horizontal sum plus the
+// zeros' term, sum over groups of zero x (block scale x sum of the group's xq) (w4_zero_term).
 static inline __attribute__((always_inline)) void TILE(int R, int C, const CompletiondA8Rows *a, int64_t m0,
-                                                        const uint8_t *w, const float *ws, float *y, int64_t ldy,
-                                                        W4Prefetch *pf) {
+                                                        const uint8_t *w, const uint16_t *sz, const float *xsum,
+                                                        float *y, int64_t ldy, W4Prefetch *pf) {
     const __m256i low = _mm256_set1_epi8(0x0f);
-    int64_t nb = a->nb, kp = a->kp, half = kp / 2;
+    int64_t nb = a->nb, kp = a->kp, half = kp / 2, G = kp / W4_G;
     const int8_t *q = a->q + m0 * kp;
-    const int32_t *corr = a->corr + m0 * nb * 16;
     const float *xs = a->s + m0 * nb;
     __m256 acc[4][4];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i d[4][4];
-        for (int r = 0; r < R; r++) {
-            __m256i c0 = w4_corr(corr + (r * nb + b) * 16);
-            for (int c = 0; c < C; c++) d[r][c] = c0;
-        }
+        __m256 blk[4][4];  // this block's sum over its groups of float(sums) x group scale
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) blk[r][c] = _mm256_setzero_ps();
         w4_prefetch(pf);
-#pragma GCC unroll 2
-        for (int j = 0; j < KB; j += 64) {  // 64 weights = 32 bytes: low nibbles k..k+31, high k+32..k+63
-            int64_t k = b * KB + j;
-            __m256i lo[4], hi[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < KB; j += W4_G) {  // group g: low nibbles of 32-byte piece g / 2 when g is even, else high
+            int64_t k = b * KB + j, g = k / W4_G;
+            __m256i u[4];
+            __m256 sw[4];
             for (int c = 0; c < C; c++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(w + c * half + k / 2));
-                lo[c] = _mm256_and_si256(v, low);
-                hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                __m256i v = _mm256_loadu_si256((const __m256i *)(w + c * half + (k & ~(int64_t)63) / 2));
+                u[c] = _mm256_and_si256((g & 1) ? _mm256_srli_epi16(v, 4) : v, low);
+                sw[c] = _mm256_set1_ps(w4_bf16(sz[c * 2 * G + g]));
             }
             for (int r = 0; r < R; r++) {
-                __m256i xl = _mm256_loadu_si256((const __m256i *)(q + r * kp + k));
-                __m256i xh = _mm256_loadu_si256((const __m256i *)(q + r * kp + k + 32));
+                __m256i x = _mm256_loadu_si256((const __m256i *)(q + r * kp + k));
                 for (int c = 0; c < C; c++) {
-                    d[r][c] = DOT(d[r][c], lo[c], xl);
-                    d[r][c] = DOT(d[r][c], hi[c], xh);
+                    __m256i d = DOT(_mm256_setzero_si256(), u[c], x);
+                    blk[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sw[c], blk[r][c]);
                 }
             }
         }
-        __m256 sw[4];
-        for (int c = 0; c < C; c++) sw[c] = _mm256_set1_ps(ws[c * nb + b]);
         for (int r = 0; r < R; r++) {
             __m256 sx = _mm256_set1_ps(xs[r * nb + b]);
-            for (int c = 0; c < C; c++)
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d[r][c]), _mm256_mul_ps(sx, sw[c]), acc[r][c]);
+            for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(blk[r][c], sx, acc[r][c]);
         }
     }
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y[r * ldy + c] = completiond_hsum8(acc[r][c]);
+        for (int c = 0; c < C; c++)
+            y[r * ldy + c] = completiond_hsum8(acc[r][c]) + w4_zero_term(sz + c * 2 * G + G, xsum + (m0 + r) * G, G);
 }
 
 // Channels [n0, n1) for rows [m0, m0 + R): tiles of C channels, then single channels.
 static inline __attribute__((always_inline)) void ROWS(int R, int C, const CompletiondA8Rows *a, const uint8_t *w,
-                                                        const float *ws, int64_t N, float *y, int64_t m0,
-                                                        int64_t n0, int64_t n1, W4Prefetch *pf) {
-    int64_t n = n0, half = a->kp / 2, nb = a->nb;
-    for (; n + C <= n1; n += C) TILE(R, C, a, m0, w + n * half, ws + n * nb, y + m0 * N + n, N, pf);
-    for (; n < n1; n++) TILE(R, 1, a, m0, w + n * half, ws + n * nb, y + m0 * N + n, N, pf);
+                                                        const uint16_t *sz, const float *xsum, int64_t N, float *y,
+                                                        int64_t m0, int64_t n0, int64_t n1, W4Prefetch *pf) {
+    int64_t n = n0, half = a->kp / 2, g2 = 2 * (a->kp / W4_G);
+    for (; n + C <= n1; n += C) TILE(R, C, a, m0, w + n * half, sz + n * g2, xsum, y + m0 * N + n, N, pf);
+    for (; n < n1; n++) TILE(R, 1, a, m0, w + n * half, sz + n * g2, xsum, y + m0 * N + n, N, pf);
 }
 
-static void MM(const CompletiondA8Rows *a, const uint8_t *w, const float *ws, float *y, int64_t M, int64_t N,
-               int threads) {
+static void MM(const CompletiondA8Rows *a, const uint8_t *w, const uint16_t *sz, const float *xsum, float *y,
+               int64_t M, int64_t N, int threads) {
     int64_t blocks = (N + W4_NB - 1) / W4_NB, rest = M % RB, half = a->kp / 2;
     // tile blocks run over one channel block -> lines of the next block to fetch per tile block
     int64_t tiles = (M / RB) * (W4_NB / CB) + (rest == 3) * (W4_NB / C3) + (rest == 2) * (W4_NB / C2) +
@@ -81,10 +77,10 @@ static void MM(const CompletiondA8Rows *a, const uint8_t *w, const float *ws, fl
         int64_t n0 = b * W4_NB, n1 = n0 + W4_NB < N ? n0 + W4_NB : N, n2 = n1 + W4_NB < N ? n1 + W4_NB : N;
         W4Prefetch pf = {(const char *)(w + n1 * half), (const char *)(w + n2 * half), per};
         int64_t m = 0;
-        for (; m + RB <= M; m += RB) ROWS(RB, CB, a, w, ws, N, y, m, n0, n1, &pf);
-        for (; m + 3 <= M; m += 3) ROWS(3, C3, a, w, ws, N, y, m, n0, n1, &pf);
-        for (; m + 2 <= M; m += 2) ROWS(2, C2, a, w, ws, N, y, m, n0, n1, &pf);
-        for (; m < M; m++) ROWS(1, C1, a, w, ws, N, y, m, n0, n1, &pf);
+        for (; m + RB <= M; m += RB) ROWS(RB, CB, a, w, sz, xsum, N, y, m, n0, n1, &pf);
+        for (; m + 3 <= M; m += 3) ROWS(3, C3, a, w, sz, xsum, N, y, m, n0, n1, &pf);
+        for (; m + 2 <= M; m += 2) ROWS(2, C2, a, w, sz, xsum, N, y, m, n0, n1, &pf);
+        for (; m < M; m++) ROWS(1, C1, a, w, sz, xsum, N, y, m, n0, n1, &pf);
     }
 }
 
