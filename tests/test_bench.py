@@ -122,6 +122,24 @@ def test_bench_runs_two_targets_side_by_side(tmp_path, tiny_dir):
     assert cli.main(["bench", "--repo", str(repo), "--targets", str(tiny_dir)]) == EXIT_USAGE
 
 
+def test_bench_targets_take_a_quant_each(tmp_path, tiny_dir):
+    """--targets NAME@QUANT: the same target with int8 and int4 weights side by side (the 1.5B's
+    int4 against the 0.5B's int8); an unknown @QUANT is a usage error."""
+    from completiond.flags import EXIT_USAGE
+
+    (tmp_path / "repo").mkdir()
+    repo = make_repo(tmp_path / "repo")
+    out = tmp_path / "q.json"
+    targets = [f"{tiny_dir}@int8", f"{tiny_dir}@int4"]
+    assert cli.main(["bench", "--repo", str(repo), "--positions", "2", "--modes", "ar,pld", "--max-tokens", "6",
+                     "--targets", ",".join(targets), "--draft", "none", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["targets"] == targets
+    assert [res["by_target"][t]["quant"] for t in targets] == ["int8", "int4"]
+    assert all(res["side_by_side"][t]["modes"]["pld"]["identical_rate"] == 1.0 for t in targets)
+    assert cli.main(["bench", "--repo", str(repo), "--targets", f"{tiny_dir}@int3,{tiny_dir}"]) == EXIT_USAGE
+
+
 def test_only_llama_cpp_asked_for_runs_no_transformers_peer():
     """`--peers llama.cpp` alone used to prefill every prompt with transformers first (minutes per
     target on a CPU) for no peer at all."""

@@ -408,3 +408,6 @@ def test_w4_quant_linear_runs_the_kernel_fused_and_in_bulk():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cpu_kernel, "w4_kind", lambda: None)
         torch.testing.assert_close(fused(xb), xb @ fused.dequantize().T, rtol=1e-5, atol=1e-5)
+    # a file of another layout (an older w4 form: float32 scales per 128) never reaches the kernel
+    with pytest.raises(ValueError, match="not pack_w4's"):
+        quant.QuantLinear("w4", fused.packed, torch.ones(136, 2), 136, 256, checked=True)

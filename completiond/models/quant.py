@@ -99,6 +99,12 @@ class QuantLinear(nn.Module):
         if scheme == "int8" and not checked and packed.numel() and int(packed.min()) < -127:
             # the int8-activation kernels' sign trick negates weights: -128 has no int8 negation
             raise ValueError("int8 weights must lie in [-127, 127] (quantize with quant._int8)")
+        groups = (in_features + W4_PAD - 1) // W4_PAD * W4_PAD // W4_GROUP
+        if scheme == "w4" and (packed.shape != (out_features, groups * 16) or packed.dtype != torch.uint8
+                               or scales.shape != (out_features, 2, groups) or scales.dtype != torch.bfloat16):
+            # the C kernel reads by these shapes: a file of another layout must not reach it
+            raise ValueError(f"w4 weights {tuple(packed.shape)} {packed.dtype} / scales {tuple(scales.shape)} "
+                             f"{scales.dtype} are not pack_w4's for [{out_features}, {in_features}]")
         # int8 [N, K] / int4: uint8 [N_pad, K / 2] / w4: uint8 [N, kp / 2]
         self.register_buffer("packed", packed, persistent=False)
         self.register_buffer("scales", scales, persistent=False)  # [N] / [K / group, N_pad, 2] / bf16 [N, 2, kp / 32]
