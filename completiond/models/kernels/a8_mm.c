@@ -32,21 +32,8 @@
 
 typedef CompletiondA8Rows A8Rows;
 
-// The weights of a thread's next block of NB channels, fetched while the current block computes.
-// Every row block re-reads the current block from cache and issues no memory traffic of its own, so
-// a prefetch only a few tiles ahead (the old way) left the memory idle during the second half of an
-// 8-row pass and then stalled on the next block: the loads added to the arithmetic instead of
-// overlapping it (an 8-row pass cost its 1-row pass's memory time plus its in-cache arithmetic). Here
-// the next block's lines are spread over all of the current block's steps: `per` lines per 64-byte
-// step, from cur up to end.
-typedef struct {
-    const char *cur, *end;
-    int per;
-} A8Prefetch;
-
-static inline __attribute__((always_inline)) void prefetch_step(A8Prefetch *pf) {
-    for (int i = 0; i < pf->per && pf->cur < pf->end; i++, pf->cur += 64) COMPLETIOND_PREFETCH(pf->cur);
-}
+typedef CompletiondPrefetch A8Prefetch;
+#define prefetch_step completiond_prefetch_step
 
 // Row x [K] -> q [kp], s [nb], corr [nb, 16]. A block holding inf/nan gets scale nan (and zeros), so
 // the outputs it feeds are nan, as float arithmetic would make them.

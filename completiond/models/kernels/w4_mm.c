@@ -26,15 +26,8 @@
 #define W4_G 32   // weights per scale and zero along K
 #define W4_NB 24  // output channels per thread work item
 
-typedef struct {
-    const char *cur, *end;
-    int per;
-} W4Prefetch;
-
-// The next channel block's lines, `per` at a time, spread over the current block's work.
-static inline __attribute__((always_inline)) void w4_prefetch(W4Prefetch *pf) {
-    for (int i = 0; i < pf->per && pf->cur < pf->end; i++, pf->cur += 64) COMPLETIOND_PREFETCH(pf->cur);
-}
+typedef CompletiondPrefetch W4Prefetch;
+#define w4_prefetch completiond_prefetch_step
 
 static inline __attribute__((always_inline)) float w4_bf16(uint16_t v) {
     union {
