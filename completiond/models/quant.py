@@ -6,8 +6,8 @@ Schemes (weights only; activations keep the model's dtype, embeddings stay as th
   where it builds, else by `aten._weight_int8pack_mm(x [M, K], q [N, K] int8, s [N])` (s in x's dtype).
 - w4 (what `quantize(..., "int4")` gives the MLP layers where completiond's kernel runs it,
   cpu_kernel.w4_kind): asymmetric int4 with a bf16 scale and zero per group of 32 along K (`pack_w4`),
-  run by `cpu_kernel.w4_mm` with int8 activations, and by the native Qwen2 layer: half the bytes of
-  int8 for a one-token pass that is bound by reading them.
+  run by `cpu_kernel.w4_mm` with int8 activations, and by the native Qwen2 layer: 0.625 bytes a
+  weight (with its scales) against int8's 1, for a one-token pass that is bound by reading them.
 - int4 elsewhere: the MLP layers only (attention and the output layer stay int8, see INT4_KEEP_INT8 and
   `quantize`), group-wise asymmetric, groups of INT4_GROUP = 32 along K, w ~ (q - 8) * scale + zero with
   q in [0, 15] (the tinygemm convention the kernel uses); packed by

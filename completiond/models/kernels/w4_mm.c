@@ -1,6 +1,6 @@
 // y [M, N] = x [M, K] . w [N, K]^T with int4 weights and int8 activations (kinds W4*): a decode
 // pass reads every weight once, so a one-token pass of a large model is bound by its bytes; int4
-// halves them against int8.
+// with its scales reads 0.625 of int8's.
 //
 // Weights: w = q * scale + zero per group of 32 along K, q in [0, 15] (asymmetric, as torch's int4
 // and llama.cpp's Q4_1), scale and zero bf16 ([N, 2, G]: G scales then G zeros per channel). q is
