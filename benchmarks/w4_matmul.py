@@ -1,0 +1,51 @@
+"""int4 (w4_mm.c) against int8 weights (a8 / a16 kernels): the 1.5B's four layer shapes, `--layers`
+layers of distinct random weights read from memory, ms per layer at each row count, fastest of 5,
+kernels interleaved rep by rep (docs/kernels.md "Round 9", the matmul table).
+
+    python benchmarks/w4_matmul.py --layers 6 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from completiond.models import quant
+from completiond.models.kernels import cpu_kernel as ck
+
+SHAPES = [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)]  # qkv, o, gate + up, down
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", default="1,2,4,8,16")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    g = torch.Generator().manual_seed(0)
+    int8, int4 = [], []
+    for _ in range(a.layers):
+        for n, k in SHAPES:
+            int8.append((torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g), torch.rand(n, generator=g)))
+            int4.append(quant.pack_w4(torch.randn(n, k, generator=g)))
+    runs = {kind: (int8, lambda x, m, kind=kind: ck.int8_mm(x, m[0], m[1], kind))
+            for kind in ("int8+avx512-vnni", "int16+avx512-vnni") if kind in ck.kinds_here()}
+    runs.update({kind: (int4, lambda x, m, kind=kind: ck.w4_mm(x, m[0], m[1], kind))
+                 for kind in ("w4+avx512-vnni", "w4") if kind in ck.kinds_here()})
+    for rows in map(int, a.rows.split(",")):
+        xs = {k: torch.randn(rows, k, generator=g) for k in (1536, 8960)}
+        best = {name: float("inf") for name in runs}
+        for _ in range(5):
+            for name, (mats, run) in runs.items():
+                t0 = time.perf_counter()
+                for m, (_, k) in zip(mats, SHAPES * a.layers):
+                    run(xs[k], m)
+                best[name] = min(best[name], (time.perf_counter() - t0) * 1000 / a.layers)
+        print(rows, "  ".join(f"{name} {ms:.2f}" for name, ms in best.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
