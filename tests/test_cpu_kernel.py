@@ -311,14 +311,16 @@ def w4_operands(m: int, k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, to
 def test_pack_w4_rounds_each_weight_to_its_group_grid():
     """Each weight lands on its group's grid q * scale + zero (q in [0, 15], min / max per group of
     32, bf16 scale and zero) within about half a step; values already on a grid come back exactly;
-    K off the blocks is padded and cut."""
+    K off the blocks is padded and cut, N padded to whole vectors of 8 channels with zero weights."""
     g = torch.Generator().manual_seed(1)
-    w = torch.randn(40, 300, generator=g)
-    packed, scales = quant.pack_w4(w)
+    w = torch.randn(37, 300, generator=g)
+    packed, scales = quant.pack_w4(w, rows=16)  # chunks of rows, the last one padded
     assert packed.shape == (40, 3 * 64) and packed.dtype == torch.uint8
     assert scales.shape == (40, 2, 12) and scales.dtype == torch.bfloat16
-    back = quant.unpack_w4(packed, scales, 300)
-    step = scales[:, 0].float().repeat_interleave(32, 1)[:, :300]
+    assert torch.equal(quant.pack_w4(w)[0], packed) and torch.equal(quant.pack_w4(w)[1], scales)
+    back = quant.unpack_w4(packed, scales, 300, 37)
+    assert back.shape == (37, 300) and not quant.unpack_w4(packed, scales, 300)[37:].any()
+    step = quant.w4_scale_zero(scales)[:37, 0].repeat_interleave(32, 1)[:, :300]
     assert ((back - w).abs() <= 0.6 * step).all()  # half a step, and bf16's rounding of the zero
     assert float(((back - w).norm() / w.norm())) < 0.1  # 4 bits, groups of 32, on Gaussian weights
     grid = torch.randint(0, 16, (8, 256), generator=g).float() * 0.25 - 2
@@ -326,6 +328,17 @@ def test_pack_w4_rounds_each_weight_to_its_group_grid():
     grid[:, 1::32] = 1.75
     p2, s2 = quant.pack_w4(grid)
     assert torch.equal(quant.unpack_w4(p2, s2, 256), grid)
+    # the layout w4_mm.c reads: channel 8 v + l's weights 8 p .. 8 p + 3 in the low nibbles of bytes
+    # 4 l .. 4 l + 3 of vector v's piece p, 8 p + 4 .. 8 p + 7 in the high ones
+    ref = torch.randint(0, 16, (16, 128), generator=g).float()
+    ref[:, ::32], ref[:, 1::32] = 0.0, 15.0  # every group spans [0, 15]: scale 1, zero 0
+    pq, sq = quant.pack_w4(ref)
+    assert torch.equal(quant.unpack_w4(pq, sq, 128), ref)
+    v, p, lane = 1, 3, 5
+    piece = pq[8 * v:8 * v + 8].reshape(-1)[32 * p:32 * p + 32]
+    ch = 8 * v + lane
+    assert torch.equal((piece[4 * lane:4 * lane + 4] & 15).float(), ref[ch, 8 * p:8 * p + 4])
+    assert torch.equal((piece[4 * lane:4 * lane + 4] >> 4).float(), ref[ch, 8 * p + 4:8 * p + 8])
 
 
 @needs_kernel
@@ -367,21 +380,24 @@ def test_w4_is_the_unpacked_matmul_within_the_activations_rounding():
         pytest.skip("no int4 kernel on this CPU")
     x, _, packed, scales = w4_operands(6, 1003, 300)
     x[:, ::97] *= 50
-    wd = quant.unpack_w4(packed, scales, 1003).double()
+    wd = quant.unpack_w4(packed, scales, 1003, 300).double()
     ref = x.double() @ wd.T
-    got = cpu_kernel.w4_mm(x, packed, scales).double()
+    got = cpu_kernel.w4_mm(x, packed, scales, n=300).double()
+    assert torch.equal(got, cpu_kernel.w4_mm(x, packed, scales).double()[:, :300])
     xp = torch.nn.functional.pad(x.double().abs(), (0, 1024 - 1003))
     step = xp.view(6, -1, 128).amax(-1) / 127
     w_abs = torch.nn.functional.pad(wd.abs(), (0, 1024 - 1003)).view(300, -1, 128).sum(-1)
     bound = 0.5 * step @ w_abs.T * (1 + 1e-6) + 1e-5 * ref.abs().max()
     assert ((got - ref).abs() <= bound).all()
     x[2, 10] = float("inf")
-    bad = cpu_kernel.w4_mm(x, packed, scales)
+    bad = cpu_kernel.w4_mm(x, packed, scales, n=300)
     assert bad[2].isnan().all() and torch.equal(bad[[0, 1, 3, 4, 5]].double(), got[[0, 1, 3, 4, 5]])
     with pytest.raises(ValueError, match="do not fit"):
         cpu_kernel.w4_mm(x[:, :800], packed, scales)
     with pytest.raises(ValueError, match="do not fit"):
         cpu_kernel.w4_mm(x, packed, scales.float())
+    with pytest.raises(ValueError, match="do not fit"):
+        cpu_kernel.w4_mm(x, packed, scales, n=296)
     with pytest.raises(ValueError, match="not an int4 kind"):
         cpu_kernel.w4_mm(x, packed, scales, "int8")
 
@@ -393,7 +409,7 @@ def test_w4_quant_linear_runs_the_kernel_fused_and_in_bulk():
     if not W4_HERE:
         pytest.skip("no int4 kernel on this CPU")
     g = torch.Generator().manual_seed(4)
-    gate, up = (torch.nn.Linear(256, n, bias=False) for n in (96, 40))
+    gate, up = (torch.nn.Linear(256, n, bias=False) for n in (96, 36))
     for lin in (gate, up):
         lin.weight.data = torch.randn(lin.weight.shape, generator=g) / 16
     parts = [quant.QuantLinear.from_linear(lin, "w4") for lin in (gate, up)]
@@ -404,7 +420,9 @@ def test_w4_quant_linear_runs_the_kernel_fused_and_in_bulk():
     assert torch.equal(alone[0], cpu_kernel.w4_mm(x, parts[0].packed, parts[0].scales))
     xb = torch.randn(40, 256, generator=g)
     with quant.bulk(torch.float32):
-        assert torch.equal(fused(xb), cpu_kernel.w4_mm(xb, fused.packed, fused.scales))
+        assert torch.equal(fused(xb), cpu_kernel.w4_mm(xb, fused.packed, fused.scales, n=132))
+    # a part off the vectors of 8 cannot come first: its padding would land between the parts
+    assert not isinstance(quant.QuantLinear.cat(parts[::-1]), quant.QuantLinear)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cpu_kernel, "w4_kind", lambda: None)
         torch.testing.assert_close(fused(xb), xb @ fused.dequantize().T, rtol=1e-5, atol=1e-5)

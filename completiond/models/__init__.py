@@ -186,6 +186,8 @@ def _convert(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progress
         for name in digests:
             os.replace(tmp / name, folder / name)
         integrity.record(folder, digests)
+        for name in runtime.superseded_files(dtype, scheme):  # never read again
+            (folder / name).unlink(missing_ok=True)
     except OSError as e:
         raise ModelError(f"cannot convert {gguf.name} into {folder.parent}: {e.strerror or e}") from None
     except Exception as e:  # transformers' loaders raise many types; one line for the user

@@ -100,14 +100,15 @@ class QuantLinear(nn.Module):
             # the int8-activation kernels' sign trick negates weights: -128 has no int8 negation
             raise ValueError("int8 weights must lie in [-127, 127] (quantize with quant._int8)")
         groups = (in_features + W4_PAD - 1) // W4_PAD * W4_PAD // W4_GROUP
-        if scheme == "w4" and (packed.shape != (out_features, groups * 16) or packed.dtype != torch.uint8
-                               or scales.shape != (out_features, 2, groups) or scales.dtype != torch.bfloat16):
+        rows = w4_rows(out_features)
+        if scheme == "w4" and (packed.shape != (rows, groups * 16) or packed.dtype != torch.uint8
+                               or scales.shape != (rows, 2, groups) or scales.dtype != torch.bfloat16):
             # the C kernel reads by these shapes: a file of another layout must not reach it
             raise ValueError(f"w4 weights {tuple(packed.shape)} {packed.dtype} / scales {tuple(scales.shape)} "
                              f"{scales.dtype} are not pack_w4's for [{out_features}, {in_features}]")
-        # int8 [N, K] / int4: uint8 [N_pad, K / 2] / w4: uint8 [N, kp / 2]
+        # int8 [N, K] / int4: uint8 [N_pad, K / 2] / w4: uint8 [N8, kp / 2]
         self.register_buffer("packed", packed, persistent=False)
-        self.register_buffer("scales", scales, persistent=False)  # [N] / [K / group, N_pad, 2] / bf16 [N, 2, kp / 32]
+        self.register_buffer("scales", scales, persistent=False)  # [N] / [K / group, N_pad, 2] / bf16 [N8, 2, kp / 32]
         self.bias = bias
         self.full_weight: torch.Tensor | None = None  # the output layer's full-precision weight
         self.residual: tuple[torch.Tensor, torch.Tensor] | None = None  # untied output layer: int8 [N, K], scales [N]
@@ -134,7 +135,7 @@ class QuantLinear(nn.Module):
             rows = w[s:s + _ROWS]
             if scheme == "w4":
                 q, sc = pack_w4(rows)
-                deq = unpack_w4(q, sc, k) if norms else None
+                deq = unpack_w4(q, sc, k, len(rows)) if norms else None
             else:
                 q, sc, deq = _int8(rows, norms) if scheme == "int8" else _int4(rows, group, norms)
             if scheme == "int4":
@@ -177,12 +178,12 @@ class QuantLinear(nn.Module):
             y = torch.ops.aten._weight_int8pack_mm(x2, self.packed, self._scales(x.dtype))
         elif self.scheme == "w4" and x2.device.type == "cpu" and cpu_kernel.w4_kind() is not None:
             # prefill chunks too: on VNNI its int8 products beat unpacking the nibbles for a dense matmul
-            y = cpu_kernel.w4_mm(x2, self.packed, self.scales)
+            y = cpu_kernel.w4_mm(x2, self.packed, self.scales, n=self.out_features)
         elif self.scheme == "w4":  # a CPU without the kernel: dense, a block of rows at a time
             dt = bulk_dtype(x2) or x2.dtype
             y = torch.cat([F.linear(x2.to(dt), unpack_w4(self.packed[i:i + DEQ_BLOCK], self.scales[i:i + DEQ_BLOCK],
                                                           self.in_features).to(dt))
-                           for i in range(0, self.out_features, DEQ_BLOCK)], 1).to(x.dtype)
+                           for i in range(0, len(self.packed), DEQ_BLOCK)], 1)[:, :self.out_features].to(x.dtype)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.group, self._scales(x.dtype))
             if y.shape[1] != self.out_features:
@@ -197,7 +198,7 @@ class QuantLinear(nn.Module):
         if self.scheme == "int8":
             return self.packed.float() * self.scales.float()[:, None]
         if self.scheme == "w4":
-            return unpack_w4(self.packed, self.scales, self.in_features)
+            return unpack_w4(self.packed, self.scales, self.in_features, self.out_features)
         eye = torch.eye(self.in_features, dtype=torch.float32)
         wt = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group, self._scales(torch.float32))
         return wt[:, :self.out_features].T.contiguous()
@@ -210,8 +211,9 @@ class QuantLinear(nn.Module):
         if any(p.in_features != parts[0].in_features for p in parts):
             raise ValueError("cannot fuse layers with different input sizes")
         if any(p.scheme != scheme or p.group != group for p in parts) or (
-                scheme == "int4" and any(p.out_features % int4_row_block() for p in parts[:-1])):
-            return _Parts(parts)  # mixed schemes, or an int4 part whose row tail would land mid-block
+                scheme == "int4" and any(p.out_features % int4_row_block() for p in parts[:-1])) or (
+                scheme == "w4" and any(p.out_features % W4_LANES for p in parts[:-1])):
+            return _Parts(parts)  # mixed schemes, or an int4 / w4 part whose row tail would land mid-block
         bias = None
         if any(p.bias is not None for p in parts):
             bias = torch.cat([p.bias if p.bias is not None else p.scales.new_zeros(p.out_features) for p in parts])
@@ -297,6 +299,7 @@ def _int4(w: torch.Tensor, group: int, deq: bool = True) -> tuple[torch.Tensor, 
 
 W4_GROUP = 32  # weights per int4 scale and zero along K (cpu_kernel.w4_mm)
 W4_PAD = 128  # K is padded to the int8 activations' block
+W4_LANES = 8  # channels per vector (one per int32 lane of w4_mm.c): N is padded to a multiple
 
 
 def w4_native() -> bool:
@@ -305,36 +308,53 @@ def w4_native() -> bool:
     return cpu_kernel.enabled() and cpu_kernel.w4_kind() is not None
 
 
+def w4_rows(n: int) -> int:
+    """Rows of pack_w4's tensors for n channels: whole vectors of W4_LANES."""
+    return (n + W4_LANES - 1) // W4_LANES * W4_LANES
+
+
 def pack_w4(w: torch.Tensor, rows: int = _ROWS) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] -> (packed uint8 [N, kp / 2], scales bfloat16 [N, 2, kp / 32]) for cpu_kernel.w4_mm:
+    """w [N, K] -> (packed uint8 [N8, kp / 2], scales bfloat16 [N8, 2, kp / 32]) for cpu_kernel.w4_mm:
     w ~ q * scale + zero per group of 32 along K, q in [0, 15] (asymmetric min / max, as the torch
-    int4 scheme's groups; scale and zero rounded to bf16 first, q from the rounded pair), K
-    zero-padded to kp (a multiple of 128), nibbles in w4_mm.c's order (per 32-byte piece: weights
-    64 s + j low, 64 s + 32 + j high)."""
+    int4 scheme's groups; scale and zero rounded to bf16 first, q from the rounded pair); K
+    zero-padded to kp (a multiple of 128), N to N8 (a multiple of 8). In w4_mm.c's order: vectors of
+    8 channels; vector v's rows hold its nibble stream (per 32-byte piece p, lane l's 4 bytes:
+    channel 8 v + l's weights 8 p .. 8 p + 3 low, 8 p + 4 .. 8 p + 7 high) and its [2, G, 8] scales
+    and zeros."""
     n, k = w.shape
     kp = (k + W4_PAD - 1) // W4_PAD * W4_PAD
-    g = kp // W4_GROUP
-    packed = torch.empty(n, kp // 2, dtype=torch.uint8)
-    scales = torch.empty(n, 2, g, dtype=torch.bfloat16)
-    for s in range(0, n, rows):
-        wb = F.pad(w[s:s + rows].float(), (0, kp - k)).view(-1, g, W4_GROUP)
+    g, n8 = kp // W4_GROUP, w4_rows(n)
+    packed = torch.empty(n8, kp // 2, dtype=torch.uint8)
+    scales = torch.empty(n8, 2, g, dtype=torch.bfloat16)
+    for s in range(0, n8, rows):  # rows: a multiple of 8
+        wb = F.pad(w[s:s + rows].float(), (0, kp - k, 0, min(rows, n8 - s) - len(w[s:s + rows])))
+        wb = wb.view(-1, g, W4_GROUP)
         lo, hi = wb.amin(-1), wb.amax(-1)
         scale = ((hi - lo) / 15).clamp(min=1e-12).to(torch.bfloat16)
         zero = lo.to(torch.bfloat16)
         q = torch.round((wb - zero.float()[..., None]) / scale.float()[..., None]).clamp(0, 15)
-        nib = q.to(torch.uint8).view(len(wb), kp // 64, 2, 32)
-        packed[s:s + rows] = (nib[:, :, 0] | (nib[:, :, 1] << 4)).view(len(wb), -1)
-        scales[s:s + rows] = torch.stack([scale, zero], 1)
+        v = len(wb) // W4_LANES  # [v, lane, piece, half, 4] -> [v, piece, lane, 4, half]
+        nib = q.to(torch.uint8).view(v, W4_LANES, kp // 8, 2, 4).permute(0, 2, 1, 4, 3)
+        packed[s:s + rows] = (nib[..., 0] | (nib[..., 1] << 4)).reshape(len(wb), -1)
+        sz = torch.stack([scale, zero], 1).view(v, W4_LANES, 2, g).permute(0, 2, 3, 1)  # [v, 2, G, lane]
+        scales[s:s + rows] = sz.reshape(len(wb), 2, g)
     return packed, scales
 
 
-def unpack_w4(packed: torch.Tensor, scales: torch.Tensor, k: int) -> torch.Tensor:
-    """pack_w4's weights as float32 [N, k] (the values the kernel multiplies by)."""
-    n, _, g = scales.shape
-    p = packed.view(n, g // 2, 1, 32)
-    q = torch.cat([p & 15, p >> 4], 2).view(n, g, W4_GROUP).float()
-    sc = scales.float()
-    return (q * sc[:, 0, :, None] + sc[:, 1, :, None]).view(n, -1)[:, :k]
+def w4_scale_zero(scales: torch.Tensor) -> torch.Tensor:
+    """pack_w4's scales in channel order: float32 [N8, 2, G] (scales, zeros)."""
+    n8, _, g = scales.shape
+    return scales.reshape(n8 // W4_LANES, 2, g, W4_LANES).permute(0, 3, 1, 2).reshape(n8, 2, g).float()
+
+
+def unpack_w4(packed: torch.Tensor, scales: torch.Tensor, k: int, n: int | None = None) -> torch.Tensor:
+    """pack_w4's weights as float32 [n, k] (the values the kernel multiplies by; n: all rows)."""
+    n8, _, g = scales.shape
+    v, kp = n8 // W4_LANES, g * W4_GROUP
+    p = packed.reshape(v, kp // 8, W4_LANES, 4, 1)
+    q = torch.cat([p & 15, p >> 4], 4).permute(0, 2, 1, 4, 3).reshape(n8, g, W4_GROUP).float()
+    sc = w4_scale_zero(scales)
+    return (q * sc[:, 0, :, None] + sc[:, 1, :, None]).view(n8, -1)[:n, :k]
 
 
 def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP, full_head: bool = False) -> None:

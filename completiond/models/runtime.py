@@ -46,12 +46,22 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def weights_file(dtype: torch.dtype, scheme: str) -> str:
-    """int4 forms name their MLP format: "-w4" (completiond's int4 kernel, quant.w4_native) or torch's."""
+    """int4 forms name their MLP format: "-w4x8" (completiond's int4 kernel, quant.w4_native) or torch's."""
     if scheme == "int4":
         from .quant import w4_native
 
-        scheme = "int4-w4" if w4_native() else "int4"
+        scheme = "int4-w4x8" if w4_native() else "int4"
     return f"weights.{dtype_name(dtype)}-{scheme}.safetensors"
+
+
+# forms of an older layout that a new form replaces: deleted when it is written (1.3 GB for a 1.5B)
+_SUPERSEDED = {"int4-w4x8": ("int4-w4",)}  # w4 channels in vectors of 8 (round 10) replace one per row
+
+
+def superseded_files(dtype: torch.dtype, scheme: str) -> list[str]:
+    """Weight files of older layouts that the form weights_file(dtype, scheme) replaces."""
+    name = weights_file(dtype, scheme)[len(f"weights.{dtype_name(dtype)}-"):-len(".safetensors")]
+    return [f"weights.{dtype_name(dtype)}-{old}.safetensors" for old in _SUPERSEDED.get(name, ())]
 
 
 def embed_file(dtype: torch.dtype) -> str:

@@ -21,9 +21,9 @@ enum completiond_mm_kind {
     COMPLETIOND_MM_A8 = 3,           // rounded to int8 per block (a8_mm.c), vpmaddubsw (AVX2)
     COMPLETIOND_MM_A8_VNNI512 = 4,   // the same bits as A8, vpdpbusd on AVX512-VNNI
     COMPLETIOND_MM_A8_AVXVNNI = 5,   // the same bits as A8, vpdpbusd on AVX-VNNI (256-bit)
-    // int4 weights (w4_mm.c): w is uint8 [N, kp / 2] of packed nibbles q in [0, 15], `scale` bf16
-    // [N, 2, kp / 32]: a scale and a zero per group of 32 along K (kp: K rounded up to 128);
-    // activations as A8
+    // int4 weights (w4_mm.c): w is uint8 [N8, kp / 2] of packed nibbles q in [0, 15] in vectors of 8
+    // channels, `scale` bf16 [N8, 2, kp / 32]: a scale and a zero per group of 32 along K (kp: K
+    // rounded up to 128, N8: N up to 8); activations as A8
     COMPLETIOND_MM_W4 = 6,           // vpmaddubsw (AVX2)
     COMPLETIOND_MM_W4_VNNI512 = 7,   // the same bits as W4, vpdpbusd on AVX512-VNNI (256-bit, AVX512-VL)
     COMPLETIOND_MM_W4_AVXVNNI = 8,   // the same bits as W4, vpdpbusd on AVX-VNNI

@@ -293,10 +293,11 @@ def int8_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, kind: str = 
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
-def w4_mm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, kind: str | None = None) -> torch.Tensor:
-    """x [M, K] (any float dtype) @ W^T for int4 weights packed by quant.pack_w4 (packed uint8 [N,
-    kp / 2], scales bfloat16 [N, 2, kp / 32]: scales, zeros) -> [M, N] in x's dtype; `kind`
-    defaults to w4_kind()."""
+def w4_mm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, kind: str | None = None,
+          n: int | None = None) -> torch.Tensor:
+    """x [M, K] (any float dtype) @ W^T for int4 weights packed by quant.pack_w4 (packed uint8 [N8,
+    kp / 2], scales bfloat16 [N8, 2, kp / 32]: scales, zeros; N8 = n up to a multiple of 8) -> [M, n]
+    in x's dtype; `n` defaults to N8, `kind` to w4_kind()."""
     lib = library()
     assert lib is not None, "w4_mm needs library()"
     kind = kind or w4_kind()
@@ -304,10 +305,12 @@ def w4_mm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, kind: str
         raise ValueError(f"matmul kind {kind!r} is not an int4 kind this CPU runs ({', '.join(kinds_here())})")
     xf = x.float().contiguous()
     m, k = xf.shape
-    n, g = scales.shape[0], scales.shape[-1]
-    if (packed.shape != (n, g * 16) or packed.dtype != torch.uint8 or scales.shape != (n, 2, g)
-            or scales.dtype != torch.bfloat16 or (k + 127) // 128 * 4 != g):
-        raise ValueError(f"w4 weights {tuple(packed.shape)} / scales {tuple(scales.shape)} do not fit K = {k}")
+    n8, g = scales.shape[0], scales.shape[-1]
+    n = n8 if n is None else n
+    if (packed.shape != (n8, g * 16) or packed.dtype != torch.uint8 or scales.shape != (n8, 2, g)
+            or scales.dtype != torch.bfloat16 or (k + 127) // 128 * 4 != g or n8 % 8 or not n8 - 8 < n <= n8):
+        raise ValueError(f"w4 weights {tuple(packed.shape)} / scales {tuple(scales.shape)} do not fit K = {k}, "
+                         f"N = {n}")
     packed, scales = packed.contiguous(), scales.contiguous()
     y = torch.empty(m, n, dtype=torch.float32)
     lib.completiond_mm(KINDS[kind], xf.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), m, k, n,

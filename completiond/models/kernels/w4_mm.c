@@ -3,17 +3,20 @@
 // with its scales reads 0.625 of int8's.
 //
 // Weights: w = q * scale + zero per group of 32 along K, q in [0, 15] (asymmetric, as torch's int4
-// and llama.cpp's Q4_1), scale and zero bf16 ([N, 2, G]: G scales then G zeros per channel). q is
-// stored as nibbles, two per byte: in each 32-byte piece, byte j holds weight 64 s + j (low nibble,
-// group 2 s) and 64 s + 32 + j (high, group 2 s + 1), so a load, an AND (and a shift) give a 32-byte
-// group matching the activations' bytes (quant.pack_w4 writes this; K is padded to 128 with zero
-// weights). Activations: a8_mm.c's int8 rows (blocks of 128, the same rounding), so the u8 x s8
-// products run as in the int8 kernel: vpdpbusd where there is VNNI, vpmaddubsw + vpmaddwd on AVX2
-// (15 * 127 * 2 fits in int16: no saturation). Both give, per int32 lane, the products of bytes
-// 4i..4i+3 of the group, so every path has the same bits. The zeros' part, zero x the group's sum of
-// activations, is a short dot product per (row, channel) over the groups (w4_zero_term).
+// and llama.cpp's Q4_1), scale and zero bf16. Channels go in vectors of 8 (N padded to a multiple of
+// 8 with zero weights), one channel per int32 lane, so the products of many rows run on the integer
+// units and a float step comes once per 32 products of a lane, not once per 4. Vector v's nibbles
+// are one stream of kp / 2 x 8 bytes (rows 8 v .. 8 v + 7 of the uint8 [N8, kp / 2] tensor): piece
+// p (32 bytes) holds, in lane l's 4 bytes, channel 8 v + l's weights 8 p .. 8 p + 3 (low nibbles) and
+// 8 p + 4 .. 8 p + 7 (high). Its scales and zeros are bf16 [2, G, 8] (G = kp / 32; rows 8 v .. of
+// the [N8, 2, G] tensor). quant.pack_w4 writes this; K is padded to 128 with zero weights.
+// Activations: a8_mm.c's int8 rows (blocks of 128, the same rounding); 4 of them are broadcast to
+// every lane. u8 x s8 products: vpdpbusd where there is VNNI, vpmaddubsw + vpmaddwd on AVX2 (15 *
+// 127 * 2 fits in int16: no saturation); both give each lane the same int32, so every path has the
+// same bits. The zeros' part, zero x the group's sum of activations, is added after the products.
 //
-// Batch-invariant like every kernel here: a (row, channel) output depends on that row alone.
+// Batch-invariant like every kernel here: a (row, channel) output depends on that row alone, by
+// the same steps in the same order whatever the tile.
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,7 +27,7 @@
 #endif
 #define KB 128
 #define W4_G 32   // weights per scale and zero along K
-#define W4_NB 24  // output channels per thread work item
+#define W4_NB 48  // output channels per thread work item (whole vectors of 8)
 
 typedef CompletiondPrefetch W4Prefetch;
 #define w4_prefetch completiond_prefetch_step
@@ -37,18 +40,27 @@ static inline __attribute__((always_inline)) float w4_bf16(uint16_t v) {
     return b.f;
 }
 
-// sum over the G groups of zero[g] * xsum[g] (xsum: the row's block scale x the group's sum of xq):
-// 8 lanes, then a fixed horizontal sum and the tail in order.
-static inline __attribute__((always_inline)) float w4_zero_term(const uint16_t *zero, const float *xsum, int64_t G) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t g = 0;
-    for (; g + 8 <= G; g += 8) {
-        __m256i z = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(zero + g))), 16);
-        acc = _mm256_fmadd_ps(_mm256_castsi256_ps(z), _mm256_loadu_ps(xsum + g), acc);
+// 4 activation bytes as one int32 (broadcast to the lanes).
+static inline __attribute__((always_inline)) int32_t w4_quad(const int8_t *q) {
+    int32_t v;
+    memcpy(&v, q, 4);
+    return v;
+}
+
+// 8 bf16 as float32.
+static inline __attribute__((always_inline)) __m256 w4_bf16x8(const uint16_t *v) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)v)), 16));
+}
+
+// The first `valid` of 8 channels (all 8 when valid >= 8): the tail vector's padding is not stored.
+static inline __attribute__((always_inline)) void w4_store(float *y, __m256 v, int64_t valid) {
+    if (valid >= 8) {
+        _mm256_storeu_ps(y, v);
+    } else if (valid > 0) {
+        float t[8];
+        _mm256_storeu_ps(t, v);
+        memcpy(y, t, sizeof(float) * valid);
     }
-    float t = completiond_hsum8(acc);
-    for (; g < G; g++) t += w4_bf16(zero[g]) * xsum[g];
-    return t;
 }
 
 // ---- AVX2 ----
@@ -61,7 +73,7 @@ static inline __attribute__((always_inline)) __m256i dot_avx2(__m256i acc, __m25
 #define CB 2
 #define C3 1
 #define C2 2
-#define C1 3
+#define C1 2
 #include "w4_tiles.h"
 
 // ---- AVX512-VNNI (256-bit vpdpbusd, AVX512-VL) ----
@@ -69,8 +81,8 @@ static inline __attribute__((always_inline)) __m256i dot_avx2(__m256i acc, __m25
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
 #define DOT _mm256_dpbusd_epi32
 #define SUFFIX _vnni512
-#define RB 4  // 32 registers: 12 sums, 12 accumulators, 3 weight vectors, an activation vector, the mask
-#define CB 3
+#define RB 4  // 32 registers: 8 sums, 8 accumulators, 4 weight vectors, 2 activation vectors, the mask
+#define CB 2
 #define C3 2
 #define C2 3
 #define C1 4
@@ -86,7 +98,7 @@ static inline __attribute__((always_inline)) __m256i dot_avx2(__m256i acc, __m25
 #define CB 2
 #define C3 1
 #define C2 2
-#define C1 3
+#define C1 2
 #include "w4_tiles.h"
 #pragma GCC pop_options
 
