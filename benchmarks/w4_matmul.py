@@ -23,6 +23,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="1,2,4,8,16")
+    ap.add_argument("--kinds", default="int8+avx512-vnni,int16+avx512-vnni,w4+avx512-vnni,w4",
+                    help="kernel kinds side by side (those this CPU runs)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     g = torch.Generator().manual_seed(0)
@@ -31,10 +33,9 @@ def main() -> None:
         for n, k in SHAPES:
             int8.append((torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g), torch.rand(n, generator=g)))
             int4.append(quant.pack_w4(torch.randn(n, k, generator=g)))
-    runs = {kind: (int8, lambda x, m, kind=kind: ck.int8_mm(x, m[0], m[1], kind))
-            for kind in ("int8+avx512-vnni", "int16+avx512-vnni") if kind in ck.kinds_here()}
-    runs.update({kind: (int4, lambda x, m, kind=kind: ck.w4_mm(x, m[0], m[1], kind))
-                 for kind in ("w4+avx512-vnni", "w4") if kind in ck.kinds_here()})
+    kinds = [k for k in a.kinds.split(",") if k in ck.kinds_here()]
+    runs = {kind: (int4, lambda x, m, kind=kind: ck.w4_mm(x, m[0], m[1], kind)) if kind.startswith("w4") else
+            (int8, lambda x, m, kind=kind: ck.int8_mm(x, m[0], m[1], kind)) for kind in kinds}
     for rows in map(int, a.rows.split(",")):
         xs = {k: torch.randn(rows, k, generator=g) for k in (1536, 8960)}
         best = {name: float("inf") for name in runs}

@@ -27,7 +27,10 @@
 
 #include "completiond_kernels.h"
 
-#define NB 24  // output channels per thread work item: 8 tiles of 4 x 3 (8-row trees), 6 of 1 x 4 (one row)
+#define NB 24  // output channels per thread work item: 8 tiles of 4 x 3 (8-row trees), 24 of 1 x 1 (one row)
+// 1-3 rows left: one channel a tile, so a thread reads its channels' rows back to back (one stream
+// the hardware prefetcher follows); 4 channels a tile (4 streams) was ~15% slower at one row and ~8%
+// at 2-3 on Zen 4 (round 10, benchmarks/w4_matmul.py --rows 1 with int8 and w4 side by side)
 #define KB COMPLETIOND_A8_KB  // activations per int8 block (one scale each); a multiple of 64
 
 typedef CompletiondA8Rows A8Rows;
@@ -121,8 +124,8 @@ static inline __attribute__((always_inline)) void block_avx2(int R, int C, const
 #define RB 4
 #define CB 1
 #define C3 1
-#define C2 2
-#define C1 4
+#define C2 1
+#define C1 1
 #include "a8_tiles.h"  // tile_avx2, rows_avx2, mm_avx2
 
 // ---- AVX512-VNNI: 512-bit vpdpbusd ----
@@ -163,9 +166,9 @@ static inline __attribute__((always_inline)) void block_vnni512(int R, int C, co
 #define SUFFIX _vnni512
 #define RB 4  // 12 int32 sums + 12 float accumulators + 3 weight vectors: within 32 registers
 #define CB 3
-#define C3 4
-#define C2 4
-#define C1 4
+#define C3 1
+#define C2 1
+#define C1 1
 #include "a8_tiles.h"  // tile_vnni512, rows_vnni512, mm_vnni512
 
 // The same sums from 256-bit vpdpbusd (AVX512-VL): each lane already holds bytes 4i..4i+3 of every
@@ -275,9 +278,9 @@ static inline __attribute__((always_inline)) void tile43_vnni256(const A8Rows *a
 #define SUFFIX _vnni256
 #define RB 4  // 12 int32 sums + 12 float accumulators + 3 weight vectors: within 32 registers
 #define CB 3
-#define C3 4
-#define C2 4
-#define C1 4
+#define C3 1
+#define C2 1
+#define C1 1
 #include "a8_tiles.h"  // tile_vnni256, rows_vnni256, mm_vnni256
 #pragma GCC pop_options
 
@@ -320,9 +323,9 @@ static inline __attribute__((always_inline)) void block_avxvnni(int R, int C, co
 #define SUFFIX _avxvnni
 #define RB 4
 #define CB 2
-#define C3 2
-#define C2 2
-#define C1 4
+#define C3 1
+#define C2 1
+#define C1 1
 #include "a8_tiles.h"  // tile_avxvnni, rows_avxvnni, mm_avxvnni
 #pragma GCC pop_options
 
