@@ -32,14 +32,6 @@
 typedef CompletiondPrefetch W4Prefetch;
 #define w4_prefetch completiond_prefetch_step
 
-static inline __attribute__((always_inline)) float w4_bf16(uint16_t v) {
-    union {
-        uint32_t u;
-        float f;
-    } b = {(uint32_t)v << 16};
-    return b.f;
-}
-
 // 4 activation bytes as one int32 (broadcast to the lanes).
 static inline __attribute__((always_inline)) int32_t w4_quad(const int8_t *q) {
     int32_t v;
