@@ -61,14 +61,7 @@ static inline __attribute__((always_inline)) __m256i dot_avx2(__m256i acc, __m25
 }
 #define DOT dot_avx2
 #define SUFFIX _avx2
-// One vector of 8 channels a tile on every path: a thread then reads its channels' nibbles as one
-// sequential stream (vectors lie back to back), which the hardware prefetcher follows; tiles of 2-3
-// vectors (2-3 streams) made one-row matmuls ~25% slower on Zen 4 (benchmarks/w4_matmul.py).
 #define RB 4  // 16 registers: 4 sums, 4 accumulators, 2 weight vectors, 2 activation vectors, the mask, ones
-#define CB 1
-#define C3 1
-#define C2 1
-#define C1 1
 #include "w4_tiles.h"
 
 // ---- AVX512-VNNI (256-bit vpdpbusd, AVX512-VL) ----
@@ -76,11 +69,7 @@ static inline __attribute__((always_inline)) __m256i dot_avx2(__m256i acc, __m25
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
 #define DOT _mm256_dpbusd_epi32
 #define SUFFIX _vnni512
-#define RB 4  // 8 rows a tile or 2 vectors were no faster at 8-16 rows
-#define CB 1
-#define C3 1
-#define C2 1
-#define C1 1
+#define RB 4  // 8 rows a tile was no faster at 8-16 rows
 #include "w4_tiles.h"
 #pragma GCC pop_options
 
@@ -90,10 +79,6 @@ static inline __attribute__((always_inline)) __m256i dot_avx2(__m256i acc, __m25
 #define DOT _mm256_dpbusd_avx_epi32
 #define SUFFIX _avxvnni
 #define RB 4
-#define CB 1
-#define C3 1
-#define C2 1
-#define C1 1
 #include "w4_tiles.h"
 #pragma GCC pop_options
 

@@ -1,95 +1,83 @@
 // w4_mm.c's tiling around one way of summing, included once per way. The includer defines DOT
-// (acc + the u8 x s8 products of 4 bytes per int32 lane), SUFFIX (appended to tile / rows / mm),
-// the tile shapes (RB rows x CB channel vectors for runs of RB rows; C3, C2, C1 vectors for the 3, 2
-// or 1 rows left) and the target the code is compiled for.
+// (acc + the u8 x s8 products of 4 bytes per int32 lane), SUFFIX (appended to tile / rows / mm), RB
+// (rows a tile; runs of 3, 2, 1 take the rest) and the target the code is compiled for.
 #define W4_CAT_(a, b) a##b
 #define W4_CAT(a, b) W4_CAT_(a, b)
 #define TILE W4_CAT(w4_tile, SUFFIX)
 #define ROWS W4_CAT(w4_rows, SUFFIX)
 #define MM W4_CAT(w4_mm, SUFFIX)
 
-// R rows from m0 x C vectors of 8 channels (lane l of vector c: channel 8 c + l; the vectors' nibble
-// streams at w, 4 kp bytes apart; their scales and zeros at sz, 16 G apart). Per group of 32 along
-// K: int32 lane sums of nibble x xq (8 DOTs, an activation quad broadcast to every lane), then
-// acc += float(sums) x (group scale x the row's block scale); after the last group the zeros' part,
-// acc += zero x xsum over the groups in order. `valid`: channels to store from the first (the tail).
-static inline __attribute__((always_inline)) void TILE(int R, int C, const CompletiondA8Rows *a, int64_t m0,
+// R rows from m0 x one vector of 8 channels (lane l: channel l; the vector's nibble stream at w,
+// its scales and zeros at sz). Per group of 32 along K: int32 lane sums of nibble x xq (8 DOTs, an
+// activation quad broadcast to every lane), then acc += float(sums) x (group scale x the row's block
+// scale); after the last group the zeros' part, acc += zero x xsum over the groups in order.
+// `valid`: channels to store from the first (the tail).
+static inline __attribute__((always_inline)) void TILE(int R, const CompletiondA8Rows *a, int64_t m0,
                                                         const uint8_t *w, const uint16_t *sz, const float *xsum,
                                                         float *y, int64_t ldy, int64_t valid, W4Prefetch *pf) {
     const __m256i low = _mm256_set1_epi8(0x0f);
     int64_t nb = a->nb, kp = a->kp, G = kp / W4_G;
     const int8_t *q = a->q + m0 * kp;
     const float *xs = a->s + m0 * nb;
-    __m256 acc[4][4];
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    __m256 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         w4_prefetch(pf);
         for (int64_t g = b * (KB / W4_G); g < (b + 1) * (KB / W4_G); g++) {
-            __m256i d[4][4];
-            for (int r = 0; r < R; r++)
-                for (int c = 0; c < C; c++) d[r][c] = _mm256_setzero_si256();
+            __m256i d[4];
+            for (int r = 0; r < R; r++) d[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
             for (int64_t k = g * W4_G; k < (g + 1) * W4_G; k += 8) {  // a 32-byte piece: quads k (low), k + 4 (high)
-                __m256i lo[4], hi[4];
-                for (int c = 0; c < C; c++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(w + c * 4 * kp + 4 * k));
-                    lo[c] = _mm256_and_si256(v, low);
-                    hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                }
+                __m256i v = _mm256_loadu_si256((const __m256i *)(w + 4 * k));
+                __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
                 for (int r = 0; r < R; r++) {
                     __m256i x0 = _mm256_set1_epi32(w4_quad(q + r * kp + k));
                     __m256i x1 = _mm256_set1_epi32(w4_quad(q + r * kp + k + 4));
-                    for (int c = 0; c < C; c++) d[r][c] = DOT(DOT(d[r][c], lo[c], x0), hi[c], x1);
+                    d[r] = DOT(DOT(d[r], lo, x0), hi, x1);
                 }
             }
-            for (int c = 0; c < C; c++) {
-                __m256 sw = w4_bf16x8(sz + c * 16 * G + g * 8);
-                for (int r = 0; r < R; r++) {
-                    __m256 s = _mm256_mul_ps(sw, _mm256_set1_ps(xs[r * nb + b]));
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d[r][c]), s, acc[r][c]);
-                }
+            __m256 sw = w4_bf16x8(sz + g * 8);
+            for (int r = 0; r < R; r++) {
+                __m256 s = _mm256_mul_ps(sw, _mm256_set1_ps(xs[r * nb + b]));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d[r]), s, acc[r]);
             }
         }
     }
-    for (int64_t g = 0; g < G; g++)
-        for (int c = 0; c < C; c++) {
-            __m256 zero = w4_bf16x8(sz + c * 16 * G + 8 * G + g * 8);
-            for (int r = 0; r < R; r++)
-                acc[r][c] = _mm256_fmadd_ps(zero, _mm256_set1_ps(xsum[(m0 + r) * G + g]), acc[r][c]);
-        }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) w4_store(y + r * ldy + 8 * c, acc[r][c], valid - 8 * c);
+    for (int64_t g = 0; g < G; g++) {
+        __m256 zero = w4_bf16x8(sz + 8 * G + g * 8);
+        for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(zero, _mm256_set1_ps(xsum[(m0 + r) * G + g]), acc[r]);
+    }
+    for (int r = 0; r < R; r++) w4_store(y + r * ldy, acc[r], valid);
 }
 
-// Channels [n0, n1) (n0 a multiple of 8) for rows [m0, m0 + R): tiles of C vectors, then single vectors.
-static inline __attribute__((always_inline)) void ROWS(int R, int C, const CompletiondA8Rows *a, const uint8_t *w,
+// Channels [n0, n1) (n0 a multiple of 8) for rows [m0, m0 + R), a vector at a time: a thread reads
+// its vectors' nibbles back to back, one stream the hardware prefetcher follows (tiles of 2-3
+// vectors, 2-3 streams, made one-row matmuls ~25 % slower on Zen 4, and were no faster at 8-16 rows).
+static inline __attribute__((always_inline)) void ROWS(int R, const CompletiondA8Rows *a, const uint8_t *w,
                                                         const uint16_t *sz, const float *xsum, int64_t N, float *y,
                                                         int64_t m0, int64_t n0, int64_t n1, W4Prefetch *pf) {
-    int64_t n = n0, G = a->kp / W4_G;
-    for (; n + 8 * C <= n1; n += 8 * C)
-        TILE(R, C, a, m0, w + n / 2 * a->kp, sz + n * 2 * G, xsum, y + m0 * N + n, N, n1 - n, pf);
-    for (; n < n1; n += 8) TILE(R, 1, a, m0, w + n / 2 * a->kp, sz + n * 2 * G, xsum, y + m0 * N + n, N, n1 - n, pf);
+    int64_t G = a->kp / W4_G;
+    for (int64_t n = n0; n < n1; n += 8)
+        TILE(R, a, m0, w + n / 2 * a->kp, sz + n * 2 * G, xsum, y + m0 * N + n, N, n1 - n, pf);
 }
 
 static void MM(const CompletiondA8Rows *a, const uint8_t *w, const uint16_t *sz, const float *xsum, float *y,
                int64_t M, int64_t N, int threads) {
-    int64_t blocks = (N + W4_NB - 1) / W4_NB, rest = M % RB, half = a->kp / 2;
-    // tile blocks run over one channel block -> lines of the next block to fetch per tile block
-    int64_t v = W4_NB / 8, tiles = (M / RB) * (v / CB + v % CB) + (rest == 3) * (v / C3 + v % C3) +
-                               (rest == 2) * (v / C2 + v % C2) + (rest == 1) * (v / C1 + v % C1);
+    int64_t blocks = (N + W4_NB - 1) / W4_NB, half = a->kp / 2;
+    // tiles run over one work item -> lines of the next item to fetch per tile step
+    int64_t tiles = (M / RB + (M % RB) / 3 + (M % RB % 3) / 2 + M % RB % 3 % 2) * (W4_NB / 8);
     int64_t lines = W4_NB * half / 64, steps = tiles * a->nb;
     int per = (int)((lines + steps - 1) / (steps ? steps : 1));
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t b = 0; b < blocks; b++) {
         int64_t n0 = b * W4_NB, n1 = n0 + W4_NB < N ? n0 + W4_NB : N, n2 = n1 + W4_NB < N ? n1 + W4_NB : N;
-        // the next block's streams, whole vectors of 8 channels
+        // the next item's streams, whole vectors of 8 channels
         W4Prefetch pf = {(const char *)(w + n1 * half), (const char *)(w + (n2 + 7) / 8 * 8 * half), per};
         int64_t m = 0;
-        for (; m + RB <= M; m += RB) ROWS(RB, CB, a, w, sz, xsum, N, y, m, n0, n1, &pf);
-        for (; m + 3 <= M; m += 3) ROWS(3, C3, a, w, sz, xsum, N, y, m, n0, n1, &pf);
-        for (; m + 2 <= M; m += 2) ROWS(2, C2, a, w, sz, xsum, N, y, m, n0, n1, &pf);
-        for (; m < M; m++) ROWS(1, C1, a, w, sz, xsum, N, y, m, n0, n1, &pf);
+        for (; m + RB <= M; m += RB) ROWS(RB, a, w, sz, xsum, N, y, m, n0, n1, &pf);
+        for (; m + 3 <= M; m += 3) ROWS(3, a, w, sz, xsum, N, y, m, n0, n1, &pf);
+        for (; m + 2 <= M; m += 2) ROWS(2, a, w, sz, xsum, N, y, m, n0, n1, &pf);
+        for (; m < M; m++) ROWS(1, a, w, sz, xsum, N, y, m, n0, n1, &pf);
     }
 }
 
@@ -101,7 +89,3 @@ static void MM(const CompletiondA8Rows *a, const uint8_t *w, const uint16_t *sz,
 #undef DOT
 #undef SUFFIX
 #undef RB
-#undef CB
-#undef C3
-#undef C2
-#undef C1
