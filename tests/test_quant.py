@@ -73,9 +73,10 @@ def test_fused_layers_equal_the_parts(scheme):
 
 
 @pytest.mark.parametrize("native", [False, True])
-def test_int4_keeps_attention_and_the_output_layer_int8(native, monkeypatch):
-    """The int4 scheme is int4 in the MLP only ("w4" where completiond's int4 kernel runs, torch's
-    int4 elsewhere); a fused q/k/v of mixed schemes runs as parts."""
+def test_int4_keeps_attention_int8_and_its_output_layer_w4_on_completiond_kernel(native, monkeypatch):
+    """The int4 scheme is int4 in the MLP ("w4" where completiond's int4 kernel runs, torch's int4
+    elsewhere) and in the output layer where completiond's kernel runs it (w4, else int8);
+    attention stays int8; a fused q/k/v of mixed schemes runs as parts."""
     if native and not quant.w4_native():
         pytest.skip("no completiond int4 kernel here")
     monkeypatch.setattr(quant, "w4_native", lambda: native)
@@ -84,7 +85,7 @@ def test_int4_keeps_attention_and_the_output_layer_int8(native, monkeypatch):
     kinds = {name.rsplit(".", 1)[-1]: m.scheme for name, m in lm.model.named_modules() if isinstance(m, QuantLinear)}
     mlp = "w4" if native else "int4"
     assert kinds == {"q_proj": "int8", "k_proj": "int8", "v_proj": "int8", "o_proj": "int8",
-                     "gate_proj": mlp, "up_proj": mlp, "down_proj": mlp, "lm_head": "int8"}
+                     "gate_proj": mlp, "up_proj": mlp, "down_proj": mlp, "lm_head": "w4" if native else "int8"}
     assert quant.scheme_of(lm.model) == "int4"
     x = torch.randn(3, 64)
     parts = [QuantLinear.from_linear(linear(64, 64, seed=i), s) for i, s in enumerate(["int8", "int4"])]
@@ -395,6 +396,38 @@ def test_untied_head_keeps_an_int8_residual_instead_of_a_full_precision_copy(cod
     quantize(tied.model, "int8")
     kept = tied.model.get_output_embeddings().full_weight
     assert kept.data_ptr() == tied.model.get_input_embeddings().weight.data_ptr()  # the same storage
+
+
+def test_an_int4_targets_w4_output_layer_refines_with_rows_near_the_full_ones(code_ids):
+    """Under int4 on completiond's kernel the output layer is w4 (37 % fewer bytes a one-token pass
+    reads) with its w4 error kept in int8: the rows the refinement rescores with are within 2^-11 of
+    each row's largest weight of the full-precision ones (w4 alone: ~2^-5), gathered from whole
+    vectors of 8 channels for any index shape, and the refined logits are their float32 dot products."""
+    from completiond.models.quant import full_weight, head_rows
+
+    if not quant.w4_native():
+        pytest.skip("no completiond int4 kernel here")
+    lm = tiny.loaded(tiny.qwen2_config(hidden=128), dtype=torch.bfloat16, scale=4.0)
+    full = lm.model.get_output_embeddings().weight.detach().float().clone()
+    quantize(lm.model, "int4")
+    head = lm.model.get_output_embeddings()
+    assert head.scheme == "w4" and head.full_weight is None and head.residual[0].dtype == torch.int8
+    every = torch.arange(head.out_features)
+    low = head_rows(head, every, low_bits=True)
+    assert torch.equal(low, head.dequantize())  # what the kernel multiplies by
+    rows = head_rows(head, every)
+    scale = full.abs().amax(1)
+    assert ((rows - full).abs().amax(1) / scale).max() < 2 ** -11
+    assert ((low - full).abs().amax(1) / scale).max() > 2 ** -7  # w4 alone is far coarser
+    some = torch.tensor([[5, 3, 200], [17, 16, 5]])
+    assert torch.equal(head_rows(head, some), rows[some])  # [2, 3, H]: any shape, repeats, one vector twice
+    torch.testing.assert_close(full_weight(head).float(), rows, rtol=2 ** -8, atol=0)
+    r = Runner(lm, backend="lean", refine=True)
+    r.extend(code_ids[:20])
+    h = r.last_hidden[-1:]
+    logits = r._logits(h)
+    best = logits[0].topk(r.refine).indices
+    torch.testing.assert_close(logits[0, best], h.float()[0] @ rows[best].T, rtol=0, atol=1e-5)
 
 
 def test_a_quantized_target_gets_an_int8_draft(tiny_dir, tmp_path):

@@ -9,7 +9,7 @@ Schemes (weights only; activations keep the model's dtype, embeddings stay as th
   run by `cpu_kernel.w4_mm` with int8 activations, and by the native Qwen2 layer: 0.625 bytes a
   weight (with its scales) against int8's 1, for a one-token pass that is bound by reading them.
 - int4 elsewhere: the MLP layers only (attention and the output layer stay int8, see INT4_KEEP_INT8 and
-  `quantize`), group-wise asymmetric, groups of INT4_GROUP = 32 along K, w ~ (q - 8) * scale + zero with
+  `quantize`; with completiond's kernel the output layer is w4 too), group-wise asymmetric, groups of INT4_GROUP = 32 along K, w ~ (q - 8) * scale + zero with
   q in [0, 15] (the tinygemm convention the kernel uses); packed by
   `aten._convert_weight_to_int4pack_for_cpu(q [N, K] int32, inner_k_tiles)` into uint8 [N, K / 2]
   and run by `aten._weight_int4pack_mm_for_cpu(x [M, K], packed, group, scale_zero [K / group, N, 2])`.
@@ -27,7 +27,9 @@ embedding, so free): the runner's float32 refinement rescores its top rows with 
 (the Qwen2.5-Coder GGUFs) keeps, instead of a bf16 copy (260 MB of the 0.5B daemon's ~1.5 GB), its
 int8 quantization error quantized to int8 again (`residual`, 130 MB): q * s + r * s2 is within
 ~2^-16 of a row's largest weight of the full one, finer than bf16's own rounding, so the refined
-rows (`head_rows`) are the full-precision ones in all but the last bits.
+rows (`head_rows`) are the full-precision ones in all but the last bits. A w4 head (int4 targets)
+keeps its w4 error in int8 the same way: within ~2^-12 of a row's largest weight, still under
+bf16's 2^-9.
 `quantize(..., full_head=True)` keeps the copy for `exact_head_logits`, which gives the full head's
 argmax while reading the low-bit head.
 """
@@ -360,10 +362,12 @@ def unpack_w4(packed: torch.Tensor, scales: torch.Tensor, k: int, n: int | None 
 def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP, full_head: bool = False) -> None:
     """Replace every nn.Linear of the decoder and the output layer by a QuantLinear, in place.
 
-    Embeddings stay as they are. The output layer is int8 under both schemes (as llama.cpp keeps
-    the output layer at 6-8 bits in its 4-bit files): the int4 head's error bound is too wide for
-    `exact_head_logits` (over a quarter of the vocabulary could win on every pass, README). It keeps
-    `full_weight` when that is the embedding (tied) or when `full_head` (see the module docstring).
+    Embeddings stay as they are. The output layer is int8, except under int4 where completiond's
+    int4 kernel runs it ("w4"): the refinement rescores its top rows with the full rows
+    (an int8 residual of the w4 error), so only the choice of those rows is int4's. With
+    `full_head` it stays int8: the int4 head's error bound is too wide for `exact_head_logits`
+    (over a quarter of the vocabulary could win on every pass, README). It keeps `full_weight`
+    when that is the embedding (tied) or when `full_head` (see the module docstring).
     """
     if scheme not in ("int8", "int4"):
         raise ValueError(f"unknown quantization scheme {scheme!r} (expected int8 or int4)")
@@ -379,19 +383,27 @@ def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP, full_head: 
         raise ValueError(f"cannot quantize an output layer of type {type(head).__name__}")
     embed = model.get_input_embeddings().weight
     tied = embed is head.weight or (embed.shape == head.weight.shape and torch.equal(embed, head.weight))
-    qhead = QuantLinear.from_linear(head, "int8", norms=tied or full_head)
+    # the int4 target's head in w4 where completiond's kernel runs it (a one-token pass reads 37 % fewer
+    # head bytes), except where exact_head_logits needs int8's tight bound
+    qhead = QuantLinear.from_linear(head, "w4" if low == "w4" and not full_head else "int8",
+                                    norms=tied or full_head)
     if tied:
         qhead.full_weight = embed.detach()  # tied weights loaded as two copies: keep one (272 MB, the 0.5B)
     elif full_head:
         qhead.full_weight = head.weight.detach()
-    else:  # the int8 head's error, in int8 again: the refinement's rows to ~2^-16 (module docstring)
-        parts = []
-        for s in range(0, head.out_features, _ROWS):
-            w = head.weight.detach()[s:s + _ROWS].float()
-            parts.append(_int8(w - qhead.packed[s:s + _ROWS].float() * qhead.scales[s:s + _ROWS].float()[:, None],
-                               False)[:2])
-        qhead.residual = (torch.cat([q for q, _ in parts]), torch.cat([sc.float() for _, sc in parts]))
+    else:
+        qhead.residual = head_residual(qhead, head.weight.detach())
     model.set_output_embeddings(qhead)
+
+
+def head_residual(head: QuantLinear, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The quantized output layer's error against its full weight [V, H], in int8 per row (int8
+    [V, H], float32 scales [V]): the refinement's rows to ~2^-16 (int8 head) / ~2^-12 (w4 head)."""
+    parts = []
+    for s in range(0, head.out_features, _ROWS):
+        w = weight[s:s + _ROWS].float()
+        parts.append(_int8(w - head_rows(head, torch.arange(s, s + len(w)), low_bits=True), False)[:2])
+    return torch.cat([q for q, _ in parts]), torch.cat([sc.float() for _, sc in parts])
 
 
 def scheme_of(model: nn.Module) -> str:
@@ -410,13 +422,26 @@ def full_weight(head: nn.Module) -> torch.Tensor:
     return head_rows(head, torch.arange(head.out_features)).to(head.scales.dtype)
 
 
-def head_rows(head: nn.Module, rows: torch.Tensor) -> torch.Tensor:
-    """float32 rows [..., H] of the output layer's full-precision weight at these indices."""
-    if isinstance(head, QuantLinear) and head.full_weight is None:
+def head_rows(head: nn.Module, rows: torch.Tensor, low_bits: bool = False) -> torch.Tensor:
+    """float32 rows [..., H] of the output layer's full-precision weight at these indices (low_bits:
+    of the quantized weight the kernel multiplies by, without the residual)."""
+    if isinstance(head, QuantLinear) and (low_bits or head.full_weight is None):
+        if head.scheme == "w4":  # the vectors of W4_LANES channels holding them, unpacked once each
+            flat = rows.reshape(-1)
+            vecs, which = torch.unique(flat // W4_LANES, return_inverse=True)
+            packed_rows = (vecs[:, None] * W4_LANES + torch.arange(W4_LANES)).reshape(-1)
+            low = unpack_w4(head.packed[packed_rows], head.scales[packed_rows], head.in_features)
+            low = low[which * W4_LANES + flat % W4_LANES].view(*rows.shape, -1)
+        elif head.scheme == "int8":
+            low = head.packed[rows].float() * head.scales[rows].float()[..., None]
+        else:
+            raise ValueError(f"a {head.scheme} output layer has no row access (quantize gives int8 or w4)")
+        if low_bits:
+            return low
         if head.residual is None:
             raise ValueError("this quantized output layer kept neither its full-precision weight nor a residual")
         rq, rs = head.residual
-        return head.packed[rows].float() * head.scales[rows].float()[..., None] + rq[rows].float() * rs[rows][..., None]
+        return low + rq[rows].float() * rs[rows][..., None]
     return full_weight(head)[rows].float()
 
 
