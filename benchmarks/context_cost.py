@@ -1,0 +1,83 @@
+"""What the prompt's length adds to a verify pass: the daemon's target (lean runner, refined output
+layer) at each tree size on KV caches of several lengths, contexts and sizes interleaved rep by rep
+in one process (this machine's noise hits them alike), ms per pass (fastest and median of the reps).
+The difference between two contexts at one size is attention over the extra keys (the weights are
+the same); at n nodes every node attends to every key, so it grows with n.
+
+    python benchmarks/context_cost.py --target qwen2.5-coder-1.5b --quant int4 \
+        --json benchmarks/results/w4head/context-cost-1.5b-int4.json --plot benchmarks/results/w4head/context-cost-1.5b-int4.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from completiond.core.forward.runner import Runner
+from completiond.models import load
+from pass_cost import cpu_info, fill_cache, tree
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--quant", default="auto")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--contexts", default="64,512,2048")
+    ap.add_argument("--sizes", default="1,2,4,8")
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--plot", type=Path)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    lm = load(a.target, quant=a.quant)
+    contexts, sizes = [int(c) for c in a.contexts.split(",")], [int(s) for s in a.sizes.split(",")]
+    r = Runner(lm, max(contexts) + 256, backend="lean")
+    ms: dict[tuple[int, int], list[float]] = {(c, n): [] for c in contexts for n in sizes}
+    for rep in range(a.reps + 1):  # rep 0 warms up
+        for c in contexts:
+            fill_cache(r, c)
+            for n in sizes:
+                r.forward([i * 7919 % 150000 for i in range(n)], tree(n), range(n))
+                if rep:
+                    ms[c, n].append(r.last_pass_ms)
+                r.rollback(c)
+    table = {str(c): {str(n): {"min": round(min(ms[c, n]), 2), "median": round(statistics.median(ms[c, n]), 2)}
+                      for n in sizes} for c in contexts}
+    for c in contexts:
+        print(f"context {c:5d}: " + "  ".join(f"{n} nodes {table[str(c)][str(n)]['median']:6.1f}" for n in sizes))
+    lo, hi = str(contexts[0]), str(contexts[-1])
+    added = {str(n): round(table[hi][str(n)]["median"] - table[lo][str(n)]["median"], 2) for n in sizes}
+    print(f"context {hi} over {lo}, ms added (median): {added}")
+    out = {"command": "python " + " ".join(sys.argv), "date": datetime.date.today().isoformat(), "cpu": cpu_info(),
+           "target": a.target, "quant": lm.meta.get("quant", "none"), "threads": a.threads, "reps": a.reps,
+           "ms_per_pass": table, f"added_by_{hi}_over_{lo}": added}
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(out, indent=2) + "\n")
+    if a.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for c in contexts:
+            ax.plot(sizes, [table[str(c)][str(n)]["median"] for n in sizes], marker="o", label=f"{c} tokens of context")
+        ax.set_xlabel("tree nodes")
+        ax.set_ylabel("ms per pass (median)")
+        ax.set_title(f"{a.target} ({out['quant']}), {a.threads} threads")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(a.plot, dpi=100)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
