@@ -8,6 +8,7 @@ sees the same weights and positions; the result is the share of positions whose 
 from the float32-activation kernel's, and each kind's top-1 agreement with the file's next token.
 
     python benchmarks/activation_agreement.py --json benchmarks/results/activation-agreement-0.5b.json
+    python benchmarks/activation_agreement.py --attention ...   # float32 vs bf16 attention scores
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ FILES = ["textwrap.py", "json/decoder.py", "argparse.py", "functools.py", "shlex
          "dataclasses.py", "pathlib.py", "statistics.py", "difflib.py", "calendar.py"]
 
 
-def picks(r: Runner, kind: str, ids: list[int], prefix: int, chain: int) -> torch.Tensor:
-    """The argmax after every position from `prefix` on, on this kernel kind."""
-    saved = cpu_kernel.kind
-    cpu_kernel.kind = lambda: kind
+def picks(r: Runner, kind: str, ids: list[int], prefix: int, chain: int, attr: str = "kind") -> torch.Tensor:
+    """The argmax after every position from `prefix` on, with cpu_kernel.<attr>() (the kernel kind, or
+    with --attention the attention scores' dtype) returning `kind`."""
+    saved = getattr(cpu_kernel, attr)
+    setattr(cpu_kernel, attr, lambda: kind)
     try:
         r.rollback(0)
         r.extend(ids[:prefix])
@@ -47,7 +49,7 @@ def picks(r: Runner, kind: str, ids: list[int], prefix: int, chain: int) -> torc
             r.keep(range(len(part)))
         return torch.cat(out)
     finally:
-        cpu_kernel.kind = saved
+        setattr(cpu_kernel, attr, saved)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix", type=int, default=64, help="tokens prefilled before the verify passes")
     ap.add_argument("--chain", type=int, default=16, help="nodes per verify pass")
     ap.add_argument("--kinds", default="", help="default: float32, int16 and int8 on the widest sums here")
+    ap.add_argument("--attention", action="store_true",
+                    help="compare the attention scores' dtypes (cpu_kernel.ATTENTION) at this process's kind instead")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
@@ -67,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         print("activation_agreement: completiond's int8 kernel does not run here", file=sys.stderr)
         return 2
     kinds = [k for k in a.kinds.split(",") if k] or [cpu_kernel.kind_of(x) for x in cpu_kernel.ACTIVATIONS]
+    attr = "attention" if a.attention else "kind"
+    if a.attention:
+        kinds = list(cpu_kernel.ATTENTION)
     t = load(a.target, "target", "cpu", "auto", "auto")
     r = Runner(t, backend="lean")
     if getattr(r.base, "native", None) is None:
@@ -80,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         ids = t.tokenizer.encode(text, add_special_tokens=False)[:a.tokens]
         labels.append(torch.tensor(ids[a.prefix + 1:]))
         for k in kinds:  # the pick after the file's last token has no label
-            got[k].append(picks(r, k, ids, a.prefix, a.chain)[:len(labels[-1])])
+            got[k].append(picks(r, k, ids, a.prefix, a.chain, attr)[:len(labels[-1])])
         print(f"{name}: {len(ids)} tokens at {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     ref = torch.cat(got[kinds[0]])
     gold = torch.cat(labels)
@@ -96,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
               "int8_kernel_chosen_here": cpu_kernel.name(), "files": list(texts), "positions": len(ref),
               "setup": f"{a.prefix} tokens prefilled, then verify passes of {a.chain}-node chains "
                        "(logits at every node), int8 weights, lean native layer, top-8 float32 refinement",
-              "kinds": rows, "threads": a.threads, "load_average": list(os.getloadavg()),
+              "compared": attr, "kinds": rows, "threads": a.threads, "load_average": list(os.getloadavg()),
               "wall_s": round(time.perf_counter() - t0, 1)}
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)

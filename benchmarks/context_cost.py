@@ -6,6 +6,7 @@ the same); at n nodes every node attends to every key, so it grows with n.
 
     python benchmarks/context_cost.py --target qwen2.5-coder-1.5b --quant int4 \
         --json benchmarks/results/w4head/context-cost-1.5b-int4.json --plot benchmarks/results/w4head/context-cost-1.5b-int4.png
+    python benchmarks/context_cost.py --target qwen2.5-coder-0.5b --contexts 64,2048 --attention float32,bf16 ...
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from completiond.core.forward.runner import Runner
 from completiond.models import load
+from completiond.models.kernels import cpu_kernel
 from pass_cost import cpu_info, fill_cache, tree
 
 
@@ -31,6 +33,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--contexts", default="64,512,2048")
     ap.add_argument("--sizes", default="1,2,4,8")
+    ap.add_argument("--attention", default="", help="comma list of cpu_kernel.ATTENTION modes to interleave too "
+                    "(default: this process's)")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
@@ -38,26 +42,34 @@ def main() -> int:
     torch.set_num_threads(a.threads)
     lm = load(a.target, quant=a.quant)
     contexts, sizes = [int(c) for c in a.contexts.split(",")], [int(s) for s in a.sizes.split(",")]
+    modes = [m for m in a.attention.split(",") if m] or [cpu_kernel.attention()]
     r = Runner(lm, max(contexts) + 256, backend="lean")
-    ms: dict[tuple[int, int], list[float]] = {(c, n): [] for c in contexts for n in sizes}
+    ms: dict[tuple[str, int, int], list[float]] = {(m, c, n): [] for m in modes for c in contexts for n in sizes}
+    chosen = cpu_kernel.attention
     for rep in range(a.reps + 1):  # rep 0 warms up
-        for c in contexts:
-            fill_cache(r, c)
-            for n in sizes:
-                r.forward([i * 7919 % 150000 for i in range(n)], tree(n), range(n))
-                if rep:
-                    ms[c, n].append(r.last_pass_ms)
-                r.rollback(c)
-    table = {str(c): {str(n): {"min": round(min(ms[c, n]), 2), "median": round(statistics.median(ms[c, n]), 2)}
-                      for n in sizes} for c in contexts}
-    for c in contexts:
-        print(f"context {c:5d}: " + "  ".join(f"{n} nodes {table[str(c)][str(n)]['median']:6.1f}" for n in sizes))
+        for m in modes:
+            cpu_kernel.attention = lambda: m  # read on every pass
+            for c in contexts:
+                fill_cache(r, c)
+                for n in sizes:
+                    r.forward([i * 7919 % 150000 for i in range(n)], tree(n), range(n))
+                    if rep:
+                        ms[m, c, n].append(r.last_pass_ms)
+                    r.rollback(c)
+    cpu_kernel.attention = chosen
     lo, hi = str(contexts[0]), str(contexts[-1])
-    added = {str(n): round(table[hi][str(n)]["median"] - table[lo][str(n)]["median"], 2) for n in sizes}
-    print(f"context {hi} over {lo}, ms added (median): {added}")
+    by_mode = {}
+    for m in modes:
+        table = {str(c): {str(n): {"min": round(min(ms[m, c, n]), 2), "median": round(statistics.median(ms[m, c, n]), 2)}
+                          for n in sizes} for c in contexts}
+        for c in contexts:
+            print(f"{m:8s} context {c:5d}: " + "  ".join(f"{n} nodes {table[str(c)][str(n)]['median']:6.1f}" for n in sizes))
+        added = {str(n): round(table[hi][str(n)]["median"] - table[lo][str(n)]["median"], 2) for n in sizes}
+        print(f"{m:8s} context {hi} over {lo}, ms added (median): {added}")
+        by_mode[m] = {"ms_per_pass": table, f"added_by_{hi}_over_{lo}": added}
     out = {"command": "python " + " ".join(sys.argv), "date": datetime.date.today().isoformat(), "cpu": cpu_info(),
            "target": a.target, "quant": lm.meta.get("quant", "none"), "threads": a.threads, "reps": a.reps,
-           "ms_per_pass": table, f"added_by_{hi}_over_{lo}": added}
+           **(by_mode[modes[0]] if len(modes) == 1 else {"attention": by_mode})}
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(out, indent=2) + "\n")
@@ -68,8 +80,10 @@ def main() -> int:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        for c in contexts:
-            ax.plot(sizes, [table[str(c)][str(n)]["median"] for n in sizes], marker="o", label=f"{c} tokens of context")
+        for m in modes:
+            for c in contexts:
+                ax.plot(sizes, [by_mode[m]["ms_per_pass"][str(c)][str(n)]["median"] for n in sizes], marker="o",
+                        label=f"{c} tokens of context" + (f", {m} attention" if len(modes) > 1 else ""))
         ax.set_xlabel("tree nodes")
         ax.set_ylabel("ms per pass (median)")
         ax.set_title(f"{a.target} ({out['quant']}), {a.threads} threads")

@@ -264,11 +264,14 @@ def test_override_forces_completiond_kernel(tmp_path):
         pytest.skip("no x86 CPU with AVX2 + FMA here")
     code = "from completiond.models.kernels import cpu_kernel; print(cpu_kernel.name())"
     vnni = "+avx512-vnni" if cpu_kernel.AVX512_VNNI <= cpu_flags() else ""  # where integer sums run on it
-    for acts, name in (("float32", "completiond-avx2"), ("int16", "completiond-avx2+int16-activations" + vnni),
-                       ("int8", "completiond-avx2+int8-activations" + vnni)):
+    bf16 = "+bf16-attention" if {"avx512_bf16", "avx512vl", "avx512bw"} <= cpu_flags() else ""  # attention()
+    for acts, attention, name in (("float32", "auto", "completiond-avx2" + bf16),
+                                  ("int16", "auto", "completiond-avx2+int16-activations" + vnni + bf16),
+                                  ("int8", "auto", "completiond-avx2+int8-activations" + vnni + bf16),
+                                  ("int8", "float32", "completiond-avx2+int8-activations" + vnni)):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                              env={**os.environ, "COMPLETIOND_INT8_KERNEL": "completiond", "COMPLETIOND_CACHE": str(tmp_path),
-                                  "COMPLETIOND_INT8_ACTIVATIONS": acts})
+                                  "COMPLETIOND_INT8_ACTIVATIONS": acts, "COMPLETIOND_ATTENTION": attention})
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == name and not (tmp_path / "calibration").exists()
 

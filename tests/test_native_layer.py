@@ -9,6 +9,7 @@ from completiond.models.kernels import cpu_kernel
 from completiond.models import quant
 from completiond.models.quant import quantize
 from completiond.core.forward.runner import Runner
+from completiond.models.device import cpu_flags
 
 needs_kernel = pytest.mark.skipif(not cpu_kernel.wanted(), reason="no x86 CPU with AVX2 + FMA here")
 PROMPT = list(range(5, 70))
@@ -19,6 +20,16 @@ def acts(request, monkeypatch) -> str:
     """Every int8 matmul with float32 activations, then rounded to int16 (a16_mm.c), then to int8
     (a8_mm.c), each on the widest sums this CPU has, as where measured fastest."""
     monkeypatch.setattr(cpu_kernel, "activations", lambda: request.param)
+    return request.param
+
+
+@pytest.fixture(params=cpu_kernel.ATTENTION)
+def attn(request, monkeypatch) -> str:
+    """A bf16 cache's attention scores as float32 dot products, then as bf16 ones (vdpbf16ps: where
+    the CPU has AVX512-BF16, as cpu_kernel.attention picks them there)."""
+    if request.param == "bf16" and not {"avx512_bf16", "avx512vl", "avx512bw"} <= cpu_flags():
+        pytest.skip("no AVX512-BF16 here")
+    monkeypatch.setattr(cpu_kernel, "attention", lambda: request.param)
     return request.param
 
 
@@ -47,7 +58,7 @@ def one_token_passes(r: Runner, ids: list[int]) -> tuple[torch.Tensor, torch.Ten
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_tree_nodes_equal_one_token_passes_bit_for_bit(dtype, acts):
+def test_tree_nodes_equal_one_token_passes_bit_for_bit(dtype, acts, attn):
     r = runner(dtype)
     # a tree: root 7, children 8 and 20, 9 below 8, 21 below 20, 10 below 9
     ids, parents = [7, 8, 20, 9, 21, 10], [-1, 0, 0, 1, 2, 3]
@@ -61,7 +72,7 @@ def test_tree_nodes_equal_one_token_passes_bit_for_bit(dtype, acts):
 
 
 @needs_kernel
-def test_appended_pass_and_committed_nodes_match(acts):
+def test_appended_pass_and_committed_nodes_match(acts, attn):
     """A draft growing its tree pass by pass (append=True), then keep: the next pass after the
     kept nodes equals plain decoding."""
     r = runner(torch.bfloat16)
@@ -76,7 +87,7 @@ def test_appended_pass_and_committed_nodes_match(acts):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 0.05)])
-def test_same_model_as_the_torch_ops(dtype, tol, acts):
+def test_same_model_as_the_torch_ops(dtype, tol, acts, attn):
     """Float32 throughout vs the torch path (bf16 rounds activations between ops there); int16
     activations stay within the same tolerance (each within 2^-16 of its block's largest), int8 ones
     within 0.05 of the logits' scale (2^-8 of a block's largest)."""
@@ -89,6 +100,12 @@ def test_same_model_as_the_torch_ops(dtype, tol, acts):
         mp.setattr(cpu_kernel, "activations", lambda: "int16" if acts != "int16" else "float32")
         assert not torch.equal(r.forward(ids, parents, range(len(ids))), native)
     r.rollback(len(PROMPT))
+    if dtype == torch.bfloat16 and "bf16" in {attn, cpu_kernel.attention()}:
+        with pytest.MonkeyPatch.context() as mp:  # bf16 scores: a different model too (the path runs)
+            mp.setattr(cpu_kernel, "attention", lambda: "float32" if attn == "bf16" else "bf16")
+            other = r.forward(ids, parents, range(len(ids)))
+            assert not torch.equal(other, native) and (other - native).abs().max() <= tol * native.abs().max()
+        r.rollback(len(PROMPT))
     saved, r.base.native = r.base.native, None
     torch_ops = r.forward(ids, parents, range(len(ids)))
     r.base.native = saved
@@ -98,7 +115,7 @@ def test_same_model_as_the_torch_ops(dtype, tol, acts):
 
 
 @needs_kernel
-def test_thread_count_does_not_change_results(acts):
+def test_thread_count_does_not_change_results(acts, attn):
     r = runner(torch.bfloat16)
     ids, parents = list(range(20, 29)), [-1, 0, 1, 2, 3, 4, 0, 6, 7]
     before = torch.get_num_threads()
@@ -113,7 +130,7 @@ def test_thread_count_does_not_change_results(acts):
 
 
 @needs_kernel
-def test_long_context_and_head_size_without_a_64_multiple(acts):
+def test_long_context_and_head_size_without_a_64_multiple(acts, attn):
     """Head size 16 (the value sums' short tail), keys past several blocks of 64, a grown cache."""
     r = runner(torch.bfloat16, hidden=64, seed=5)  # 4 heads of 16
     long = list(range(3, 300))
@@ -147,7 +164,7 @@ def test_not_used_for_torch_int4_or_unquantized_models(monkeypatch):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int4_mlps_run_native_bit_identical_in_trees_and_close_to_the_torch_ops(dtype, acts):
+def test_int4_mlps_run_native_bit_identical_in_trees_and_close_to_the_torch_ops(dtype, acts, attn):
     """quantize(..., "int4") where the w4 kernel runs: MLPs "w4" (attention int8) in the native layer.
     Tree nodes equal one-token passes bit for bit; the torch ops on the same weights (w4_mm per
     matmul) give the same model within int8 activations' tolerance, argmax equal."""

@@ -266,13 +266,29 @@ def activations() -> str:
     return "int8" if got["int8_fastest"] else "int16" if got["int16_fastest"] else "float32"
 
 
+ATTENTION = ("float32", "bf16")  # what the native layer's attention scores multiply in
+
+
+@functools.cache
+def attention() -> str:
+    """What the native Qwen2 layer's attention scores multiply in this process, where its KV cache
+    is bf16: "bf16" (`vdpbf16ps`: the queries rounded to bf16, as the cache's keys already are; two
+    exact products a lane per instruction) where the CPU has AVX512-BF16, else "float32". A long
+    prompt makes every node of a tree attend over it (docs/kernels.md "Round 11": 7-12 % of a 0.5B
+    pass at 2,048 tokens); rounding the queries changes the model a little, the same way in every
+    pass, so greedy speculation stays identical to `ar`. COMPLETIOND_ATTENTION=float32 keeps the
+    float32 scores (bf16 is used only where the CPU has it)."""
+    has = {"avx512_bf16", "avx512vl", "avx512bw"} <= cpu_flags()
+    return "bf16" if has and os.environ.get("COMPLETIOND_ATTENTION", "auto") != "float32" else "float32"
+
+
 def name() -> str:
     """The int8 kernel decode passes run: NAME + the activations' SUFFIX (+ where the integer sums
-    run, e.g. "+avx512-vnni"), or "torch"."""
+    run, e.g. "+avx512-vnni", + "+bf16-attention" where attention() is bf16), or "torch"."""
     if not enabled():
         return "torch"
     acts, k = activations(), kind()
-    return NAME + SUFFIX[acts] + k[len(acts):]
+    return NAME + SUFFIX[acts] + k[len(acts):] + ("+bf16-attention" if attention() == "bf16" else "")
 
 
 def int8_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, kind: str = "float32") -> torch.Tensor:

@@ -163,6 +163,55 @@ static void scores_of(const float *q, int64_t nq, const void *kc, int bf16, int6
     }
 }
 
+// The same scores from bf16 queries and bf16 keys read in place (AVX512-BF16 CPUs, bf16 caches):
+// vdpbf16ps adds two exact bf16 products a lane, so a score is d / 16 instructions into 8 lanes,
+// then hsum8 as above. Any tile computes a (query, key) by the same steps (batch invariance).
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
+static inline __attribute__((always_inline)) void score_tile_bf16(int QB, int KB, const uint16_t *q,
+                                                                   const uint16_t *k, int64_t d, float scale,
+                                                                   float *s, int64_t lds) {
+    __m256 acc[2][4];
+    for (int i = 0; i < QB; i++)
+        for (int t = 0; t < KB; t++) acc[i][t] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < d; j += 16) {
+        __m256bh kv[4];
+        for (int t = 0; t < KB; t++) kv[t] = (__m256bh)_mm256_loadu_si256((const __m256i *)(k + t * d + j));
+        for (int i = 0; i < QB; i++) {
+            __m256bh qv = (__m256bh)_mm256_loadu_si256((const __m256i *)(q + i * d + j));
+            for (int t = 0; t < KB; t++) acc[i][t] = _mm256_dpbf16_ps(acc[i][t], qv, kv[t]);
+        }
+    }
+    if (QB == 2 && KB == 4) {
+        __m256 r = _mm256_mul_ps(hsum8x8(acc[0][0], acc[0][1], acc[0][2], acc[0][3], acc[1][0], acc[1][1], acc[1][2],
+                                         acc[1][3]), _mm256_set1_ps(scale));
+        _mm_storeu_ps(s, _mm256_castps256_ps128(r));
+        _mm_storeu_ps(s + lds, _mm256_extractf128_ps(r, 1));
+        return;
+    }
+    for (int i = 0; i < QB; i++)
+        for (int t = 0; t < KB; t++) s[i * lds + t] = hsum8(acc[i][t]) * scale;
+}
+
+static void scores_of_bf16(const uint16_t *q, int64_t nq, const uint16_t *kc, int64_t keys, int64_t d,
+                           float scale, float *s) {
+    for (int64_t t0 = 0; t0 < keys; t0 += KEY_BLOCK) {
+        int64_t t1 = t0 + KEY_BLOCK < keys ? t0 + KEY_BLOCK : keys;
+        int64_t i = 0;
+        for (; i + 2 <= nq; i += 2) {
+            int64_t t = t0;
+            for (; t + 4 <= t1; t += 4) score_tile_bf16(2, 4, q + i * d, kc + t * d, d, scale, s + i * keys + t, keys);
+            for (; t < t1; t++) score_tile_bf16(2, 1, q + i * d, kc + t * d, d, scale, s + i * keys + t, keys);
+        }
+        for (; i < nq; i++) {
+            int64_t t = t0;
+            for (; t + 4 <= t1; t += 4) score_tile_bf16(1, 4, q + i * d, kc + t * d, d, scale, s + i * keys + t, keys);
+            for (; t < t1; t++) score_tile_bf16(1, 1, q + i * d, kc + t * d, d, scale, s + i * keys + t, keys);
+        }
+    }
+}
+#pragma GCC pop_options
+
 // Scores s [keys] (overwritten) -> softmax numerators e^(s - max) over the visible keys. The max is
 // exact in any order (NaN scores never win, as before), so it runs 8 lanes wide; the sum is
 // softmax_sums'.
@@ -252,7 +301,7 @@ static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 // (later their value sums), their scores and softmax sums (rows: the most rows a job takes, g:
 // queries per kv head)
 static int64_t job_floats(int64_t keys, int64_t d, int64_t rows, int64_t g) {
-    return KEY_BLOCK * d + rows * g * (d + keys + 1);
+    return KEY_BLOCK * d + rows * g * (d + keys + 1) + (rows * g * d + 1) / 2;  // + the queries in bf16
 }
 
 // floats of scratch completiond_qwen2_layer needs (the caller keeps one buffer: fresh large
@@ -267,7 +316,8 @@ int64_t completiond_qwen2_work(int64_t n, int64_t H, int64_t inter, int64_t head
 // h [n, H] (the residual stream, float32) goes through one layer in place.
 // Weights: int8 [N, K] row-major with float32 scales [N]; wqkv's rows are q (heads d), k, v
 // (kv_heads d each), bqkv their biases; wgu's rows are gate (inter) then up (inter).
-// Cache: kc / vc [kv_heads, cap, d] (bf16 when kv_bf16, else float32); this pass's rows go to slots
+// Cache: kc / vc [kv_heads, cap, d] (bf16 when kv_bf16, else float32; kv_bf16 == 2: the scores are
+// bf16 dot products, scores_of_bf16: AVX512-BF16 only, d a multiple of 16); this pass's rows go to slots
 // [begin, begin + n) and row r attends to slots t < keys where mask[r * keys + t].
 // cos / sin: [n, d] at the rows' positions. kind: the matmuls' completiond_mm_kind, the one cpu_kernel
 // chose for this process (one choice for every pass, so trees and single tokens agree); mlp_kind:
@@ -315,7 +365,13 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
         const char *kh = (const char *)kc + kv * cap * d * elem, *vh = (const char *)vc + kv * cap * d * elem;
         for (int64_t r = r0; r < r1; r++)  // query heads kv * g ... of each row, gathered
             memcpy(qj + (r - r0) * g * d, y + r * nqkv + kv * g * d, sizeof(float) * g * d);
-        scores_of(qj, nqj, kh, kv_bf16, keys, d, scale, s, buf);
+        if (kv_bf16 == 2) {  // bf16 dot products: the queries rounded to bf16 as the cache's keys are
+            uint16_t *qb = (uint16_t *)(sums + nqj);
+            store_cache(qb, 0, qj, nqj * d, 1);
+            scores_of_bf16(qb, nqj, (const uint16_t *)kh, keys, d, scale, s);
+        } else {
+            scores_of(qj, nqj, kh, kv_bf16, keys, d, scale, s, buf);
+        }
         for (int64_t i = 0; i < nqj; i++) {  // qj becomes the running value sums
             softmax_weights(s + i * keys, mask + (r0 + i / g) * keys, keys);
             memset(qj + i * d, 0, sizeof(float) * d);
