@@ -8,8 +8,9 @@ Schemes (weights only; activations keep the model's dtype, embeddings stay as th
   cpu_kernel.w4_kind): asymmetric int4 with a bf16 scale and zero per group of 32 along K (`pack_w4`),
   run by `cpu_kernel.w4_mm` with int8 activations, and by the native Qwen2 layer: 0.625 bytes a
   weight (with its scales) against int8's 1, for a one-token pass that is bound by reading them.
+  Under int4 the output layer is w4 too (`quantize`); attention stays int8.
 - int4 elsewhere: the MLP layers only (attention and the output layer stay int8, see INT4_KEEP_INT8 and
-  `quantize`; with completiond's kernel the output layer is w4 too), group-wise asymmetric, groups of INT4_GROUP = 32 along K, w ~ (q - 8) * scale + zero with
+  `quantize`), group-wise asymmetric, groups of INT4_GROUP = 32 along K, w ~ (q - 8) * scale + zero with
   q in [0, 15] (the tinygemm convention the kernel uses); packed by
   `aten._convert_weight_to_int4pack_for_cpu(q [N, K] int32, inner_k_tiles)` into uint8 [N, K / 2]
   and run by `aten._weight_int4pack_mm_for_cpu(x [M, K], packed, group, scale_zero [K / group, N, 2])`.

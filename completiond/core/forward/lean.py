@@ -286,8 +286,8 @@ class LeanQwen2(_Lean):
         lib, threads = cpu_kernel.library(), torch.get_num_threads()
         kind = cpu_kernel.KINDS[cpu_kernel.kind()]  # one kind for every layer of the pass
         w4 = cpu_kernel.KINDS[cpu_kernel.w4_kind() or "w4"]  # int4 MLPs (the same bits on every w4 kind)
-        # a bf16 cache's scores: float32 (1) or bf16 (2: cpu_kernel.attention) dot products; 0: float32 cache
-        bf16_mode = 2 if cpu_kernel.attention() == "bf16" and d % 16 == 0 else 1
+        # the cache: float32 (0), or bf16 with float32 (1) or bf16 (2: cpu_kernel.attention) dot products
+        bf16_cache = 2 if cpu_kernel.attention() == "bf16" and d % 16 == 0 else 1
         need = lib.completiond_qwen2_work(n, H, self.inter, self.heads, self.kv_heads, d, begin + n, threads)
         if self._work.numel() < need:  # one scratch buffer, grown as contexts grow
             self._work = torch.empty(max(need, 2 * self._work.numel()))
@@ -297,8 +297,9 @@ class LeanQwen2(_Lean):
             k, v = cache.buffers(i, self.kv_heads, d, self.norm.dtype)
             lib.completiond_qwen2_layer(
                 h.data_ptr(), n, H, *weights.args, cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(),
-                bf16_mode if k.dtype == torch.bfloat16 else 0, k.shape[2], begin, begin + n, mask.data_ptr(), self.heads,
-                self.kv_heads, d, self.scaling, self._work.data_ptr(), kind, w4 if weights.mlp_w4 else kind, threads)
+                bf16_cache if k.dtype == torch.bfloat16 else 0, k.shape[2], begin, begin + n, mask.data_ptr(),
+                self.heads, self.kv_heads, d, self.scaling, self._work.data_ptr(), kind,
+                w4 if weights.mlp_w4 else kind, threads)
         normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return LeanOutput((self.norm * normed.to(self.norm.dtype))[None])
 

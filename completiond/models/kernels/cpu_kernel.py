@@ -274,8 +274,8 @@ def attention() -> str:
     """What the native Qwen2 layer's attention scores multiply in this process, where its KV cache
     is bf16: "bf16" (`vdpbf16ps`: the queries rounded to bf16, as the cache's keys already are; two
     exact products a lane per instruction) where the CPU has AVX512-BF16, else "float32". A long
-    prompt makes every node of a tree attend over it (docs/kernels.md "Round 11": 7-12 % of a 0.5B
-    pass at 2,048 tokens); rounding the queries changes the model a little, the same way in every
+    prompt makes every node of a tree attend over it (docs/kernels.md "Round 11": 6-11 % off a pass
+    of either Qwen target at 2,048 tokens); rounding the queries changes the model a little, the same way in every
     pass, so greedy speculation stays identical to `ar`. COMPLETIOND_ATTENTION=float32 keeps the
     float32 scores (bf16 is used only where the CPU has it)."""
     has = {"avx512_bf16", "avx512vl", "avx512bw"} <= cpu_flags()
