@@ -365,6 +365,17 @@ def test_embedding_served_from_a_file_mapping(tmp_path, code_ids, kind):
     assert map_embedding(model().model, tmp_path) and list(tmp_path.glob("embed_tokens.*.bin")) == files  # reused
 
 
+def assert_refined_with(lm, rows: torch.Tensor, code_ids: list[int]) -> None:
+    """The runner's refined top logits are the float32 dot products of the final hidden state with
+    these output rows [V, H]."""
+    r = Runner(lm, backend="lean", refine=True)
+    r.extend(code_ids[:20])
+    h = r.last_hidden[-1:]
+    logits = r._logits(h)
+    best = logits[0].topk(r.refine).indices
+    torch.testing.assert_close(logits[0, best], h.float()[0] @ rows[best].T, rtol=0, atol=1e-5)
+
+
 def test_untied_head_keeps_an_int8_residual_instead_of_a_full_precision_copy(code_ids):
     """An untied output layer (the Qwen2.5-Coder GGUFs) keeps its int8 error in int8 (half the bf16
     copy's bytes): the rows the bf16 refinement rescores with are the full-precision ones within
@@ -383,12 +394,7 @@ def test_untied_head_keeps_an_int8_residual_instead_of_a_full_precision_copy(cod
     deq = head.packed.float() * head.scales.float()[:, None]
     assert ((deq - full).abs().amax(1) / full.abs().amax(1)).max() > 2 ** -10  # int8 alone is far coarser
     torch.testing.assert_close(full_weight(head).float(), rows, rtol=2 ** -8, atol=0)  # for training heads
-    r = Runner(lm, backend="lean", refine=True)
-    r.extend(code_ids[:20])
-    h = r.last_hidden[-1:]
-    logits = r._logits(h)
-    best = logits[0].topk(r.refine).indices
-    torch.testing.assert_close(logits[0, best], h.float()[0] @ rows[best].T, rtol=0, atol=1e-5)
+    assert_refined_with(lm, rows, code_ids)
     with pytest.raises(ValueError, match="full_head=True"):
         Runner(lm, cheap_head=True)
 
@@ -422,12 +428,7 @@ def test_an_int4_targets_w4_output_layer_refines_with_rows_near_the_full_ones(co
     some = torch.tensor([[5, 3, 200], [17, 16, 5]])
     assert torch.equal(head_rows(head, some), rows[some])  # [2, 3, H]: any shape, repeats, one vector twice
     torch.testing.assert_close(full_weight(head).float(), rows, rtol=2 ** -8, atol=0)
-    r = Runner(lm, backend="lean", refine=True)
-    r.extend(code_ids[:20])
-    h = r.last_hidden[-1:]
-    logits = r._logits(h)
-    best = logits[0].topk(r.refine).indices
-    torch.testing.assert_close(logits[0, best], h.float()[0] @ rows[best].T, rtol=0, atol=1e-5)
+    assert_refined_with(lm, rows, code_ids)
 
 
 def test_a_quantized_target_gets_an_int8_draft(tiny_dir, tmp_path):

@@ -113,6 +113,20 @@ static inline __m256 hsum8x8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 
     return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+// s [i, t] = hsum8(acc[i][t]) x scale for a QB x KB tile of 8-lane sums (row stride lds).
+static inline __attribute__((always_inline)) void store_scores(int QB, int KB, __m256 acc[2][4], float scale, float *s,
+                                                                int64_t lds) {
+    if (QB == 2 && KB == 4) {  // the common tile: its 8 sums at once, each with hsum8's bits
+        __m256 r = _mm256_mul_ps(hsum8x8(acc[0][0], acc[0][1], acc[0][2], acc[0][3], acc[1][0], acc[1][1], acc[1][2],
+                                         acc[1][3]), _mm256_set1_ps(scale));
+        _mm_storeu_ps(s, _mm256_castps256_ps128(r));
+        _mm_storeu_ps(s + lds, _mm256_extractf128_ps(r, 1));
+        return;
+    }
+    for (int i = 0; i < QB; i++)
+        for (int t = 0; t < KB; t++) s[i * lds + t] = hsum8(acc[i][t]) * scale;
+}
+
 // Scores of Q queries (rows of q, stride d) against K keys (rows of k, stride d) into s [Q, K]:
 // each (query, key) is one 8-lane accumulation over d then hsum8, whatever tile computes it.
 static inline __attribute__((always_inline)) void score_tile(int QB, int KB, const float *q, const float *k,
@@ -128,15 +142,7 @@ static inline __attribute__((always_inline)) void score_tile(int QB, int KB, con
             for (int t = 0; t < KB; t++) acc[i][t] = _mm256_fmadd_ps(qv, kv[t], acc[i][t]);
         }
     }
-    if (QB == 2 && KB == 4) {  // the common tile: its 8 sums at once, each with hsum8's bits
-        __m256 r = _mm256_mul_ps(hsum8x8(acc[0][0], acc[0][1], acc[0][2], acc[0][3], acc[1][0], acc[1][1], acc[1][2],
-                                         acc[1][3]), _mm256_set1_ps(scale));
-        _mm_storeu_ps(s, _mm256_castps256_ps128(r));
-        _mm_storeu_ps(s + lds, _mm256_extractf128_ps(r, 1));
-        return;
-    }
-    for (int i = 0; i < QB; i++)
-        for (int t = 0; t < KB; t++) s[i * lds + t] = hsum8(acc[i][t]) * scale;
+    store_scores(QB, KB, acc, scale, s, lds);
 }
 
 #define KEY_BLOCK 64  // keys per block: 16 KB of float32 keys (d = 64) stay in L1 for every query
@@ -182,15 +188,7 @@ static inline __attribute__((always_inline)) void score_tile_bf16(int QB, int KB
             for (int t = 0; t < KB; t++) acc[i][t] = _mm256_dpbf16_ps(acc[i][t], qv, kv[t]);
         }
     }
-    if (QB == 2 && KB == 4) {
-        __m256 r = _mm256_mul_ps(hsum8x8(acc[0][0], acc[0][1], acc[0][2], acc[0][3], acc[1][0], acc[1][1], acc[1][2],
-                                         acc[1][3]), _mm256_set1_ps(scale));
-        _mm_storeu_ps(s, _mm256_castps256_ps128(r));
-        _mm_storeu_ps(s + lds, _mm256_extractf128_ps(r, 1));
-        return;
-    }
-    for (int i = 0; i < QB; i++)
-        for (int t = 0; t < KB; t++) s[i * lds + t] = hsum8(acc[i][t]) * scale;
+    store_scores(QB, KB, acc, scale, s, lds);
 }
 
 static void scores_of_bf16(const uint16_t *q, int64_t nq, const uint16_t *kc, int64_t keys, int64_t d,
