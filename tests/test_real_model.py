@@ -82,7 +82,10 @@ def test_cli_complete_default_models(capsys, tmp_path):
     chosen, why = default_target("cpu")
     assert res["target"] == chosen and res["default_reason"] == why and res["mode"] == "combined"
     assert res["device"] == "cpu" and (chosen != "qwen2.5-coder-0.5b" or res["draft"].startswith("none ("))
-    assert res["text"].strip() == "main()", res["text"]
+    # a call of main(); a trailing comment may follow: after the call "\n" and "  # Call the main
+    # function" are a near-tie that the kernels' numerics decide (float32 attention scores pick the
+    # comment here, bf16 ones the newline; the clean-clone CI run got the comment with bf16 ones)
+    assert res["text"].strip().split("#")[0].rstrip() == "main()", res["text"]
     # an editor that indents after Enter: the cursor follows "    ", the completion adds no indentation
     f.write_text("import sys\n\n\ndef main():\n    print(sys.argv)\n\n\nif __name__ == \"__main__\":\n    \n")
     assert cli.main(["complete", str(f), "--line", "9", "--col", "5", "--json", "--max-tokens", "16",
