@@ -264,7 +264,7 @@ def test_override_forces_completiond_kernel(tmp_path):
         pytest.skip("no x86 CPU with AVX2 + FMA here")
     code = "from completiond.models.kernels import cpu_kernel; print(cpu_kernel.name())"
     vnni = "+avx512-vnni" if cpu_kernel.AVX512_VNNI <= cpu_flags() else ""  # where integer sums run on it
-    bf16 = "+bf16-attention" if {"avx512_bf16", "avx512vl", "avx512bw"} <= cpu_flags() else ""  # attention()
+    bf16 = "+bf16-attention" if cpu_kernel.AVX512_BF16 <= cpu_flags() else ""  # attention()
     for acts, attention, name in (("float32", "auto", "completiond-avx2" + bf16),
                                   ("int16", "auto", "completiond-avx2+int16-activations" + vnni + bf16),
                                   ("int8", "auto", "completiond-avx2+int8-activations" + vnni + bf16),

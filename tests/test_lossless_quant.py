@@ -23,7 +23,7 @@ def test_quantized_lean_target_identical_across_modes(scheme, acts, attention, c
     (its KV cache bf16) with bf16 attention scores (cpu_kernel.attention), where the CPU has them."""
     monkeypatch.setattr(cpu_kernel, "activations", lambda: acts)
     if attention is not None:
-        if not {"avx512_bf16", "avx512vl", "avx512bw"} <= cpu_flags() or not cpu_kernel.enabled():
+        if not cpu_kernel.AVX512_BF16 <= cpu_flags() or not cpu_kernel.enabled():
             pytest.skip("no AVX512-BF16 (or no completiond kernel) here")
         monkeypatch.setattr(cpu_kernel, "attention", lambda: attention)
     tok_ids = tiny.qwen_tokenizer().encode((tiny.STDLIB / "textwrap.py").read_text(), add_special_tokens=False)

@@ -27,7 +27,7 @@ def acts(request, monkeypatch) -> str:
 def attn(request, monkeypatch) -> str:
     """A bf16 cache's attention scores as float32 dot products, then as bf16 ones (vdpbf16ps: where
     the CPU has AVX512-BF16, as cpu_kernel.attention picks them there)."""
-    if request.param == "bf16" and not {"avx512_bf16", "avx512vl", "avx512bw"} <= cpu_flags():
+    if request.param == "bf16" and not cpu_kernel.AVX512_BF16 <= cpu_flags():
         pytest.skip("no AVX512-BF16 here")
     monkeypatch.setattr(cpu_kernel, "attention", lambda: request.param)
     return request.param
@@ -100,9 +100,9 @@ def test_same_model_as_the_torch_ops(dtype, tol, acts, attn):
         mp.setattr(cpu_kernel, "activations", lambda: "int16" if acts != "int16" else "float32")
         assert not torch.equal(r.forward(ids, parents, range(len(ids))), native)
     r.rollback(len(PROMPT))
-    if dtype == torch.bfloat16 and "bf16" in {attn, cpu_kernel.attention()}:
-        with pytest.MonkeyPatch.context() as mp:  # bf16 scores: a different model too (the path runs)
-            mp.setattr(cpu_kernel, "attention", lambda: "float32" if attn == "bf16" else "bf16")
+    if dtype == torch.bfloat16 and attn == "bf16":
+        with pytest.MonkeyPatch.context() as mp:  # float32 scores: a different model (the bf16 path runs)
+            mp.setattr(cpu_kernel, "attention", lambda: "float32")
             other = r.forward(ids, parents, range(len(ids)))
             assert not torch.equal(other, native) and (other - native).abs().max() <= tol * native.abs().max()
         r.rollback(len(PROMPT))

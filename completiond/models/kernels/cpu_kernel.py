@@ -80,6 +80,7 @@ ACTIVATIONS = ("float32", "int16", "int8")
 NAME = "completiond-avx2"  # what status / --json report as the int8 kernel
 SUFFIX = {"float32": "", "int16": "+int16-activations", "int8": "+int8-activations"}  # appended to NAME
 AVX512_VNNI = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # /proc/cpuinfo flags the 512-bit VNNI kernels need
+AVX512_BF16 = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}  # ... and bf16 attention scores (attention())
 
 
 def wanted() -> bool:
@@ -278,8 +279,8 @@ def attention() -> str:
     of either Qwen target at 2,048 tokens); rounding the queries changes the model a little, the same way in every
     pass, so greedy speculation stays identical to `ar`. COMPLETIOND_ATTENTION=float32 keeps the
     float32 scores (bf16 is used only where the CPU has it)."""
-    has = {"avx512_bf16", "avx512vl", "avx512bw"} <= cpu_flags()
-    return "bf16" if has and os.environ.get("COMPLETIOND_ATTENTION", "auto") != "float32" else "float32"
+    forced_off = os.environ.get("COMPLETIOND_ATTENTION", "auto") == "float32"
+    return "bf16" if AVX512_BF16 <= cpu_flags() and not forced_off else "float32"
 
 
 def name() -> str:
