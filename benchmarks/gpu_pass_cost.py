@@ -1,6 +1,10 @@
-"""Target pass cost by tree size on CUDA (issue 14 point 5), Qwen2.5-Coder 0.5B and 1.5B shapes with
-random weights (a pass costs the same whatever the values, and the device machine cannot fetch the
-real files), bf16, lean and transformers backends, 1,536 tokens of context. Run by benchmarks/gpu.sh.
+"""Target pass cost by tree size on CUDA (issue 14 point 5, issue 37), Qwen2.5-Coder 0.5B and 1.5B
+shapes with random weights (a pass costs the same whatever the values, and the device machine cannot
+fetch the real files), bf16, 1,536 tokens of context: the lean forward replayed from CUDA graphs
+(graphs.py, the default on CUDA), the lean forward launched op by op, and transformers' forward.
+Wall-clock ms of `Runner.forward` (it ends in a device sync), the output layer and its float32
+refinement included; the first pass of a size (the graph's capture) is reported apart.
+Run by benchmarks/gpu.sh.
 
     python benchmarks/gpu_pass_cost.py --json benchmarks/results/gpu-pass-cost.json
 """
@@ -44,28 +48,29 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("gpu_pass_cost: no CUDA device", file=sys.stderr)
         return 2
-    out = {}
+    out, firsts = {}, {}
     for name, shape in SHAPES.items():
         lm = LoadedModel(name=name, model=model(shape), tokenizer=None, device=torch.device("cuda"), dtype=torch.bfloat16)
-        for backend in ("lean", "transformers"):
-            r = Runner(lm, capacity=a.context + 256, backend=backend)
+        for variant, backend, graphs in (("lean+graphs", "lean", True), ("lean", "lean", False),
+                                         ("transformers", "transformers", False)):
+            r = Runner(lm, capacity=a.context + 256, backend=backend, cuda_graphs=graphs)
             fill_cache(r, a.context)
-            row = {}
+            row, first = {}, {}
             with torch.inference_mode():
                 for n in SIZES:
                     times = []
-                    for _ in range(a.reps):
-                        torch.cuda.synchronize()
-                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        start.record()
+                    for _ in range(a.reps + 1):
                         r.forward([0] * n, tree(n), range(n))
-                        end.record()
-                        torch.cuda.synchronize()
-                        times.append(start.elapsed_time(end))
+                        times.append(r.last_pass_ms)
                         r.rollback(a.context)
+                    first[n] = round(times.pop(0), 2)
                     row[n] = round(sorted(times)[len(times) // 2], 3)  # median ms
-            out[f"{name} {backend}"] = row
-            print(f"{name:20} {backend:13}" + "".join(f"{n:>5}:{ms:7.2f}" for n, ms in row.items()), flush=True)
+            out[f"{name} {variant}"] = row
+            firsts[f"{name} {variant}"] = first
+            if graphs:
+                assert r.graphs is not None and r.graphs.failed is None, r.graphs and r.graphs.failed
+            print(f"{name:20} {variant:13}" + "".join(f"{n:>5}:{ms:7.2f}" for n, ms in row.items()), flush=True)
+            del r
         del lm
         torch.cuda.empty_cache()
     if a.json:
@@ -73,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         a.json.write_text(json.dumps({
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(["python", *sys.argv]), "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "context": a.context, "median_ms_per_pass": out}, indent=1) + "\n")
+            "torch": torch.__version__, "context": a.context, "median_ms_per_pass": out,
+            "first_pass_ms": firsts}, indent=1) + "\n")
     return 0
 
 

@@ -112,7 +112,7 @@ def fill_cache(r: Runner, context: int) -> None:
     r.cache.reserve(context + 2 * max(SIZES))
     g = torch.Generator().manual_seed(0)
     for i in range(cfg.num_hidden_layers):
-        kv = torch.randn(1, cfg.num_key_value_heads, context, d, generator=g).to(r.lm.dtype)
+        kv = torch.randn(1, cfg.num_key_value_heads, context, d, generator=g).to(r.device, r.lm.dtype)
         r.cache.pending = 0
         r.cache.update(kv, kv, i)
     r.cache.length = context

@@ -139,13 +139,14 @@ class _Lean:
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.base.rotary_emb(like, positions[None])
 
-    def rope(self, layer_type: str, pos: torch.Tensor, dtype: torch.dtype | None = None
+    def rope(self, layer_type: str, pos: torch.Tensor, dtype: torch.dtype | None = None, top: int | None = None
              ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [1, 1, n, head_dim] at these positions in `dtype` (default the model's), from a
-        table that grows as positions do."""
+        table that grows as positions do. top: a bound on the positions, given by a pass that a CUDA
+        graph captures (reading pos.max() would wait for the device, which a capture forbids)."""
         dtype = dtype or self.embed.dtype
         cos, sin = self._rope.get((layer_type, dtype), (None, None))
-        top = int(pos.max()) + 1
+        top = int(pos.max()) + 1 if top is None else top
         if cos is None or top > cos.shape[0]:
             size = max(4096, 2 * top)
             like = self.embed.new_zeros(1, dtype=dtype)
@@ -219,10 +220,10 @@ class LeanGemma3(_Lean):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * gain).type_as(x)
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, cache,
-                 between_layers: Callable[[], None] | None = None, **_) -> LeanOutput:
+                 between_layers: Callable[[], None] | None = None, rope_top: int | None = None, **_) -> LeanOutput:
         n = input_ids.shape[1]
         h = F.embedding(input_ids, self.embed) * self.embed_scale  # [1, n, H]
-        ropes = {t: self.rope(t, position_ids[0]) for t in set(self.types)}
+        ropes = {t: self.rope(t, position_ids[0], top=rope_top) for t in set(self.types)}
         attention_mask = self._fold(attention_mask)
         for i, L in enumerate(self.layers):
             if between_layers is not None:  # a cancel lands between layers (the runner keeps the cache consistent)
@@ -257,12 +258,12 @@ class LeanQwen2(_Lean):
         return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask, cache,
-                 between_layers: Callable[[], None] | None = None, **_) -> LeanOutput:
+                 between_layers: Callable[[], None] | None = None, rope_top: int | None = None, **_) -> LeanOutput:
         n = input_ids.shape[1]
         if self.native is not None and n and not is_bulk(n):  # prefill chunks stay dense (quant.bulk)
             return self._native_pass(input_ids, position_ids, attention_mask, cache, between_layers)
         h = F.embedding(input_ids, self.embed)  # [1, n, H]
-        cos, sin = self.rope("full_attention", position_ids[0])
+        cos, sin = self.rope("full_attention", position_ids[0], top=rope_top)
         attention_mask = self._fold(attention_mask)
         for i, L in enumerate(self.layers):
             if between_layers is not None:  # a cancel lands between layers (the runner keeps the cache consistent)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import graphs
 from .context import NO_CONTEXT, Cancelled, PassContext, Preempted  # Cancelled, Preempted: this module's API too
 from .kvcache import TreeKVCache, for_transformers
 from .lean import lean_decoder, supports_lean
@@ -52,14 +53,17 @@ def _layer_hook(module, args, kwargs) -> None:
 
 class Runner:
     def __init__(self, lm: LoadedModel, capacity: int = 4096, lean: bool = False, backend: str = "transformers",
-                 refine: bool = True, cheap_head: bool = False):
+                 refine: bool = True, cheap_head: bool = False, cuda_graphs: bool | None = None):
         """backend: "transformers" (the reference), "lean" (completiond.core.forward.lean; an error for model types
         it lacks) or "auto" (lean where the model type allows). refine: recompute the top REFINE
         logits in float32 when the model runs in bf16/fp16 (see _logits).
         cheap_head (greedy only, quantized output layer): logits exact on every row that can be the
         argmax and -inf elsewhere (quant.exact_head_logits); set `runner.cheap_head = False` for a
         request that samples, which needs the whole distribution.
-        lean=True, for drafts (whose logits only rank proposals): backend "auto" without refinement."""
+        lean=True, for drafts (whose logits only rank proposals): backend "auto" without refinement.
+        cuda_graphs: decode/verify passes of up to graphs.SIZES[-1] nodes replayed from CUDA graphs
+        (graphs.py); None: on a CUDA device with the lean backend and no sliding window, unless
+        COMPLETIOND_CUDA_GRAPHS=0. True elsewhere runs the same fixed-shape passes eagerly (tests)."""
         if lean:
             backend, refine = "auto", False
         if backend not in BACKENDS:
@@ -90,6 +94,10 @@ class Runner:
             self.layer_types: list[str] | None = list(types)
         else:
             self.layer_types = None  # one mask for every layer (with the window if the model has one)
+        if cuda_graphs is None:
+            cuda_graphs = graphs.wanted(self.device)
+        self.graphs = (graphs.PassGraphs(self.base, self.device, capture=self.device.type == "cuda")
+                       if cuda_graphs and self.backend == "lean" and self.window is None else None)
         self.capacity = capacity
         self._cache_type = TreeKVCache if self.backend == "lean" else for_transformers()
         self.cache = self._cache_type(capacity)
@@ -156,8 +164,31 @@ class Runner:
         first, L = len(self._pass_ids), self.cache.length
         all_parents = self._pass_parents + list(parents)
         depth = _depths(all_parents)
-        node_pos = torch.tensor(depth, device=self.device) + L  # [first + n]: every uncommitted node
         anc = _ancestors(all_parents, self.device)[first:]  # [n, first + n] bool: ancestor-or-self
+        hidden = None  # [n, H]
+        if self.graphs is not None:  # one launch for the whole pass; a cancel lands before or after it
+            ctx.check()
+            self.cache.begin_pass(pending=first, key_start=[])
+            self.cache.reserve(len(ids))
+            hidden = self.graphs.run(list(ids), [L + d for d in depth[first:]], anc, self.cache)
+        if hidden is None:
+            hidden = self._eager(ids, depth, anc, first, L, ctx, preemptible)
+        self._pass_ids += list(ids)
+        self._pass_parents = all_parents
+        if len(logits_at):  # the output layer costs about a layer or more
+            ctx.check()  # (the nodes stay uncommitted, as after any pass: keep commits)
+        # [len(logits_at), H]: final hidden states (after the final norm), for feature drafts (medusa.py)
+        self.last_hidden = hidden[list(logits_at)]
+        logits = self._logits(self.last_hidden)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.last_pass_ms = (time.perf_counter() - t0) * 1000
+        return logits
+
+    def _eager(self, ids: Sequence[int], depth: list[int], anc: torch.Tensor, first: int, L: int,
+               ctx: PassContext, preemptible: bool) -> torch.Tensor:
+        """The pass through the decoder's own forward; final hidden states [n, H]."""
+        node_pos = torch.tensor(depth, device=self.device) + L  # [first + n]: every uncommitted node
         mask, key_start = self._masks(anc, node_pos, L)
         # the pass's state for the cache, in one call: new K/V go after the `first` uncommitted nodes
         # they may attend to; each layer sees keys from its key_start slot on
@@ -182,17 +213,7 @@ class Runner:
             use_cache=True,
             **{BETWEEN_LAYERS: between_layers},
         )
-        self._pass_ids += list(ids)
-        self._pass_parents = all_parents
-        if len(logits_at):  # the output layer costs about a layer or more
-            ctx.check()  # (the nodes stay uncommitted, as after any pass: keep commits)
-        # [len(logits_at), H]: final hidden states (after the final norm), for feature drafts (medusa.py)
-        self.last_hidden = out.last_hidden_state[0, list(logits_at)]
-        logits = self._logits(self.last_hidden)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        self.last_pass_ms = (time.perf_counter() - t0) * 1000
-        return logits
+        return out.last_hidden_state[0]
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [n, V] from final hidden states [n, H].

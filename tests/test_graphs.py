@@ -1,0 +1,113 @@
+"""Fixed-shape passes (completiond.core.forward.graphs) run eagerly on the CPU: padding rows, key
+buckets, slots from a tensor, grown caches and switched documents give the logits of the runner's
+own passes. tests/test_cuda.py replays the same passes from captured CUDA graphs."""
+
+import pytest
+import torch
+
+import tiny
+from completiond.core.engine import MODES, Engine, Request
+from completiond.core.forward import graphs
+from completiond.core.forward.runner import Runner
+from completiond.models import self_draft
+from test_lossless import prompts
+from test_runner import load
+
+
+def pair(lm, capacity: int = 4096) -> tuple[Runner, Runner]:
+    fixed, eager = Runner(lm, capacity, backend="lean", cuda_graphs=True), Runner(lm, capacity, backend="lean")
+    assert fixed.graphs is not None and not fixed.graphs.capture and eager.graphs is None
+    return fixed, eager
+
+
+def same(fixed: Runner, eager: Runner, *args, **kw) -> torch.Tensor:
+    a, b = fixed.forward(*args, **kw), eager.forward(*args, **kw)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    torch.testing.assert_close(fixed.last_hidden, eager.last_hidden, rtol=0, atol=1e-5)
+    return b
+
+
+def test_trees_chains_and_appended_passes_match_eager(code_ids):
+    lm = load("qwen2-lean")
+    fixed, eager = pair(lm)
+    for r in (fixed, eager):
+        r.extend(code_ids[:40])
+    # a tree of 5 nodes (3 padding rows in a graph of 8), a chain of 3 (1 padding row), one node
+    for nodes, parents in (([5, 6, 7, 8, 9], [-1, 0, 0, 1, 3]), ([11, 12, 13], [-1, 0, 1]), ([14], [-1])):
+        same(fixed, eager, nodes, parents, range(len(nodes)))
+    same(fixed, eager, [21, 22], [-1, 0], [0, 1])
+    same(fixed, eager, [23, 24, 25], [1, 0, 2], [0, 2], append=True)  # below the first pass's nodes
+    for r in (fixed, eager):
+        r.keep([0, 1, 4])
+    assert fixed.tokens == eager.tokens and fixed.length == eager.length == 43
+    same(fixed, eager, [30], [-1], [0])  # after a keep that moved slots
+    assert len(fixed.graphs.graphs) >= 3  # rows 8, 4, 1 (and 2) over one bucket of keys
+
+
+def test_key_buckets_grown_caches_and_documents(code_ids):
+    """Greedy decoding crosses a KEY_STEP boundary and the cache's capacity (which doubles); a second
+    document's cache (another graph key) interleaves; every step's logits match eager ones."""
+    lm = load("qwen2-lean")
+    fixed, eager = pair(lm, capacity=graphs.KEY_STEP - 4)
+    start = graphs.KEY_STEP - 12
+    for r in (fixed, eager):
+        r.extend(code_ids[:start])
+    other = {r: r.new_held(64) for r in (fixed, eager)}
+    for r in (fixed, eager):
+        mine = r.hold(other[r])
+        r.extend(code_ids[500:530])
+        other[r] = r.hold(mine)
+    nxt = code_ids[start]
+    for step in range(24):
+        nxt = int(same(fixed, eager, [nxt], [-1], [0])[0].argmax())
+        for r in (fixed, eager):
+            r.keep([0])
+        if step % 6 == 5:  # the other document takes a two-node turn
+            for r in (fixed, eager):
+                other[r] = r.hold(other[r])
+            same(fixed, eager, [nxt, 7], [-1, 0], [0, 1])
+            for r in (fixed, eager):
+                r.keep([0, 1])
+                other[r] = r.hold(other[r])
+    assert fixed.length == start + 24 > graphs.KEY_STEP and fixed.cache.capacity > graphs.KEY_STEP - 4
+    keys = {k[1] for k in fixed.graphs.graphs}  # capped by the capacity, then the next bucket of the grown cache
+    assert graphs.KEY_STEP - 4 in keys and max(keys) > graphs.KEY_STEP
+
+
+def test_passes_over_the_largest_size_run_eagerly(code_ids):
+    lm = load("qwen2-lean")
+    fixed, eager = pair(lm)
+    n = graphs.SIZES[-1] + 1
+    for r in (fixed, eager):
+        r.extend(code_ids[:10])
+    same(fixed, eager, code_ids[10:10 + n], list(range(-1, n - 1)), [n - 1])
+    assert not fixed.graphs.graphs  # the prefill and this pass: neither had a fixed shape
+
+
+def test_sliding_window_models_stay_eager():
+    assert Runner(tiny.loaded(tiny.gemma_config(window=8, layers=3)), backend="lean", cuda_graphs=True).graphs is None
+
+
+def test_greedy_identical_across_modes_with_fixed_shapes(code_ids, monkeypatch):
+    """Every runner of the engines (target and draft) on fixed-shape passes: pld, draft and combined
+    give ar's tokens (fp32)."""
+    monkeypatch.setattr(graphs, "wanted", lambda device: True)
+    target = tiny.loaded(tiny.qwen2_config(layers=3), seed=1, scale=4.0)
+    draft = self_draft(target, 1)
+    engines = {m: Engine(target, draft, max_nodes=32, always_speculate=True) for m in MODES}
+    assert all(e.runner.graphs is not None for e in engines.values())
+    for e in engines.values():
+        e.index.set_file("textwrap.py", code_ids)
+    for i, prompt in enumerate(prompts(code_ids, n=6, seed=5)):
+        prompt = [t % (target.vocab_size - 16) for t in prompt]
+        ar = engines["ar"].complete(Request(prompt=prompt, mode="ar", max_tokens=16))
+        for m in ("pld", "draft", "combined"):
+            assert engines[m].complete(Request(prompt=prompt, mode=m, max_tokens=16)).token_ids == ar.token_ids, (m, i)
+    assert len(engines["combined"].runner.graphs.graphs) > 1
+
+
+@pytest.mark.parametrize("value", ["0", "1"])
+def test_env_turns_them_off(monkeypatch, value):
+    monkeypatch.setenv("COMPLETIOND_CUDA_GRAPHS", value)
+    assert graphs.wanted(torch.device("cuda")) == (value == "1")
+    assert not graphs.wanted(torch.device("cpu"))
