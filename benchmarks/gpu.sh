@@ -11,8 +11,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
 python3 -c "import torch; assert torch.cuda.is_available(), f'torch {torch.__version__} sees no CUDA device'; print(torch.__version__, torch.cuda.get_device_name())" || exit 1
 status=0
-python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_graphs.py 2>&1 | tee "$OUT/gpu-tests.txt" || status=1
-python3 -m pytest -q -rs -p no:cacheprovider tests/test_real_model.py -k cuda 2>&1 | tee -a "$OUT/gpu-tests.txt" || status=1
-python3 benchmarks/gpu_pass_cost.py --json "$OUT/gpu-pass-cost.json" || status=1
-python3 benchmarks/gpu_agreement.py --json "$OUT/gpu-agreement.json" || status=1
+timeout 240 python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_graphs.py 2>&1 | tee "$OUT/gpu-tests.txt" || status=1
+timeout 120 python3 -m pytest -q -rs -p no:cacheprovider tests/test_real_model.py -k cuda 2>&1 | tee -a "$OUT/gpu-tests.txt" || status=1
+timeout 240 python3 benchmarks/gpu_pass_cost.py --json "$OUT/gpu-pass-cost.json" || status=1
+timeout 180 python3 benchmarks/gpu_agreement.py --json "$OUT/gpu-agreement.json" || status=1
 exit $status
