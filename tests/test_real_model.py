@@ -146,7 +146,14 @@ def test_shipped_heads_on_the_real_coder(coder_fp32, kind):
     assert accepted >= 2, f"{kind}: {accepted} draft tokens accepted over two completions"
 
 
+def _coder_models_installed() -> bool:
+    from completiond.models.catalog import CODER_05B, CODER_15B, installed
+    return installed(CODER_15B) and installed(CODER_05B)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on the CI machines)")
+@pytest.mark.skipif(torch.cuda.is_available() and not _coder_models_installed(),
+                    reason="the [coder] models are not installed (a lent GPU machine cannot fetch them)")
 def test_cuda_default_pairing_is_coder_15b_with_05b_draft():
     target = load("default", "target", "cuda", "auto")
     draft = load_draft("default", target)
