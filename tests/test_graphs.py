@@ -111,3 +111,19 @@ def test_env_turns_them_off(monkeypatch, value):
     monkeypatch.setenv("COMPLETIOND_CUDA_GRAPHS", value)
     assert graphs.wanted(torch.device("cuda")) == (value == "1")
     assert not graphs.wanted(torch.device("cpu"))
+
+
+def test_cuda_attention_matches_sdpa():
+    """The CUDA passes' attention (lean._attend_cuda: two matmuls and a softmax in float32) is the
+    float32 SDPA of the CPU passes, checked here on the CPU: bf16 and fp32 inputs, a tree mask."""
+    from completiond.core.forward.lean import _attend_cuda
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = (torch.randn(1, 2, rows, 64, generator=g).to(dtype) for rows in (6, 40, 40))
+        mask = torch.rand(1, 1, 6, 40, generator=g) < 0.6
+        mask[..., 0] = True  # every row sees a key
+        want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                                                scale=0.125).to(dtype)
+        torch.testing.assert_close(_attend_cuda(q, k, v, mask, 0.125), want, rtol=0,
+                                   atol=1e-6 if dtype == torch.float32 else 1e-2)

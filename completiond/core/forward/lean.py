@@ -186,12 +186,26 @@ class _Lean:
         k, v = cache.update(k, v, i)  # [1, kv, keys, d]: the keys this layer sees
         mask = folded_mask[self.types[i]] if isinstance(folded_mask, dict) else folded_mask
         q = q.reshape(1, self.kv_heads, -1, self.head_dim)  # head j = kv (j // g), row (j % g) n + t
-        if q.dtype == torch.float32:
+        if q.is_cuda:  # see _attend_cuda
+            a = _attend_cuda(q, k, v, mask, scale)
+        elif q.dtype == torch.float32:
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         else:  # see the class docstring: float32 keeps a node's output independent of the pass's shape
             a = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                                scale=scale).to(q.dtype)
         return a.reshape(1, self.heads, n, self.head_dim).transpose(1, 2).reshape(1, n, self.heads * self.head_dim)
+
+
+def _attend_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+                 ) -> torch.Tensor:
+    """Attention in float32 as two matmuls and a softmax: q [1, kv, g n, d], k, v [1, kv, keys, d],
+    mask [1, 1, g n, keys] bool. On an H200 torch's float32 SDPA (a cutlass kernel tiled by 64
+    queries) runs one block per kv head for a decode pass's few query rows: 179 us a layer over
+    1.8k keys, 61 % of a 1.5B pass (benchmarks/results/gpu/profile.json); cuBLAS spreads these
+    matmuls over the GPU."""
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [1, kv, g n, keys]
+    p = torch.where(mask, s, float("-inf")).softmax(-1)
+    return torch.matmul(p, v.float()).to(q.dtype)
 
 
 class LeanGemma3(_Lean):
