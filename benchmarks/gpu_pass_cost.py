@@ -7,6 +7,7 @@ refinement included; the first pass of a size (the graph's capture) is reported 
 Run by benchmarks/gpu.sh.
 
     python benchmarks/gpu_pass_cost.py --json benchmarks/results/gpu-pass-cost.json
+    python benchmarks/gpu_pass_cost.py --from A.json B.json --plot gpu.png   # draw saved runs
 """
 
 from __future__ import annotations
@@ -46,7 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--variants", default="lean+graphs,lean,transformers")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--plot", type=Path, help="draw ms per pass by tree size (this run, or the --from runs)")
+    ap.add_argument("--from", dest="runs", type=Path, nargs="+", help="saved JSONs to draw instead of measuring")
     a = ap.parse_args(argv)
+    if a.runs:
+        plot([(p.stem, json.loads(p.read_text())) for p in a.runs], a.plot or Path("gpu-pass-cost.png"))
+        return 0
     if not torch.cuda.is_available():
         print("gpu_pass_cost: no CUDA device", file=sys.stderr)
         return 2
@@ -84,7 +90,33 @@ def main(argv: list[str] | None = None) -> int:
             "command": " ".join(["python", *sys.argv]), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "context": a.context, "median_ms_per_pass": out,
             "first_pass_ms": firsts}, indent=1) + "\n")
+    if a.plot:
+        plot([("this run", {"median_ms_per_pass": out, "device": torch.cuda.get_device_name(),
+                            "context": a.context})], a.plot)
     return 0
+
+
+def plot(runs: list[tuple[str, dict]], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(SHAPES), figsize=(12, 5), sharey=True)
+    for ax, target in zip(axes, SHAPES):
+        for (label, run), style in zip(runs, ("--", "-", ":", "-.")):
+            for variant, by in run["median_ms_per_pass"].items():
+                if variant.startswith(target):
+                    ax.plot([int(n) for n in by], list(by.values()), style, marker="o",
+                            label=f"{variant.removeprefix(target).strip()} ({label})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tree nodes")
+        ax.set_title(f"{target} (random bf16 weights)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("ms per pass (wall, median)")
+    fig.suptitle(f"Runner.forward on {runs[-1][1]['device']}, {runs[-1][1]['context']}-token context")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
