@@ -62,7 +62,8 @@ def test_graph_replays_match_eager_passes_on_cuda(code_ids):
              (([13, 14, 15], [1, 0, 2]), {"append": True}), (([16], [-1]), {})]
     for _ in range(2):  # the second round replays the graphs the first captured
         for (nodes, parents), kw in steps:
-            a, b = fixed.forward(nodes, parents, range(len(nodes)), **kw), eager.forward(nodes, parents, range(len(nodes)), **kw)
+            at = range(len(nodes))
+            a, b = fixed.forward(nodes, parents, at, **kw), eager.forward(nodes, parents, at, **kw)
             torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
         for r in (fixed, eager):
             r.rollback(300)

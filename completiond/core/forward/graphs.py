@@ -1,6 +1,6 @@
 """Decode and verify passes at fixed shapes, replayed from CUDA graphs.
 
-On a GPU a small model's pass is mostly the time Python takes to launch its ~15 kernels per layer
+On a GPU a small model's pass is mostly the time Python takes to launch its ~50 kernels per layer
 (a 1.5B pass reads its 3 GB of bf16 weights in under a millisecond on an H200). A CUDA graph
 launches a whole captured pass at once. A graph fixes every shape and address, so a pass of n
 nodes runs here as one of SIZES rows over a bucket of KEY_STEP key slots:
@@ -15,9 +15,9 @@ nodes runs here as one of SIZES rows over a bucket of KEY_STEP key slots:
 One graph per (rows, keys, cache buffers): a new document's cache, a grown cache or the next bucket
 of keys captures again (tens of ms, once). A graph holds the buffers and rotary tables it was
 captured with (so their memory cannot be reused under it): a grown cache's old buffers are freed
-when its last graph leaves the LIMIT most recently used. Every decode/verify pass of a runner goes through here
-when graphs are on, so a tree node and the same token in a one-token pass take the same path
-(their bits can still differ by the matmuls' row count, as in eager passes on a GPU).
+when its last graph leaves the LIMIT most recently used. Every decode/verify pass of a runner goes
+through here when graphs are on, so a tree node and the same token in a one-token pass take the
+same path (their bits can still differ by the matmuls' row count, as in eager passes on a GPU).
 Longer passes (prefill chunks over SIZES[-1] rows) and sliding-window models stay eager.
 
 `capture=False` runs the same fixed-shape pass eagerly: the CPU tests check padding, buckets and
@@ -135,7 +135,8 @@ class PassGraphs:
             self._pass(g, cache, keys)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):  # other threads may use the GPU
+        # thread_local: another thread's CUDA work during the capture does not break it
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             out = self._pass(g, cache, keys)
         g.graph, g.out = graph, out
         g.keep = (tuple(cache.k), tuple(cache.v), tuple(self.base._rope.values()))

@@ -201,7 +201,7 @@ def _attend_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
     """Attention in float32 as two matmuls and a softmax: q [1, kv, g n, d], k, v [1, kv, keys, d],
     mask [1, 1, g n, keys] bool. On an H200 torch's float32 SDPA (a cutlass kernel tiled by 64
     queries) runs one block per kv head for a decode pass's few query rows: 179 us a layer over
-    1.8k keys, 61 % of a 1.5B pass (benchmarks/results/gpu/profile.json); cuBLAS spreads these
+    1.8k keys, 61 % of a 1.5B pass (benchmarks/results/gpu/profile-sdpa-attention.json); cuBLAS spreads these
     matmuls over the GPU."""
     s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [1, kv, g n, keys]
     p = torch.where(mask, s, float("-inf")).softmax(-1)
