@@ -127,3 +127,54 @@ def test_cuda_attention_matches_sdpa():
                                                                 scale=0.125).to(dtype)
         torch.testing.assert_close(_attend_cuda(q, k, v, mask, 0.125), want, rtol=0,
                                    atol=1e-6 if dtype == torch.float32 else 1e-2)
+
+
+class Replay:
+    """Stands in for a torch.cuda.CUDAGraph on the CPU: replaying recomputes the pass from the
+    graph's inputs into the output tensor the capture returned, as a real replay does."""
+
+    def __init__(self, fn, out):
+        self.fn, self.out = fn, out
+
+    def replay(self):
+        self.out.copy_(self.fn())
+
+
+def test_a_shape_is_captured_at_its_second_use_and_a_failed_capture_turns_graphs_off(code_ids, monkeypatch):
+    lm = load("qwen2-lean")
+    fixed, eager = pair(lm)
+    pg = fixed.graphs
+    pg.capture = True
+    captured = []
+
+    def capture(g, cache, keys):
+        fn = lambda: pg._pass(g, cache, keys)  # noqa: E731
+        g.out = fn()
+        g.graph = Replay(fn, g.out)
+        captured.append((g.idx.shape[1], keys))
+
+    monkeypatch.setattr(pg, "_capture", capture)
+    for r in (fixed, eager):
+        r.extend(code_ids[:40])
+    tree = ([5, 6, 7], [-1, 0, 0])
+    for use in range(3):
+        same(fixed, eager, *tree, range(3))
+        for r in (fixed, eager):
+            r.rollback(40)
+        assert captured == ([] if use == 0 else [(4, graphs.KEY_STEP)])  # first use uncaptured, then once
+    same(fixed, eager, [9], [-1], [0])
+    assert len(captured) == 1 and len(pg.graphs) == 2  # a one-node shape used once: no capture
+
+    def fail(g, cache, keys):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(pg, "_capture", fail)
+    for r in (fixed, eager):
+        r.rollback(40)
+    for _ in range(2):  # the second use fails to capture: that pass and every later one run eagerly
+        same(fixed, eager, [9], [-1], [0])
+        for r in (fixed, eager):
+            r.rollback(40)
+    assert pg.failed.startswith("RuntimeError") and not pg.graphs
+    same(fixed, eager, *tree, range(3))
+    assert not pg.graphs

@@ -13,7 +13,10 @@ nodes runs here as one of SIZES rows over a bucket of KEY_STEP key slots:
 - K/V are stored at the slots a tensor holds (`SlotCache`), not at a Python offset.
 
 One graph per (rows, keys, cache buffers): a new document's cache, a grown cache or the next bucket
-of keys captures again (tens of ms, once). A graph holds the buffers and rotary tables it was
+of keys captures again. A capture costs ~50 ms beyond its pass on an H200 (docs/gpu.md), about
+four eager passes, so a shape is captured at its second use: its first runs the same fixed-shape
+pass uncaptured (the same kernels, so the same bits as the replays), and a shape used once (a
+document visited once, a tree size the budget tried once) never pays a capture. A graph holds the buffers and rotary tables it was
 captured with (so their memory cannot be reused under it): a grown cache's old buffers are freed
 when its last graph leaves the LIMIT most recently used. Every decode/verify pass of a runner goes
 through here when graphs are on, so a tree node and the same token in a one-token pass take the
@@ -38,8 +41,8 @@ from .kvcache import TreeKVCache
 log = logging.getLogger(__name__)
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
-KEY_STEP = 256
-LIMIT = 32  # graphs kept per runner (least recently used dropped)
+KEY_STEP = 512  # masked keys cost ~nothing on a GPU; fewer buckets, fewer captures
+LIMIT = 64  # graphs kept per runner (least recently used dropped)
 
 
 def wanted(device: torch.device) -> bool:
@@ -65,6 +68,7 @@ class SlotCache:
 class Graph:
     idx: torch.Tensor  # [3, N] int64: ids, positions, slots
     mask: torch.Tensor  # [1, 1, N, B] bool
+    uses: int = 0  # passes run at this shape
     graph: object | None = None  # torch.cuda.CUDAGraph, None until captured (or capture=False)
     out: torch.Tensor | None = None  # [1, N, H] the captured pass's final hidden states
     keep: tuple = ()  # the cache buffers and rotary tables the graph reads
@@ -75,7 +79,7 @@ class PassGraphs:
         """base: a lean decoder (lean.LeanQwen2 / LeanGemma3 without sliding layers)."""
         self.base, self.device, self.capture = base, device, capture
         self.graphs: OrderedDict[tuple, Graph] = OrderedDict()
-        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.pool = None  # one memory pool for all of this runner's graphs, made at the first capture
         self.captured = 0  # graphs captured so far (benchmarks report it)
         self.failed: str | None = None  # why capture failed; passes are eager from then on
 
@@ -109,7 +113,8 @@ class PassGraphs:
         if pad:
             r = torch.arange(n, rows, device=self.device)
             g.mask[0, 0, r, begin + r] = True
-        if not self.capture:
+        g.uses += 1
+        if not self.capture or g.graph is None and g.uses < 2:
             return self._pass(g, cache, keys)[0, :n]
         if g.graph is None:
             try:
@@ -134,6 +139,8 @@ class PassGraphs:
         with torch.cuda.stream(side):
             self._pass(g, cache, keys)
         torch.cuda.current_stream(self.device).wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA work during the capture does not break it
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
