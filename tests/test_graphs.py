@@ -70,8 +70,10 @@ def test_key_buckets_grown_caches_and_documents(code_ids):
                 r.keep([0, 1])
                 other[r] = r.hold(other[r])
     assert fixed.length == start + 24 > graphs.KEY_STEP and fixed.cache.capacity > graphs.KEY_STEP - 4
-    keys = {k[1] for k in fixed.graphs.graphs}  # capped by the capacity, then the next bucket of the grown cache
-    assert graphs.KEY_STEP - 4 in keys and max(keys) > graphs.KEY_STEP
+    # the grown cache's graphs cover the next bucket; those of its old buffers were let go
+    live = {fixed.cache.k[0].data_ptr(), other[fixed].cache.k[0].data_ptr()}
+    assert max(k[1] for k in fixed.graphs.graphs) > graphs.KEY_STEP
+    assert {k[2] for k in fixed.graphs.graphs} == live
 
 
 def test_passes_over_the_largest_size_run_eagerly(code_ids):
@@ -178,3 +180,45 @@ def test_a_shape_is_captured_at_its_second_use_and_a_failed_capture_turns_graphs
     assert pg.failed.startswith("RuntimeError") and not pg.graphs
     same(fixed, eager, *tree, range(3))
     assert not pg.graphs
+
+
+def test_graphs_of_a_dropped_or_grown_cache_are_let_go(code_ids, monkeypatch):
+    """A graph holds its cache's buffers; once the engine lets the document go (or the cache grows),
+    the next new shape drops those graphs and the buffers with them."""
+    import gc
+    import weakref
+
+    lm = load("qwen2-lean")
+    r = Runner(lm, 64, backend="lean", cuda_graphs=True)
+    pg = r.graphs
+    pg.capture = True
+
+    def capture(g, cache, keys):  # a real graph holds the buffers (keep), not the cache object
+        ref = weakref.ref(cache)
+        fn = lambda: pg._pass(g, ref(), keys)  # noqa: E731
+        g.out = fn()
+        g.graph = Replay(fn, g.out)
+        g.keep = (tuple(cache.k), tuple(cache.v))
+
+    monkeypatch.setattr(pg, "_capture", capture)
+    r.extend(code_ids[:20])
+    doc = r.new_held(64)
+    mine = r.hold(doc)
+    r.extend(code_ids[100:130])
+    for _ in range(2):  # a captured graph for the other document's cache
+        r.forward([5], [-1], [0])
+    buffer = weakref.ref(doc.cache.k[0])
+    r.hold(mine)
+    del doc
+    gc.collect()
+    assert buffer() is not None and len(pg.graphs) == 1  # the graph still holds it
+    r.forward([6, 7], [-1, 0], [1])  # a new shape: the dead document's graph goes
+    gc.collect()
+    assert buffer() is None and [k[0] for k in pg.graphs] == [2]
+    old = weakref.ref(r.cache.k[0])
+    for _ in range(2):
+        r.forward([6, 7], [-1, 0], [1])
+    r.extend(code_ids[:60])  # 60 + 4 padding rows > 64 slots: the next pass grows the cache
+    r.forward([8, 9, 10], [-1, 0, 1], [2])
+    gc.collect()
+    assert old() is None and all(k[2] == r.cache.k[0].data_ptr() for k in pg.graphs)

@@ -17,8 +17,9 @@ of keys captures again. A capture costs ~50 ms beyond its pass on an H200 (docs/
 four eager passes, so a shape is captured at its second use: its first runs the same fixed-shape
 pass uncaptured (the same kernels, so the same bits as the replays), and a shape used once (a
 document visited once, a tree size the budget tried once) never pays a capture. A graph holds the buffers and rotary tables it was
-captured with (so their memory cannot be reused under it): a grown cache's old buffers are freed
-when its last graph leaves the LIMIT most recently used. Every decode/verify pass of a runner goes
+captured with (so their memory cannot be reused under it) and is dropped, with them, once its
+cache is gone (a document the engine let go) or has grown: checked whenever a new shape comes, so
+a GPU holds no dead document's cache for long. Every decode/verify pass of a runner goes
 through here when graphs are on, so a tree node and the same token in a one-token pass take the
 same path (their bits can still differ by the matmuls' row count, as in eager passes on a GPU).
 Longer passes (prefill chunks over SIZES[-1] rows) and sliding-window models stay eager.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -66,6 +68,8 @@ class SlotCache:
 
 @dataclass
 class Graph:
+    cache: weakref.ref  # the TreeKVCache it serves
+    k0: int  # the address of that cache's layer-0 K buffer then (a grown cache has new buffers)
     idx: torch.Tensor  # [3, N] int64: ids, positions, slots
     mask: torch.Tensor  # [1, 1, N, B] bool
     uses: int = 0  # passes run at this shape
@@ -98,7 +102,9 @@ class PassGraphs:
         key = (rows, keys, cache.k[0].data_ptr())
         g = self.graphs.get(key)
         if g is None:
-            g = self.graphs[key] = Graph(torch.zeros(3, rows, dtype=torch.long, device=self.device),
+            self._prune()
+            g = self.graphs[key] = Graph(weakref.ref(cache), key[2],
+                                         torch.zeros(3, rows, dtype=torch.long, device=self.device),
                                          torch.zeros(1, 1, rows, keys, dtype=torch.bool, device=self.device))
             if len(self.graphs) > LIMIT:
                 self.graphs.popitem(last=False)
@@ -126,6 +132,12 @@ class PassGraphs:
                 return None
         g.graph.replay()
         return g.out[0, :n].clone()  # the next replay (any graph of this pool) may overwrite g.out
+
+    def _prune(self) -> None:
+        """Drop the graphs of caches that are gone or have grown (and the buffers they hold)."""
+        for key in [k for k, g in self.graphs.items()
+                    if (c := g.cache()) is None or not c.k or c.k[0].data_ptr() != g.k0]:
+            del self.graphs[key]
 
     def _pass(self, g: Graph, cache: TreeKVCache, keys: int) -> torch.Tensor:
         return self.base(input_ids=g.idx[0:1], position_ids=g.idx[1:2], attention_mask=g.mask,
