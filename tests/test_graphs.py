@@ -222,3 +222,16 @@ def test_graphs_of_a_dropped_or_grown_cache_are_let_go(code_ids, monkeypatch):
     r.forward([8, 9, 10], [-1, 0, 1], [2])
     gc.collect()
     assert old() is None and all(k[2] == r.cache.k[0].data_ptr() for k in pg.graphs)
+
+
+def test_the_native_cpu_layer_keeps_its_own_passes():
+    """An int8 Qwen2 on completiond's kernel runs each layer as one C call: nothing to replay."""
+    from completiond.models.kernels import cpu_kernel
+    from completiond.models.quant import quantize
+
+    if not cpu_kernel.enabled():
+        pytest.skip("completiond's kernel does not run here")
+    lm = tiny.loaded(tiny.qwen2_config(hidden=64), seed=1)
+    quantize(lm.model, "int8")
+    r = Runner(lm, backend="lean", cuda_graphs=True)
+    assert r.base.native is not None and r.graphs is None

@@ -96,8 +96,10 @@ class Runner:
             self.layer_types = None  # one mask for every layer (with the window if the model has one)
         if cuda_graphs is None:
             cuda_graphs = graphs.wanted(self.device)
+        fixed_shapes = (self.backend == "lean" and self.window is None
+                        and getattr(self.base, "native", None) is None)  # the CPU's native layer: one C call already
         self.graphs = (graphs.PassGraphs(self.base, self.device, capture=self.device.type == "cuda")
-                       if cuda_graphs and self.backend == "lean" and self.window is None else None)
+                       if cuda_graphs and fixed_shapes else None)
         self.capacity = capacity
         self._cache_type = TreeKVCache if self.backend == "lean" else for_transformers()
         self.cache = self._cache_type(capacity)
