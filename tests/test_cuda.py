@@ -7,10 +7,9 @@ import pytest
 import torch
 
 import tiny
-from completiond.core.engine import MODES, Engine, Request
 from completiond.core.forward.runner import Runner
 from completiond.models import self_draft
-from test_lossless import prompts
+from test_lossless import engines_agree
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
@@ -24,15 +23,7 @@ def on_cuda(m):
 @pytest.mark.parametrize("cfg", [tiny.gemma_config(window=16, layers=4), tiny.qwen2_config()])
 def test_greedy_identical_across_modes_on_cuda(cfg, code_ids):
     target = on_cuda(tiny.loaded(cfg, seed=1, scale=4.0))
-    draft = self_draft(target, 1)
-    engines = {m: Engine(target, draft, max_nodes=32, always_speculate=True) for m in MODES}
-    for e in engines.values():
-        e.index.set_file("textwrap.py", code_ids)
-    for i, prompt in enumerate(prompts(code_ids, n=12, seed=4)):
-        prompt = [t % (target.vocab_size - 16) for t in prompt]
-        ar = engines["ar"].complete(Request(prompt=prompt, mode="ar", max_tokens=16))
-        for m in ("pld", "draft", "combined"):
-            assert engines[m].complete(Request(prompt=prompt, mode=m, max_tokens=16)).token_ids == ar.token_ids, (m, i)
+    engines = engines_agree(target, self_draft(target, 1), code_ids, n=12, seed=4)
     if cfg.model_type == "qwen2":  # its passes replayed CUDA graphs (graphs.py); Gemma's sliding window stays eager
         assert all(e.runner.graphs.failed is None and e.runner.graphs.captured for e in engines.values())
 

@@ -6,11 +6,10 @@ import pytest
 import torch
 
 import tiny
-from completiond.core.engine import MODES, Engine, Request
 from completiond.core.forward import graphs
 from completiond.core.forward.runner import Runner
 from completiond.models import self_draft
-from test_lossless import prompts
+from test_lossless import engines_agree
 from test_runner import load
 
 
@@ -95,16 +94,8 @@ def test_greedy_identical_across_modes_with_fixed_shapes(code_ids, monkeypatch):
     give ar's tokens (fp32)."""
     monkeypatch.setattr(graphs, "wanted", lambda device: True)
     target = tiny.loaded(tiny.qwen2_config(layers=3), seed=1, scale=4.0)
-    draft = self_draft(target, 1)
-    engines = {m: Engine(target, draft, max_nodes=32, always_speculate=True) for m in MODES}
-    assert all(e.runner.graphs is not None for e in engines.values())
-    for e in engines.values():
-        e.index.set_file("textwrap.py", code_ids)
-    for i, prompt in enumerate(prompts(code_ids, n=6, seed=5)):
-        prompt = [t % (target.vocab_size - 16) for t in prompt]
-        ar = engines["ar"].complete(Request(prompt=prompt, mode="ar", max_tokens=16))
-        for m in ("pld", "draft", "combined"):
-            assert engines[m].complete(Request(prompt=prompt, mode=m, max_tokens=16)).token_ids == ar.token_ids, (m, i)
+    engines = engines_agree(target, self_draft(target, 1), code_ids, n=6, seed=5)
+    assert all(e.runner.graphs is not None and e.draft.runner.graphs is not None for e in engines.values())
     assert len(engines["combined"].runner.graphs.graphs) > 1
 
 

@@ -45,6 +45,21 @@ def prompts(code_ids, n=N_PROMPTS, seed=0):
     return out
 
 
+def engines_agree(target, draft, code_ids, n: int, seed: int, max_tokens: int = 16) -> dict:
+    """Engines of every mode on (target, draft), prompt lookup over textwrap.py: on n prompts, pld,
+    draft and combined give ar's tokens. Returns the engines (mode -> Engine)."""
+    engines = {m: Engine(target, draft, max_nodes=32, always_speculate=True) for m in MODES}
+    for e in engines.values():
+        e.index.set_file("textwrap.py", code_ids)
+    for i, prompt in enumerate(prompts(code_ids, n=n, seed=seed)):
+        prompt = [t % (target.vocab_size - 16) for t in prompt]
+        ar = engines["ar"].complete(Request(prompt=prompt, mode="ar", max_tokens=max_tokens))
+        for m in ("pld", "draft", "combined"):
+            res = engines[m].complete(Request(prompt=prompt, mode=m, max_tokens=max_tokens))
+            assert res.token_ids == ar.token_ids, (m, i)
+    return engines
+
+
 def random_eagle(target, seed=6, scale=0.05):
     """An EAGLE-style head with a small random MLP: its next state stays near the one it came from."""
     hidden, vocab = target.model.config.hidden_size, target.vocab_size
