@@ -91,6 +91,8 @@ async def test_daemon_on_cuda_two_clients_modes_agree(tmp_path):
                                                    "max_tokens": 16, "mode": mode}))["text"]
                      for mode in ("ar", "combined")]
             out.append(tuple(texts))
+        graphs = (await c.request("status", {}))["cuda_graphs"]
+        assert graphs["failed"] is None and graphs["captured"] >= 1, graphs
         await c.close()
         return out
 

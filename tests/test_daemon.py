@@ -154,6 +154,7 @@ async def test_clients_share_the_daemon_and_survive_a_disconnect(daemon):
                 "mean_accepted"):
         assert key in st
     assert st["requests_served"] >= 1
+    assert st["cuda_graphs"] is None  # a CPU daemon's passes are eager (tests/test_cuda.py: the CUDA daemon's)
     await b.close()
 
 

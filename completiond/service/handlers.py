@@ -144,6 +144,8 @@ async def status(d: Daemon, s: Session, p: P.Empty, msgid) -> dict:
         # the engine thread's turns: jobs queued or paused now, prefill chunks stopped for a new
         # request, documents with a cached sequence
         "scheduler": {**d.scheduler.stats, "waiting": len(d.scheduler.jobs), "slots": len(d.engine.slots)},
+        # the target's passes replayed from CUDA graphs (core/forward/graphs.py); None: eager passes
+        "cuda_graphs": d.engine.runner.graphs.status() if d.engine.runner.graphs is not None else None,
     }
 
 

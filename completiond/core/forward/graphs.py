@@ -133,6 +133,10 @@ class PassGraphs:
         g.graph.replay()
         return g.out[0, :n].clone()  # the next replay (any graph of this pool) may overwrite g.out
 
+    def status(self) -> dict:
+        """For the daemon's `status`: shapes known, graphs captured so far, why capture failed (None)."""
+        return {"shapes": len(self.graphs), "captured": self.captured, "failed": self.failed}
+
     def _prune(self) -> None:
         """Drop the graphs of caches that are gone or have grown (and the buffers they hold)."""
         for key in [k for k, g in self.graphs.items()
