@@ -62,8 +62,8 @@ def test_graph_replays_match_eager_passes_on_cuda(code_ids):
         r.forward([21, 22, 23], [-1, 0, 1], [2])
         r.keep([0, 1])
     torch.testing.assert_close(fixed.forward([24], [-1], [0]), eager.forward([24], [-1], [0]), rtol=0, atol=1e-4)
-    assert fixed.graphs.failed is None and fixed.graphs.captured >= 4
-    assert fixed.graphs.captured == len(fixed.graphs.graphs)
+    assert fixed.graphs.failed is None and fixed.graphs.captured >= 4  # each shape at its second use
+    assert fixed.graphs.captured == sum(g.graph is not None for g in fixed.graphs.graphs.values())
 
 
 async def test_daemon_on_cuda_two_clients_modes_agree(tmp_path):
