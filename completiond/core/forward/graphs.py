@@ -13,16 +13,18 @@ nodes runs here as one of SIZES rows over a bucket of KEY_STEP key slots:
 - K/V are stored at the slots a tensor holds (`SlotCache`), not at a Python offset.
 
 One graph per (rows, keys, cache buffers): a new document's cache, a grown cache or the next bucket
-of keys captures again. A capture costs ~50 ms beyond its pass on an H200 (docs/gpu.md), about
-four eager passes, so a shape is captured at its second use: its first runs the same fixed-shape
-pass uncaptured (the same kernels, so the same bits as the replays), and a shape used once (a
-document visited once, a tree size the budget tried once) never pays a capture. A graph holds the buffers and rotary tables it was
-captured with (so their memory cannot be reused under it) and is dropped, with them, once its
-cache is gone (a document the engine let go) or has grown: checked whenever a new shape comes, so
-a GPU holds no dead document's cache for long. Every decode/verify pass of a runner goes
-through here when graphs are on, so a tree node and the same token in a one-token pass take the
-same path (their bits can still differ by the matmuls' row count, as in eager passes on a GPU).
-Longer passes (prefill chunks over SIZES[-1] rows) and sliding-window models stay eager.
+of keys captures again.
+- A capture costs ~50 ms beyond its pass on an H200 (docs/gpu.md), about four eager passes, so a
+  shape is captured at its second use. Its first use runs the same fixed-shape pass uncaptured (the
+  same kernels, so the same bits as the replays); a shape used once (a document visited once, a
+  tree size the budget tried once) never pays a capture.
+- A graph holds the buffers and rotary tables it was captured with (their memory cannot be reused
+  under it). It is dropped with them once its cache is gone (a document the engine let go) or has
+  grown, checked whenever a new shape comes: a GPU holds no dead document's cache for long.
+- Every decode/verify pass of a runner goes through here when graphs are on, so a tree node and the
+  same token in a one-token pass take the same path (their bits can still differ by the matmuls'
+  row count, as in eager passes on a GPU).
+- Longer passes (prefill chunks over SIZES[-1] rows) and sliding-window models stay eager.
 
 `capture=False` runs the same fixed-shape pass eagerly: the CPU tests check padding, buckets and
 slots that way (tests/test_graphs.py); the CUDA tests replay real graphs (tests/test_cuda.py).
