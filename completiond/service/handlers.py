@@ -145,7 +145,8 @@ async def status(d: Daemon, s: Session, p: P.Empty, msgid) -> dict:
         # request, documents with a cached sequence
         "scheduler": {**d.scheduler.stats, "waiting": len(d.scheduler.jobs), "slots": len(d.engine.slots)},
         # the target's passes replayed from CUDA graphs (core/forward/graphs.py); None: eager passes
-        "cuda_graphs": d.engine.runner.graphs.status() if d.engine.runner.graphs is not None else None,
+        # (or a remote target, whose runner has none)
+        "cuda_graphs": graphs.status() if (graphs := getattr(d.engine.runner, "graphs", None)) else None,
     }
 
 
