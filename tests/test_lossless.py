@@ -120,33 +120,3 @@ def test_identical_under_stop_rules(models, code_ids):
             outs = {m: engines[m].complete(Request(prompt=prompt, mode=m, max_tokens=32, stops=stops))
                     for m in MODES}
             assert len({(tuple(o.token_ids), o.text) for o in outs.values()}) == 1
-
-
-@pytest.mark.parametrize("pair", ["self-draft", "eagle"])
-def test_typing_first_pass_rides_on_the_prefill_identically(models, pair, code_ids, monkeypatch):
-    """Typing: each prompt extends the last by a few tokens, so the uncached tail is short and the
-    first verify pass rides on its prefill (Engine._prefill_and_verify). Every mode still gives
-    ar's tokens, and the merged pass really ran (accepting guesses)."""
-    target, draft = models[pair]
-    merged = []
-    real = Engine._prefill_and_verify
-
-    def spy(self, st, proposers, ctx):
-        done = real(self, st, proposers, ctx)
-        merged.append((done, len(st.out.ids)))
-        return done
-
-    monkeypatch.setattr(Engine, "_prefill_and_verify", spy)
-    engines = {m: Engine(target, draft, max_nodes=32, always_speculate=True) for m in MODES}
-    for e in engines.values():
-        e.index.set_file("textwrap.py", code_ids)
-    for i, prompt in enumerate(prompts(code_ids, n=4, seed=11)):
-        p = prompt
-        for typed in (0, 3, 1, 2, 1, 4):  # the user types on: the first tokens of the last suggestion
-            ar = engines["ar"].complete(Request(prompt=p, mode="ar", max_tokens=16))
-            for m in ("pld", "draft", "combined"):
-                res = engines[m].complete(Request(prompt=p, mode=m, max_tokens=16))
-                assert res.token_ids == ar.token_ids, (m, i, typed)
-            p = p + ar.token_ids[:typed + 1]
-    ran = [n for done, n in merged if done]
-    assert len(ran) >= 10 and sum(n > 1 for n in ran) >= 3, merged  # several merged passes accepted guesses

@@ -33,7 +33,6 @@ from .prompt import Heal
 from .speculation.proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
 from .forward.context import Cancelled, PassContext
 from .forward.runner import Runner, drain
-from ..models.quant import BULK_ROWS
 from .scheduler import Work
 from .slots import Slots
 from .speculation.tree import TokenTree, build_tree, truncate
@@ -283,7 +282,7 @@ class Engine:
             # a first step before any pass: the scheduler learns this request's size before its prefill
             # runs, so a long one can already give way inside its first chunk
             yield self._left(st, len(req.prompt) - st.reused)
-            yield from self._prefill(st, served, proposers, ctx)
+            yield from self._prefill(st, served, ctx)
             if branched and not st.out.done:
                 st.alternatives = yield from decode_alternatives(self, st, proposers, ctx)
             while not st.out.done:
@@ -313,8 +312,7 @@ class Engine:
         prefills look alternately shorter and run chunk by chunk."""
         return work.prompt * self.prefill_ms_per_token() + work.passes * self.budget.cost(1)
 
-    def _prefill(self, st: Decoding, served: list[int], proposers: list[Proposer], ctx: PassContext
-                 ) -> Generator[float, None, None]:
+    def _prefill(self, st: Decoding, served: list[int], ctx: PassContext) -> Generator[float, None, None]:
         """The first token(s): served from memory (then the cache is brought up to them), or one pass
         over the prompt tokens the cache lacks, whose last logits give the first token."""
         req = st.req
@@ -324,8 +322,6 @@ class Engine:
                 st.reused = min(self.runner.common_prefix(req.prompt + served), len(req.prompt))
                 for _ in self.runner.sync_chunks(req.prompt + served[:-1], ctx=ctx):
                     yield self._left(st, len(req.prompt) + len(served) - 1 - self.runner.length)
-            return
-        if self._prefill_and_verify(st, proposers, ctx):
             return
         chunks = self.runner.extend_chunks(req.prompt, ctx=ctx, whole_chunks=True)
         while True:
@@ -341,36 +337,6 @@ class Engine:
             logits = logits + allowed
         st.first_logits = logits
         st.emit([sample(logits, req.sampling, st.gen)], first=True)
-
-    def _prefill_and_verify(self, st: Decoding, proposers: list[Proposer], ctx: PassContext) -> bool:
-        """The prompt's last few tokens and a tree of prompt lookup's guesses below them, in ONE pass:
-        the first verify pass rides on the prefill's. Its rows: the uncached prompt tokens before the
-        last one (a chain), then the tree, rooted at the prompt's last token, whose logits give the
-        first token. At most BULK_ROWS rows, so the prompt tokens run the same kernel, with the same
-        bits, as a prefill of them alone would (quant.bulk). False: not done here (no tail short
-        enough, no guess, n > 1, no prompt lookup), the plain prefill follows."""
-        req = st.req
-        lookup = [p for p in proposers if isinstance(p, PromptLookup)]
-        head = req.prompt[min(self.runner.common_prefix(req.prompt), len(req.prompt) - 1):-1]
-        room = BULK_ROWS - len(head)
-        if not lookup or req.n > 1 or req.max_tokens < 2 or room < 2:
-            return False
-        tree = self._propose(req.prompt[-1], lookup, req.max_tokens, ctx, context=req.prompt)
-        if len(tree) < 2:
-            return False
-        tree = truncate(tree, min(len(tree), room))
-        self.runner.rollback(len(req.prompt) - 1 - len(head))
-        parents = list(range(-1, len(head) - 1)) + [len(head) + p if p >= 0 else len(head) - 1 for p in tree.parents]
-        logits = self.runner.forward(head + tree.tokens, parents, range(len(head), len(head) + len(tree)), ctx=ctx)
-        if req.heal is not None:  # only tokens that start with the healed text may come first (as _prefill)
-            allowed = torch.full_like(logits[0], float("-inf"))
-            allowed[req.heal.allowed_ids()] = 0.0
-            logits[0] += allowed
-        st.first_logits = logits[0]
-        path, bonus = self._verify(st, tree, proposers, ctx, logits=logits)
-        self.runner.keep(list(range(len(head))) + [len(head) + i for i in path])
-        st.emit([tree.tokens[i] for i in path[1:]] + [bonus], first=True)
-        return True
 
     def _step(self, st: Decoding, proposers: list[Proposer], ctx: PassContext) -> None:
         """propose -> tree -> verify (one target pass) -> accept -> keep the path, emit its tokens."""
