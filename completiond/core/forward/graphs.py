@@ -71,7 +71,6 @@ class SlotCache:
 @dataclass
 class Graph:
     cache: weakref.ref  # the TreeKVCache it serves
-    k0: int  # the address of that cache's layer-0 K buffer then (a grown cache has new buffers)
     idx: torch.Tensor  # [3, N] int64: ids, positions, slots
     mask: torch.Tensor  # [1, 1, N, B] bool
     uses: int = 0  # passes run at this shape
@@ -105,7 +104,7 @@ class PassGraphs:
         g = self.graphs.get(key)
         if g is None:
             self._prune()
-            g = self.graphs[key] = Graph(weakref.ref(cache), key[2],
+            g = self.graphs[key] = Graph(weakref.ref(cache),
                                          torch.zeros(3, rows, dtype=torch.long, device=self.device),
                                          torch.zeros(1, 1, rows, keys, dtype=torch.bool, device=self.device))
             if len(self.graphs) > LIMIT:
@@ -142,7 +141,7 @@ class PassGraphs:
     def _prune(self) -> None:
         """Drop the graphs of caches that are gone or have grown (and the buffers they hold)."""
         for key in [k for k, g in self.graphs.items()
-                    if (c := g.cache()) is None or not c.k or c.k[0].data_ptr() != g.k0]:
+                    if (c := g.cache()) is None or not c.k or c.k[0].data_ptr() != k[2]]:
             del self.graphs[key]
 
     def _pass(self, g: Graph, cache: TreeKVCache, keys: int) -> torch.Tensor:

@@ -170,8 +170,7 @@ class Runner:
         hidden = None  # [n, H]
         if self.graphs is not None:  # one launch for the whole pass; a cancel lands before or after it
             ctx.check()
-            self.cache.begin_pass(pending=first, key_start=[])
-            self.cache.reserve(len(ids))
+            self.cache.begin_pass(pending=first, key_start=[])  # run reserves the rows it needs
             hidden = self.graphs.run(list(ids), [L + d for d in depth[first:]], anc, self.cache)
         if hidden is None:
             hidden = self._eager(ids, depth, anc, first, L, ctx, preemptible)
