@@ -33,13 +33,24 @@ SHAPES = {"qwen2.5-coder-0.5b": dict(hidden_size=896, intermediate_size=4864, nu
                                      num_attention_heads=12, tie_word_embeddings=False)}
 
 
-def model(shape: dict) -> torch.nn.Module:
+def model(shape: dict, device: str | torch.device = "cuda") -> torch.nn.Module:
     from transformers import AutoModelForCausalLM, Qwen2Config
     cfg = Qwen2Config(vocab_size=151936, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
                       rms_norm_eps=1e-6, use_sliding_window=False, **shape)
     torch.manual_seed(0)
-    with torch.device("cuda"):  # initialised where it runs: seconds, not a minute of CPU init
+    with torch.device(device):  # initialised where it runs: seconds, not a minute of CPU init
         return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.bfloat16).eval()
+
+
+def pass_ms(r: Runner, n: int, context: int, reps: int) -> list[float]:
+    """Wall ms of `reps` passes of an n-node tree (pass_cost.tree) over `context` committed slots,
+    each rolled back after."""
+    times = []
+    for _ in range(reps):
+        r.forward([0] * n, tree(n), range(n))
+        times.append(r.last_pass_ms)
+        r.rollback(context)
+    return times
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,11 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             row, first = {}, {}
             with torch.inference_mode():
                 for n in SIZES:
-                    times = []
-                    for _ in range(a.reps + 2):
-                        r.forward([0] * n, tree(n), range(n))
-                        times.append(r.last_pass_ms)
-                        r.rollback(a.context)
+                    times = pass_ms(r, n, a.context, a.reps + 2)
                     first[n] = [round(t, 2) for t in times[:2]]
                     times = times[2:]
                     row[n] = round(sorted(times)[len(times) // 2], 3)  # median ms

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_pass_cost import SHAPES  # noqa: E402
+from gpu_pass_cost import SHAPES, model, pass_ms  # noqa: E402
 from pass_cost import fill_cache, tree  # noqa: E402
 
 from completiond.core.forward import graphs  # noqa: E402
@@ -27,22 +27,8 @@ from completiond.core.forward.runner import Runner  # noqa: E402
 from completiond.models import LoadedModel  # noqa: E402
 
 
-def model(shape: dict, device: torch.device) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM, Qwen2Config
-    cfg = Qwen2Config(vocab_size=151936, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
-                      rms_norm_eps=1e-6, use_sliding_window=False, **shape)
-    torch.manual_seed(0)
-    with device:  # initialised where it runs
-        return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.bfloat16).eval()
-
-
 def median_ms(r: Runner, n: int, context: int, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        r.forward([0] * n, tree(n), range(n))
-        times.append(r.last_pass_ms)
-        r.rollback(context)
-    return sorted(times)[len(times) // 2]
+    return sorted(pass_ms(r, n, context, reps))[reps // 2]
 
 
 def replay_ms(r: Runner, n: int, reps: int) -> float:
