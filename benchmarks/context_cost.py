@@ -7,6 +7,7 @@ the same); at n nodes every node attends to every key, so it grows with n.
     python benchmarks/context_cost.py --target qwen2.5-coder-1.5b --quant int4 \
         --json benchmarks/results/w4head/context-cost-1.5b-int4.json --plot benchmarks/results/w4head/context-cost-1.5b-int4.png
     python benchmarks/context_cost.py --target qwen2.5-coder-0.5b --contexts 64,2048 --attention float32,bf16 ...
+    python benchmarks/context_cost.py --target qwen2.5-coder-1.5b --quant int4 --w4-zmm on,off ...
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="1,2,4,8")
     ap.add_argument("--attention", default="", help="comma list of cpu_kernel.ATTENTION modes to interleave too "
                     "(default: this process's)")
+    ap.add_argument("--w4-zmm", default="", help="on,off: int4 matmuls' 512-bit tiles (cpu_kernel.w4_zmm) "
+                    "interleaved too (default: this process's)")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
@@ -42,13 +45,19 @@ def main() -> int:
     torch.set_num_threads(a.threads)
     lm = load(a.target, quant=a.quant)
     contexts, sizes = [int(c) for c in a.contexts.split(",")], [int(s) for s in a.sizes.split(",")]
-    modes = [m for m in a.attention.split(",") if m] or [cpu_kernel.attention()]
+    attention = [m for m in a.attention.split(",") if m] or [cpu_kernel.attention()]
+    zmm = [z for z in a.w4_zmm.split(",") if z]
+    # a mode: an attention kind, and " zmm on" / " zmm off" where --w4-zmm interleaves them
+    modes = [m + (f" zmm {z}" if zmm else "") for m in attention for z in (zmm or [""])]
     r = Runner(lm, max(contexts) + 256, backend="lean")
     ms: dict[tuple[str, int, int], list[float]] = {(m, c, n): [] for m in modes for c in contexts for n in sizes}
     chosen = cpu_kernel.attention
     for rep in range(a.reps + 1):  # rep 0 warms up
         for m in modes:
-            cpu_kernel.attention = lambda: m  # read on every pass
+            kind, _, z = m.partition(" zmm ")
+            cpu_kernel.attention = lambda: kind  # read on every pass
+            if z:
+                cpu_kernel.library().completiond_w4_zmm(int(z == "on"))
             for c in contexts:
                 fill_cache(r, c)
                 for n in sizes:
@@ -57,19 +66,21 @@ def main() -> int:
                         ms[m, c, n].append(r.last_pass_ms)
                     r.rollback(c)
     cpu_kernel.attention = chosen
+    if zmm:
+        cpu_kernel.library().completiond_w4_zmm(int(cpu_kernel.w4_zmm()))
     lo, hi = str(contexts[0]), str(contexts[-1])
     by_mode = {}
     for m in modes:
         table = {str(c): {str(n): {"min": round(min(ms[m, c, n]), 2), "median": round(statistics.median(ms[m, c, n]), 2)}
                           for n in sizes} for c in contexts}
         for c in contexts:
-            print(f"{m:8s} context {c:5d}: " + "  ".join(f"{n} nodes {table[str(c)][str(n)]['median']:6.1f}" for n in sizes))
+            print(f"{m:12s} context {c:5d}: " + "  ".join(f"{n} nodes {table[str(c)][str(n)]['median']:6.1f}" for n in sizes))
         added = {str(n): round(table[hi][str(n)]["median"] - table[lo][str(n)]["median"], 2) for n in sizes}
-        print(f"{m:8s} context {hi} over {lo}, ms added (median): {added}")
+        print(f"{m:12s} context {hi} over {lo}, ms added (median): {added}")
         by_mode[m] = {"ms_per_pass": table, f"added_by_{hi}_over_{lo}": added}
     out = {"command": "python " + " ".join(sys.argv), "date": datetime.date.today().isoformat(), "cpu": cpu_info(),
            "target": a.target, "quant": lm.meta.get("quant", "none"), "threads": a.threads, "reps": a.reps,
-           **(by_mode[modes[0]] if len(modes) == 1 else {"attention": by_mode})}
+           **(by_mode[modes[0]] if len(modes) == 1 else {"modes": by_mode})}
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(out, indent=2) + "\n")
@@ -83,7 +94,7 @@ def main() -> int:
         for m in modes:
             for c in contexts:
                 ax.plot(sizes, [by_mode[m]["ms_per_pass"][str(c)][str(n)]["median"] for n in sizes], marker="o",
-                        label=f"{c} tokens of context" + (f", {m} attention" if len(modes) > 1 else ""))
+                        label=f"{c} tokens of context" + (f", {m}" if len(modes) > 1 else ""))
         ax.set_xlabel("tree nodes")
         ax.set_ylabel("ms per pass (median)")
         ax.set_title(f"{a.target} ({out['quant']}), {a.threads} threads")

@@ -265,13 +265,16 @@ def test_override_forces_completiond_kernel(tmp_path):
     code = "from completiond.models.kernels import cpu_kernel; print(cpu_kernel.name())"
     vnni = "+avx512-vnni" if cpu_kernel.AVX512_VNNI <= cpu_flags() else ""  # where integer sums run on it
     bf16 = "+bf16-attention" if cpu_kernel.AVX512_BF16 <= cpu_flags() else ""  # attention()
-    for acts, attention, name in (("float32", "auto", "completiond-avx2" + bf16),
-                                  ("int16", "auto", "completiond-avx2+int16-activations" + vnni + bf16),
-                                  ("int8", "auto", "completiond-avx2+int8-activations" + vnni + bf16),
-                                  ("int8", "float32", "completiond-avx2+int8-activations" + vnni)):
+    zmm = "+w4-zmm" if cpu_kernel.AVX512_VNNI <= cpu_flags() else ""  # w4_zmm()
+    for acts, attention, wide, name in (
+            ("float32", "auto", "1", "completiond-avx2" + zmm + bf16),
+            ("int16", "auto", "1", "completiond-avx2+int16-activations" + vnni + zmm + bf16),
+            ("int8", "auto", "1", "completiond-avx2+int8-activations" + vnni + zmm + bf16),
+            ("int8", "float32", "0", "completiond-avx2+int8-activations" + vnni)):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                              env={**os.environ, "COMPLETIOND_INT8_KERNEL": "completiond", "COMPLETIOND_CACHE": str(tmp_path),
-                                  "COMPLETIOND_INT8_ACTIVATIONS": acts, "COMPLETIOND_ATTENTION": attention})
+                                  "COMPLETIOND_INT8_ACTIVATIONS": acts, "COMPLETIOND_ATTENTION": attention,
+                                  "COMPLETIOND_W4_ZMM": wide})
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == name and not (tmp_path / "calibration").exists()
 
@@ -360,6 +363,26 @@ def test_w4_rows_are_bit_identical_alone_and_in_any_batch(k, n, kind):
         assert torch.equal(cpu_kernel.w4_mm(x[:9], packed, scales, kind), whole[:9])
     finally:
         torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_w4_512_bit_tiles_give_the_256_bit_bits():
+    """Where AVX512-VNNI runs 5+ rows in 512-bit tiles (two vectors of 8 channels, a lone last vector
+    in 256-bit tiles), every (row, channel) gets the bits of the 256-bit tiles a row alone runs."""
+    if "w4+avx512-vnni" not in W4_HERE:
+        pytest.skip("no AVX512-VNNI here")
+    lib = cpu_kernel.library()
+    try:
+        for m, k, n in [(5, 896, 200), (8, 1536, 64), (13, 1003, 131), (70, 37, 19), (16, 4864, 23), (7, 128, 8)]:
+            x, _, packed, scales = w4_operands(m, k, n, seed=m)
+            lib.completiond_w4_zmm(1)
+            wide = cpu_kernel.w4_mm(x, packed, scales, "w4+avx512-vnni")
+            lib.completiond_w4_zmm(0)
+            narrow = cpu_kernel.w4_mm(x, packed, scales, "w4+avx512-vnni")
+            assert torch.equal(wide, narrow), (m, k, n)
+            assert torch.equal(wide[:1], cpu_kernel.w4_mm(x[:1], packed, scales, "w4+avx512-vnni")), (m, k, n)
+    finally:
+        lib.completiond_w4_zmm(int(cpu_kernel.w4_zmm()))
 
 
 @needs_kernel

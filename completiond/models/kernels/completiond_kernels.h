@@ -39,6 +39,10 @@ int completiond_mm_supported(int kind);
 int completiond_mm(int kind, const float *x, const int8_t *w, const float *scale, float *y, int64_t M,
                    int64_t K, int64_t N, int threads);
 
+// Whether int4-weight matmuls of 5+ rows on AVX512-VNNI run 512-bit tiles (1, the default) or the
+// 256-bit ones (0); both give the same bits (w4_mm.c).
+void completiond_w4_zmm(int on);
+
 // Floats of scratch completiond_qwen2_layer needs for n rows and `keys` cache slots.
 int64_t completiond_qwen2_work(int64_t n, int64_t H, int64_t inter, int64_t heads, int64_t kv_heads,
                                int64_t d, int64_t keys, int threads);
