@@ -131,3 +131,24 @@ def test_index_open_documents_and_files():
     assert continuations(ctx, idx.segments(), 2, 4)[0][0] == [20]
     idx.close("file:///b.py")
     assert continuations(ctx, idx.segments(), 2, 4) == []
+
+
+def test_prompt_lookup_keys_a_fim_context_on_the_code_before_the_cursor():
+    """[<p>] P [<s>] S [<m>] G is looked up as P + G: the raw context's last n-gram spans <fim_middle>
+    and occurs nowhere. The cursor's own spot in the open buffer (P followed by S) is not a guess."""
+    from completiond.core.speculation.proposers import Limits, PromptLookup
+    P, S, M = 900, 901, 902  # <fim_prefix>, <fim_suffix>, <fim_middle>
+    idx = TokenIndex()
+    idx.set_file("/w/a.py", [10, 11, 12, 13, 14, 15])  # elsewhere: "10 11 12" goes on "13 14 15"
+    idx.set_open("file:///b.py", [1, 10, 11, 12, 30, 31])  # the buffer: prefix "1 10 11 12", suffix "30 31"
+    context = [P, 1, 10, 11, 12, S, 30, 31, M]
+    limits = Limits(max_len=3, min_value=0.0)
+    plain = PromptLookup(idx)
+    assert plain.propose(context, limits) == []
+    fim = PromptLookup(idx, fim=(P, S, M))
+    view, after = fim.document_view(context)
+    assert view[-4:].tolist() == [1, 10, 11, 12] and after == [30, 31]
+    assert [c.tokens for c in fim.propose(context, limits)] == [[13, 14, 15]]  # not [30, 31]
+    # after <fim_middle>: what was typed or verified continues the prefix
+    assert [c.tokens for c in fim.propose([P, 1, 10, S, 30, 31, M, 11, 12], limits)] == [[13, 14, 15]]
+    assert fim.document_view([5, 6, 7])[0].tolist() == [5, 6, 7]  # not FIM: as it is

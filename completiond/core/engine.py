@@ -29,7 +29,7 @@ from ..models.heads import EagleHead, MedusaHeads
 from .speculation.heads import head_proposer
 from ..models import LoadedModel
 from ..models.device import LOADED, OthersBusy, loadavg, quiet_now
-from .prompt import Heal
+from .prompt import Heal, fim_tokens
 from .speculation.proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
 from .forward.context import Cancelled, PassContext
 from .forward.runner import Runner, drain
@@ -111,7 +111,9 @@ class Engine:
         self.target = target
         self.runner = Runner(target, capacity, backend=backend)  # lean where the family allows
         self.index = index or TokenIndex()
-        self.prompt_lookup = PromptLookup(self.index)
+        fim = fim_tokens(target.tokenizer)
+        self.fim = (fim.prefix, fim.suffix, fim.middle) if fim is not None else None
+        self.prompt_lookup = PromptLookup(self.index, fim=self.fim)
         # the draft: a small model, or heads on the target's own hidden states (Medusa, EAGLE-style)
         self.heads = head_proposer(draft, target.model, target.dtype) \
             if isinstance(draft, (MedusaHeads, EagleHead)) else None
@@ -235,7 +237,7 @@ class Engine:
         return [c.tokens for c in self.lookup_proposer(n).propose(context, limits)]
 
     def lookup_proposer(self, n: int) -> PromptLookup:
-        return self.prompt_lookup if n == self.prompt_lookup.max_candidates else PromptLookup(self.index, n)
+        return self.prompt_lookup if n == self.prompt_lookup.max_candidates else PromptLookup(self.index, n, self.fim)
 
     def proposers(self, mode: str) -> list[Proposer]:
         if mode not in MODES:

@@ -61,14 +61,23 @@ class Proposer(Protocol):
 
 
 class PromptLookup:
-    """Continuations of the context's suffix found in the prompt, open buffers and workspace files."""
+    """Continuations of the context's suffix found in the prompt, open buffers and workspace files.
+
+    A FIM context ([head] <fim_prefix> P <fim_suffix> S <fim_middle> G) is looked up as the document
+    reads at the cursor: P + G, the code before the cursor and what came after <fim_middle> (typed,
+    then verified). Keyed on the raw context, the first steps of every completion would look up
+    "<fim_middle> g1 g2", which occurs nowhere, and propose nothing. S stays in the context (moved
+    ahead of P) for its own search; a continuation that repeats S's start is the cursor's own spot
+    in the open buffer (the text after the cursor), not a guess at what goes there, and is dropped."""
 
     name = "pld"
     costly = False
 
-    def __init__(self, index: TokenIndex | None = None, max_candidates: int = 6):
+    def __init__(self, index: TokenIndex | None = None, max_candidates: int = 6,
+                 fim: tuple[int, int, int] | None = None):
         self.index = index or TokenIndex()
         self.max_candidates = max_candidates
+        self.fim = fim  # the target's (<fim_prefix>, <fim_suffix>, <fim_middle>) ids; None: no FIM
         # Acceptance of the first token by backward-match length bucket, and of later tokens.
         self.first = {b: Ewma(p, 0.05) for b, p in ((2, 0.3), (4, 0.5), (8, 0.7), (16, 0.8))}
         self.next = Ewma(0.8, 0.05)
@@ -87,9 +96,29 @@ class PromptLookup:
     def _bucket(match: int) -> int:
         return 2 if match < 4 else 4 if match < 8 else 8 if match < 16 else 16
 
+    def document_view(self, context: list[int]) -> tuple[np.ndarray, list[int]]:
+        """(the context as looked up, the tokens after the cursor): see the class."""
+        ids = np.asarray(context, dtype=np.int64)
+        if self.fim is None:
+            return ids, []
+        prefix, suffix, middle = self.fim
+        m = np.flatnonzero(ids == middle)
+        if not len(m):
+            return ids, []
+        m = int(m[-1])
+        s = np.flatnonzero(ids[:m] == suffix)
+        p = np.flatnonzero(ids[:m] == prefix)
+        if not len(s) or not len(p) or p[-1] > s[-1]:
+            return ids, []
+        s, p = int(s[-1]), int(p[-1])
+        after = ids[s + 1:m]
+        return np.concatenate([ids[:p], ids[s:m], ids[p:s], ids[m + 1:]]), after.tolist()
+
     def propose(self, context: list[int], limits: Limits, ctx: PassContext = NO_CONTEXT) -> list[Candidate]:
-        found = continuations(np.asarray(context, dtype=np.int64), self.index.segments(),
-                              limits.max_len, self.max_candidates)
+        view, after = self.document_view(context)
+        found = continuations(view, self.index.segments(), limits.max_len, self.max_candidates + bool(after))
+        if after:
+            found = [(t, m) for t, m in found if t[:4] != after[:len(t[:4])]][:self.max_candidates]
         out = []
         for tokens, match in found:
             p0 = self.first[self._bucket(match)].value
