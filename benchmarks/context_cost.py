@@ -36,7 +36,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="1,2,4,8")
     ap.add_argument("--attention", default="", help="comma list of cpu_kernel.ATTENTION modes to interleave too "
                     "(default: this process's)")
-    ap.add_argument("--w4-zmm", default="", help="on,off: int4 matmuls' 512-bit tiles (cpu_kernel.w4_zmm) "
+    ap.add_argument("--w4-zmm", default="", help="on,off: the kernels' 512-bit code (cpu_kernel.zmm) "
                     "interleaved too (default: this process's)")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--json", type=Path)
@@ -57,7 +57,7 @@ def main() -> int:
             kind, _, z = m.partition(" zmm ")
             cpu_kernel.attention = lambda: kind  # read on every pass
             if z:
-                cpu_kernel.library().completiond_w4_zmm(int(z == "on"))
+                cpu_kernel.library().completiond_zmm(int(z == "on"))
             for c in contexts:
                 fill_cache(r, c)
                 for n in sizes:
@@ -67,7 +67,7 @@ def main() -> int:
                     r.rollback(c)
     cpu_kernel.attention = chosen
     if zmm:
-        cpu_kernel.library().completiond_w4_zmm(int(cpu_kernel.w4_zmm()))
+        cpu_kernel.library().completiond_zmm(int(cpu_kernel.zmm()))
     lo, hi = str(contexts[0]), str(contexts[-1])
     by_mode = {}
     for m in modes:

@@ -265,7 +265,7 @@ def test_override_forces_completiond_kernel(tmp_path):
     code = "from completiond.models.kernels import cpu_kernel; print(cpu_kernel.name())"
     vnni = "+avx512-vnni" if cpu_kernel.AVX512_VNNI <= cpu_flags() else ""  # where integer sums run on it
     bf16 = "+bf16-attention" if cpu_kernel.AVX512_BF16 <= cpu_flags() else ""  # attention()
-    zmm = "+w4-zmm" if cpu_kernel.AVX512_VNNI <= cpu_flags() else ""  # w4_zmm()
+    zmm = "+zmm" if cpu_kernel.AVX512_VNNI <= cpu_flags() else ""  # zmm()
     for acts, attention, wide, name in (
             ("float32", "auto", "1", "completiond-avx2" + zmm + bf16),
             ("int16", "auto", "1", "completiond-avx2+int16-activations" + vnni + zmm + bf16),
@@ -274,7 +274,7 @@ def test_override_forces_completiond_kernel(tmp_path):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                              env={**os.environ, "COMPLETIOND_INT8_KERNEL": "completiond", "COMPLETIOND_CACHE": str(tmp_path),
                                   "COMPLETIOND_INT8_ACTIVATIONS": acts, "COMPLETIOND_ATTENTION": attention,
-                                  "COMPLETIOND_W4_ZMM": wide})
+                                  "COMPLETIOND_ZMM": wide})
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == name and not (tmp_path / "calibration").exists()
 
@@ -375,14 +375,14 @@ def test_w4_512_bit_tiles_give_the_256_bit_bits():
     try:
         for m, k, n in [(5, 896, 200), (8, 1536, 64), (13, 1003, 131), (70, 37, 19), (16, 4864, 23), (7, 128, 8)]:
             x, _, packed, scales = w4_operands(m, k, n, seed=m)
-            lib.completiond_w4_zmm(1)
+            lib.completiond_zmm(1)
             wide = cpu_kernel.w4_mm(x, packed, scales, "w4+avx512-vnni")
-            lib.completiond_w4_zmm(0)
+            lib.completiond_zmm(0)
             narrow = cpu_kernel.w4_mm(x, packed, scales, "w4+avx512-vnni")
             assert torch.equal(wide, narrow), (m, k, n)
             assert torch.equal(wide[:1], cpu_kernel.w4_mm(x[:1], packed, scales, "w4+avx512-vnni")), (m, k, n)
     finally:
-        lib.completiond_w4_zmm(int(cpu_kernel.w4_zmm()))
+        lib.completiond_zmm(int(cpu_kernel.zmm()))
 
 
 @needs_kernel

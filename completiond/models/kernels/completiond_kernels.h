@@ -39,9 +39,10 @@ int completiond_mm_supported(int kind);
 int completiond_mm(int kind, const float *x, const int8_t *w, const float *scale, float *y, int64_t M,
                    int64_t K, int64_t N, int threads);
 
-// Whether int4-weight matmuls of 5+ rows on AVX512-VNNI run 512-bit tiles (1, the default) or the
-// 256-bit ones (0); both give the same bits (w4_mm.c).
-void completiond_w4_zmm(int on);
+// 1: where 512-bit vectors do twice the work of 256-bit ones (cpu_kernel.zmm() decides; only on
+// AVX512-VNNI CPUs), int4-weight matmuls of 5+ rows (w4_mm.c) and attention's value sums
+// (qwen2_layer.c) run 512-bit code; 0 (the default): 256-bit. Both give the same bits.
+void completiond_zmm(int on);
 
 // Floats of scratch completiond_qwen2_layer needs for n rows and `keys` cache slots.
 int64_t completiond_qwen2_work(int64_t n, int64_t H, int64_t inter, int64_t heads, int64_t kv_heads,
@@ -60,6 +61,8 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
 
 // ---- internal: shared by the sources, not exported ----
 #define COMPLETIOND_HIDDEN __attribute__((visibility("hidden")))
+
+COMPLETIOND_HIDDEN int completiond_zmm_enabled(void);  // completiond_zmm's choice
 
 COMPLETIOND_HIDDEN void completiond_mm_f32(const float *x, const int8_t *w, const float *scale, float *y,
                                            int64_t M, int64_t K, int64_t N, int threads);

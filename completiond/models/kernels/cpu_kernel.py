@@ -64,8 +64,8 @@ _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 # tests/test_cpu_kernel.py parses the header and checks them against it.
 SIGNATURES: dict[str, tuple[list, type | None]] = {
     "completiond_mm_supported": ([_C], _C),
-    # (on): 512-bit int4 tiles for 5+ rows
-    "completiond_w4_zmm": ([_C], None),
+    # (on): 512-bit int4 tiles for 5+ rows and value sums
+    "completiond_zmm": ([_C], None),
     # (kind, x, w, scale, y, M, K, N, threads)
     "completiond_mm": ([_C, _P, _P, _P, _P, _I, _I, _I, _C], _C),
     # (n, H, inter, heads, kv_heads, d, keys, threads) -> floats of scratch
@@ -150,7 +150,7 @@ def _library() -> ctypes.CDLL | None:
     for name_, (args, res) in SIGNATURES.items():
         fn = getattr(lib, name_)
         fn.argtypes, fn.restype = args, res
-    lib.completiond_w4_zmm(int(w4_zmm()))
+    lib.completiond_zmm(int(zmm()))
     return lib
 
 
@@ -286,13 +286,14 @@ def attention() -> str:
     return "bf16" if AVX512_BF16 <= cpu_flags() and not forced_off else "float32"
 
 
-def w4_zmm() -> bool:
-    """Whether int4-weight matmuls of 5+ rows (tree passes, prefill chunks) run 512-bit `vpdpbusd`
-    over two vectors of 8 channels at once (w4_mm.c), where the CPU has AVX512-VNNI: on Zen 5 a
-    512-bit one does twice a 256-bit one's products in the same time, and an 8-row matmul of the
-    1.5B's layer shapes costs 0.70x (docs/kernels.md "Round 13"). Same bits either way.
-    COMPLETIOND_W4_ZMM=0 keeps the 256-bit tiles (e.g. a CPU that slows its clock for 512-bit work)."""
-    return AVX512_VNNI <= cpu_flags() and os.environ.get("COMPLETIOND_W4_ZMM", "1") != "0"
+def zmm() -> bool:
+    """Whether the kernels run 512-bit code where it does twice the work (on AVX512-VNNI CPUs):
+    int4-weight matmuls of 5+ rows (tree passes, prefill chunks: `vpdpbusd` over two vectors of 8
+    channels at once, w4_mm.c) and the native layer's attention value sums. On Zen 5 a 512-bit
+    instruction does twice a 256-bit one's work in the same time: an 8-row int4 matmul of the 1.5B's
+    layer shapes costs 0.70x (docs/kernels.md "Round 13"). Same bits either way. COMPLETIOND_ZMM=0
+    keeps the 256-bit code (e.g. a CPU that slows its clock for 512-bit work)."""
+    return AVX512_VNNI <= cpu_flags() and os.environ.get("COMPLETIOND_ZMM", "1") != "0"
 
 
 def name() -> str:
@@ -301,7 +302,7 @@ def name() -> str:
     if not enabled():
         return "torch"
     acts, k = activations(), kind()
-    return (NAME + SUFFIX[acts] + k[len(acts):] + ("+w4-zmm" if w4_zmm() else "")
+    return (NAME + SUFFIX[acts] + k[len(acts):] + ("+zmm" if zmm() else "")
             + ("+bf16-attention" if attention() == "bf16" else ""))
 
 

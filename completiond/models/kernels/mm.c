@@ -2,6 +2,12 @@
 // well as in cpu_kernel.py, so a wrong kind is an error, never an illegal instruction).
 #include "completiond_kernels.h"
 
+static int zmm_on = 0;
+
+void completiond_zmm(int on) { zmm_on = on; }
+
+int completiond_zmm_enabled(void) { return zmm_on; }
+
 int completiond_mm_supported(int kind) {
     __builtin_cpu_init();
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");

@@ -288,6 +288,41 @@ static void add_values(const float *p, const uint8_t *vis, const float *v, int64
     }
 }
 
+// add_values in 512-bit vectors (completiond_zmm_enabled(): AVX512 CPUs where they do twice the work). Each
+// lane is one output element summed in slot order, as in value_chunk: the same bits.
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+static inline __attribute__((always_inline)) void value_chunk_zmm(int CB, const float *p, const uint8_t *vis,
+                                                                   const float *v, int64_t t0, int64_t t1,
+                                                                   int64_t d, float *acc_mem) {
+    __m512 acc[8];
+    for (int j = 0; j < CB; j++) acc[j] = _mm512_loadu_ps(acc_mem + j * 16);
+    for (int64_t t = t0; t < t1; t++) {
+        if (!vis[t]) continue;
+        __m512 pt = _mm512_set1_ps(p[t]);
+        for (int j = 0; j < CB; j++) acc[j] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(v + t * d + j * 16), acc[j]);
+    }
+    for (int j = 0; j < CB; j++) _mm512_storeu_ps(acc_mem + j * 16, acc[j]);
+}
+
+static void add_values_zmm(const float *p, const uint8_t *vis, const float *v, int64_t t0, int64_t t1, int64_t d,
+                           float *out) {
+    int64_t c = 0;
+    for (; c + 128 <= d; c += 128) value_chunk_zmm(8, p, vis, v + c, t0, t1, d, out + c);
+    switch ((d - c) / 16) {
+        case 1: value_chunk_zmm(1, p, vis, v + c, t0, t1, d, out + c); break;
+        case 2: value_chunk_zmm(2, p, vis, v + c, t0, t1, d, out + c); break;
+        case 3: value_chunk_zmm(3, p, vis, v + c, t0, t1, d, out + c); break;
+        case 4: value_chunk_zmm(4, p, vis, v + c, t0, t1, d, out + c); break;
+        case 5: value_chunk_zmm(5, p, vis, v + c, t0, t1, d, out + c); break;
+        case 6: value_chunk_zmm(6, p, vis, v + c, t0, t1, d, out + c); break;
+        case 7: value_chunk_zmm(7, p, vis, v + c, t0, t1, d, out + c); break;
+    }
+    c += (d - c) / 16 * 16;
+    if (c < d) value_chunk(1, p, vis, v + c, t0, t1, d, out + c);  // 8 left (d: a multiple of 8)
+}
+#pragma GCC pop_options
+
 static int64_t attention_blocks(int64_t n, int64_t kv_heads, int threads) {
     int64_t blocks = threads > kv_heads ? (threads + kv_heads - 1) / kv_heads : 1;
     return blocks > n ? (n > 0 ? n : 1) : blocks;
@@ -347,7 +382,7 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
     }
     // Attention: a job is one kv head and a block of rows (its g query heads each); it scores its
     // queries against the head's keys, then sums values, a block of keys at a time.
-    int elem = kv_bf16 ? 2 : 4;
+    int elem = kv_bf16 ? 2 : 4, zmm = completiond_zmm_enabled();
     int64_t blocks = attention_blocks(n, kv_heads, threads);
     int64_t job_size = job_floats(keys, d, (n + blocks - 1) / blocks, g);
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -379,7 +414,8 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
             int64_t t1 = t0 + KEY_BLOCK < keys ? t0 + KEY_BLOCK : keys;
             const float *v = cache_rows(vh, kv_bf16, t0, t1 - t0, d, buf);  // v + (t - t0) * d: value t
             for (int64_t i = 0; i < nqj; i++)
-                add_values(s + i * keys + t0, mask + (r0 + i / g) * keys + t0, v, 0, t1 - t0, d, qj + i * d);
+                (zmm ? add_values_zmm : add_values)(s + i * keys + t0, mask + (r0 + i / g) * keys + t0,
+                                                                   v, 0, t1 - t0, d, qj + i * d);
         }
         for (int64_t i = 0; i < nqj; i++) {
             float *out = a + (r0 + i / g) * nq + (kv * g + i % g) * d;

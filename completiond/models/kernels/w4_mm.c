@@ -83,10 +83,6 @@ static inline __attribute__((always_inline)) __m256i dot_avx2(__m256i acc, __m25
 // 1-4 rows keep the one-stream 256-bit tiles (a one-row matmul is bound by its bytes).
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
-static int w4_zmm_on = 1;  // completiond_w4_zmm
-
-void completiond_w4_zmm(int on) { w4_zmm_on = on; }
-
 static inline __attribute__((always_inline)) __m512 w4_bf16x16(const uint16_t *v0, const uint16_t *v1) {
     __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)v0)),
                                         _mm_loadu_si128((const __m128i *)v1), 1);
@@ -196,7 +192,7 @@ void completiond_mm_w4(int sums, const float *x, const uint8_t *w, const float *
             xsum[m * G + g] = a.s[m * a.nb + g * W4_G / KB] * (float)t;
         }
     const uint16_t *sz = (const uint16_t *)scale;
-    if (sums == 1 && M >= W4_ZMIN && w4_zmm_on)
+    if (sums == 1 && M >= W4_ZMIN && completiond_zmm_enabled())
         w4_mm_zmm(&a, w, sz, xsum, y, M, N, threads);
     else if (sums == 1)
         w4_mm_vnni512(&a, w, sz, xsum, y, M, N, threads);
