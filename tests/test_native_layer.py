@@ -186,7 +186,7 @@ def test_int4_mlps_run_native_bit_identical_in_trees_and_close_to_the_torch_ops(
 @needs_kernel
 @pytest.mark.parametrize("hidden", [96, 512])  # heads of 24 (16 + a tail of 8) and 128 (one chunk of 8 x 16)
 def test_512_bit_code_gives_the_256_bit_bits(hidden, attn):
-    """cpu_kernel.zmm() (AVX512-VNNI CPUs): int4 matmuls of 5+ rows and the value sums in 512-bit
+    """cpu_kernel.zmm() (AVX512-VNNI CPUs): int4 matmuls of 4+ rows and the value sums in 512-bit
     vectors. A tree pass over a context of several key blocks has the same bits with them off, and
     its nodes those of one-token passes."""
     if not cpu_kernel.AVX512_VNNI <= cpu_flags():

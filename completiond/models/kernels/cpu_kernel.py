@@ -64,7 +64,7 @@ _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 # tests/test_cpu_kernel.py parses the header and checks them against it.
 SIGNATURES: dict[str, tuple[list, type | None]] = {
     "completiond_mm_supported": ([_C], _C),
-    # (on): 512-bit int4 tiles for 5+ rows and value sums
+    # (on): 512-bit int4 tiles for 4+ rows and value sums
     "completiond_zmm": ([_C], None),
     # (kind, x, w, scale, y, M, K, N, threads)
     "completiond_mm": ([_C, _P, _P, _P, _P, _I, _I, _I, _C], _C),
@@ -288,7 +288,7 @@ def attention() -> str:
 
 def zmm() -> bool:
     """Whether the kernels run 512-bit code where it does twice the work (on AVX512-VNNI CPUs):
-    int4-weight matmuls of 5+ rows (tree passes, prefill chunks: `vpdpbusd` over two vectors of 8
+    int4-weight matmuls of 4+ rows (tree passes, prefill chunks: `vpdpbusd` over two vectors of 8
     channels at once, w4_mm.c) and the native layer's attention value sums. On Zen 5 a 512-bit
     instruction does twice a 256-bit one's work in the same time: an 8-row int4 matmul of the 1.5B's
     layer shapes costs 0.70x (docs/kernels.md "Round 13"). Same bits either way. COMPLETIOND_ZMM=0

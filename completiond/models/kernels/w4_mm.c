@@ -28,7 +28,7 @@
 #define KB 128
 #define W4_G 32   // weights per scale and zero along K
 #define W4_ZRB 8   // rows a 512-bit tile
-#define W4_ZMIN 5  // rows from which the 512-bit tiles run (4 rows: 6 % slower than 256-bit, 5: 8 % faster)
+#define W4_ZMIN 4  // rows from which the 512-bit tiles run (3 rows: 11 % slower than 256-bit, 4: 3 % faster)
 #define W4_NB 48  // output channels per thread work item (whole vectors of 8)
 
 typedef CompletiondPrefetch W4Prefetch;
@@ -80,7 +80,7 @@ static inline __attribute__((always_inline)) __m256i dot_avx2(__m256i acc, __m25
 // 4+ rows runs vectors v and v + 1 side by side (lanes 0-7 and 8-15 of a zmm): each lane gets the
 // int32 sums and float steps, in the same order, as the 256-bit tile's lane (integer sums are exact),
 // so a (row, channel) has the same bits whichever tile computed it. The two vectors are two streams;
-// 1-4 rows keep the one-stream 256-bit tiles (a one-row matmul is bound by its bytes).
+// 1-3 rows keep the one-stream 256-bit tiles (a one-row matmul is bound by its bytes).
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
 static inline __attribute__((always_inline)) __m512 w4_bf16x16(const uint16_t *v0, const uint16_t *v1) {
