@@ -65,3 +65,39 @@ def test_a_damaged_record_is_no_measurement(cache):
     path.write_text("{not json")
     target, why = default_target("cpu")
     assert target == SMALLER and "no side-by-side measurement" in why
+
+
+def test_the_larger_target_measured_with_int4_is_the_default_with_int4(monkeypatch):
+    """`--targets qwen2.5-coder-1.5b@int4,qwen2.5-coder-0.5b` measures the 1.5B with int4 weights: a
+    verdict for it makes `--target default --quant auto` load those weights (its speed is theirs);
+    a named --quant still wins, and the 0.5B's default weights stay auto."""
+    from completiond.models import default_quant
+
+    monkeypatch.setattr(choice, "installed", lambda m: True)
+    int4 = f"{LARGER}@int4"
+    verdict = record_default({int4: run(int4, "combined", 240.0), SMALLER: run(SMALLER, "ar", 200.0)})
+    assert verdict is not None and verdict["target"] == LARGER and f"{LARGER}@int4 `combined`" in verdict["why"]
+    assert default_quant("cpu") == "int4" and default_quant("cuda") == "auto"
+    # both weights run: the faster `combined` decides; too slow: the 0.5B, with its own weights
+    record_default({int4: run(int4, "combined", 300.0), LARGER: run(LARGER, "combined", 240.0),
+                    SMALLER: run(SMALLER, "ar", 200.0)})
+    assert default_target("cpu")[0] == LARGER and default_quant("cpu") == "auto"
+    record_default({int4: run(int4, "combined", 280.0), SMALLER: run(SMALLER, "ar", 200.0)})
+    assert default_target("cpu")[0] == SMALLER and default_quant("cpu") == "auto"
+
+
+def test_load_default_takes_the_measured_quant(monkeypatch):
+    """models.load("default", quant="auto") asks pick_quant for the measured weights; a named quant is kept."""
+    import types
+
+    import completiond.models as models
+
+    asked = []
+    monkeypatch.setattr(models, "default_quant", lambda device: "int4")
+    monkeypatch.setattr(models, "default_target", lambda device: (LARGER, "measured"))
+    monkeypatch.setattr(models, "pick_quant", lambda quant, *a, **k: asked.append(quant) or quant)
+    monkeypatch.setattr(models, "resolve", lambda *a: (None, LARGER, None))
+    monkeypatch.setattr(models, "_load", lambda *a: types.SimpleNamespace(meta={}))
+    models.load("default", "target", "cpu", "auto", "auto")
+    models.load("default", "target", "cpu", "auto", "int8")
+    assert asked == ["int4", "int8"]

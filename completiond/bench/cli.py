@@ -210,7 +210,10 @@ def record_default(runs: dict[str, dict]) -> dict | None:
     `--target default` means on this CPU (models/choice.py): kept in the cache."""
     from ..models.choice import MEASURED_PAIR, MIN_POSITIONS, default_target, record_choice
 
-    larger, smaller = (runs.get(t) for t in MEASURED_PAIR)
+    # the larger target as `NAME` (its default weights) or `NAME@QUANT`: the fastest `combined` of those run
+    named = [t for t in runs if t.partition("@")[0] == MEASURED_PAIR[0] and "combined" in runs[t]["modes"]]
+    key = min(named, key=lambda t: runs[t]["modes"]["combined"]["p50_ms"], default=None)
+    larger, smaller = runs.get(key) if key else None, runs.get(MEASURED_PAIR[1])
     if (larger is None or smaller is None or {larger["device"], smaller["device"]} != {"cpu"}
             or "combined" not in larger["modes"] or "ar" not in smaller["modes"]
             or min(larger["positions"], smaller["positions"]) < MIN_POSITIONS):
@@ -218,7 +221,7 @@ def record_default(runs: dict[str, dict]) -> dict | None:
     record_choice({"larger_combined_p50_ms": larger["modes"]["combined"]["p50_ms"],
                    "smaller_ar_p50_ms": smaller["modes"]["ar"]["p50_ms"],
                    "positions": larger["positions"], "repo": larger["repo"], "date": larger["date"],
-                   "command": larger["command"]})
+                   "command": larger["command"], "larger_quant": key.partition("@")[2] or "auto"})
     target, why = default_target("cpu")
     return {"target": target, "why": why}
 

@@ -24,7 +24,7 @@ import torch
 
 from . import integrity, runtime
 from .catalog import GEMMA_270M, NAMED, ModelError, assemble, file_lock
-from .choice import default_target
+from .choice import default_quant, default_target
 from .device import cpu_has_fast_bf16, pick_bulk_dtype, pick_device, pick_dtype  # noqa: F401 (re-exported)
 from .quant import pick_quant  # noqa: F401 (re-exported)
 from ..paths import cache_root  # torch-free, shared with the LSP
@@ -313,10 +313,12 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
     """Load a model from a spec; errors become ModelError with a message a user can act on."""
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
-    scheme = pick_quant(quant, dev, dt, dtype_asked=dtype != "auto")
     why = None
     if spec == "default" and role == "target":
+        if quant == "auto":  # the weights the measurement that chose the default ran with
+            quant = default_quant(dev.type)
         spec, why = default_target(dev.type)
+    scheme = pick_quant(quant, dev, dt, dtype_asked=dtype != "auto")
     where, name, gguf = resolve(spec, role, dev.type)
     loaded = _load(where, name, gguf, role, spec, dev, dt, scheme)
     if why is not None:

@@ -20,8 +20,28 @@ KIND = "default-target"  # calibration/default-target-<cpu>.json
 
 def record_choice(measured: dict) -> None:
     """Keep a side-by-side bench's verdict for this CPU: `measured` has larger_combined_p50_ms,
-    smaller_ar_p50_ms, positions, repo, date, command."""
+    smaller_ar_p50_ms, positions, repo, date, command, and larger_quant (the larger target's weights
+    as measured, e.g. "int4" for `qwen2.5-coder-1.5b@int4`; "auto" for the default's)."""
     write_cpu_file(KIND, measured)
+
+
+def _measured() -> dict | None:
+    try:
+        m = json.loads(cpu_file(KIND).read_text())
+        float(m["larger_combined_p50_ms"]) / float(m["smaller_ar_p50_ms"])
+        return m
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
+def default_quant(device: str) -> str:
+    """The weights `--target default --quant auto` loads: where this CPU's measurement made the
+    larger target the default, the quantization it was measured with (its speed is that one's);
+    else "auto"."""
+    m = _measured() if device == "cpu" else None
+    if m is None or default_target(device)[0] != MEASURED_PAIR[0]:
+        return "auto"
+    return m.get("larger_quant") or "auto"
 
 
 def default_target(device: str) -> tuple[str, str]:
@@ -39,14 +59,15 @@ def default_target(device: str) -> tuple[str, str]:
               file=sys.stderr)
         return fallback, f"{name} is the {device} default but is not installed ({m.install_hint})"
     larger, smaller = MEASURED_PAIR
-    bench = f"`completiond bench --targets {larger},{smaller}`"
-    try:
-        m = json.loads(cpu_file(KIND).read_text())
-        ratio = float(m["larger_combined_p50_ms"]) / float(m["smaller_ar_p50_ms"])
-        where = f"{m['positions']} positions of {m['repo']}, {m['date']}"
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+    bench = f"`completiond bench --targets {larger}@int4,{smaller}`"
+    m = _measured()
+    if m is None:
         return smaller, f"no side-by-side measurement on this CPU yet ({bench} makes one)"
-    measured = f"{larger} `combined` p50 is {ratio:.2f}x {smaller} `ar` p50 on this CPU ({where})"
+    ratio = float(m["larger_combined_p50_ms"]) / float(m["smaller_ar_p50_ms"])
+    where = f"{m['positions']} positions of {m['repo']}, {m['date']}"
+    quant = m.get("larger_quant") or "auto"
+    shown = larger if quant == "auto" else f"{larger}@{quant}"
+    measured = f"{shown} `combined` p50 is {ratio:.2f}x {smaller} `ar` p50 on this CPU ({where})"
     if ratio > LARGER_DEFAULT_WITHIN:
         return smaller, f"{measured}; the larger model is the default within {LARGER_DEFAULT_WITHIN}x"
     if not installed(CODER_15B):
