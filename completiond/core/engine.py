@@ -111,7 +111,7 @@ class Engine:
         self.target = target
         self.runner = Runner(target, capacity, backend=backend)  # lean where the family allows
         self.index = index or TokenIndex()
-        fim = fim_tokens(target.tokenizer)
+        fim = fim_tokens(target.tokenizer) if target.tokenizer is not None else None
         self.fim = (fim.prefix, fim.suffix, fim.middle) if fim is not None else None
         self.prompt_lookup = PromptLookup(self.index, fim=self.fim)
         # the draft: a small model, or heads on the target's own hidden states (Medusa, EAGLE-style)
