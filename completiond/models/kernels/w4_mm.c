@@ -57,6 +57,22 @@ static inline __attribute__((always_inline)) void w4_store(float *y, __m256 v, i
     }
 }
 
+// Lines of the next work item to fetch per tile step, where `tiles` 256-bit tiles run over an item
+// (a 512-bit tile counts as two).
+static inline int w4_prefetch_per(const CompletiondA8Rows *a, int64_t tiles) {
+    int64_t lines = W4_NB * (a->kp / 2) / 64, steps = tiles * a->nb;
+    return (int)((lines + steps - 1) / (steps ? steps : 1));
+}
+
+// Work item b: its channels [*n0, *n1), and the prefetch of the next item's streams (whole vectors of 8).
+static inline W4Prefetch w4_item(const uint8_t *w, int64_t half, int64_t b, int64_t N, int per, int64_t *n0,
+                                 int64_t *n1) {
+    *n0 = b * W4_NB;
+    *n1 = *n0 + W4_NB < N ? *n0 + W4_NB : N;
+    int64_t n2 = *n1 + W4_NB < N ? *n1 + W4_NB : N;
+    return (W4Prefetch){(const char *)(w + *n1 * half), (const char *)(w + (n2 + 7) / 8 * 8 * half), per};
+}
+
 // ---- AVX2 ----
 static inline __attribute__((always_inline)) __m256i dot_avx2(__m256i acc, __m256i u, __m256i s) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
@@ -147,14 +163,12 @@ static inline __attribute__((always_inline)) void w4_rows_zmm(int R, const Compl
 
 static void w4_mm_zmm(const CompletiondA8Rows *a, const uint8_t *w, const uint16_t *sz, const float *xsum, float *y,
                       int64_t M, int64_t N, int threads) {
-    int64_t blocks = (N + W4_NB - 1) / W4_NB, half = a->kp / 2;
-    int64_t tiles = (M / W4_ZRB + (M % W4_ZRB > 0)) * (W4_NB / 8);  // in 256-bit tile steps, as w4_mm_*
-    int64_t lines = W4_NB * half / 64, steps = tiles * a->nb;
-    int per = (int)((lines + steps - 1) / (steps ? steps : 1));
+    int64_t blocks = (N + W4_NB - 1) / W4_NB;
+    int per = w4_prefetch_per(a, (M / W4_ZRB + (M % W4_ZRB > 0)) * (W4_NB / 8));
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t b = 0; b < blocks; b++) {
-        int64_t n0 = b * W4_NB, n1 = n0 + W4_NB < N ? n0 + W4_NB : N, n2 = n1 + W4_NB < N ? n1 + W4_NB : N;
-        W4Prefetch pf = {(const char *)(w + n1 * half), (const char *)(w + (n2 + 7) / 8 * 8 * half), per};
+        int64_t n0, n1;
+        W4Prefetch pf = w4_item(w, a->kp / 2, b, N, per, &n0, &n1);
         int64_t m = 0;
         for (; m + W4_ZRB <= M; m += W4_ZRB) w4_rows_zmm(W4_ZRB, a, w, sz, xsum, N, y, m, n0, n1, &pf);
         switch (M - m) {  // the rest, as one tile

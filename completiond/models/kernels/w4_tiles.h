@@ -63,16 +63,12 @@ static inline __attribute__((always_inline)) void ROWS(int R, const CompletiondA
 
 static void MM(const CompletiondA8Rows *a, const uint8_t *w, const uint16_t *sz, const float *xsum, float *y,
                int64_t M, int64_t N, int threads) {
-    int64_t blocks = (N + W4_NB - 1) / W4_NB, half = a->kp / 2;
-    // tiles run over one work item -> lines of the next item to fetch per tile step
-    int64_t tiles = (M / RB + (M % RB) / 3 + (M % RB % 3) / 2 + M % RB % 3 % 2) * (W4_NB / 8);
-    int64_t lines = W4_NB * half / 64, steps = tiles * a->nb;
-    int per = (int)((lines + steps - 1) / (steps ? steps : 1));
+    int64_t blocks = (N + W4_NB - 1) / W4_NB;
+    int per = w4_prefetch_per(a, (M / RB + (M % RB) / 3 + (M % RB % 3) / 2 + M % RB % 3 % 2) * (W4_NB / 8));
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t b = 0; b < blocks; b++) {
-        int64_t n0 = b * W4_NB, n1 = n0 + W4_NB < N ? n0 + W4_NB : N, n2 = n1 + W4_NB < N ? n1 + W4_NB : N;
-        // the next item's streams, whole vectors of 8 channels
-        W4Prefetch pf = {(const char *)(w + n1 * half), (const char *)(w + (n2 + 7) / 8 * 8 * half), per};
+        int64_t n0, n1;
+        W4Prefetch pf = w4_item(w, a->kp / 2, b, N, per, &n0, &n1);
         int64_t m = 0;
         for (; m + RB <= M; m += RB) ROWS(RB, a, w, sz, xsum, N, y, m, n0, n1, &pf);
         for (; m + 3 <= M; m += 3) ROWS(3, a, w, sz, xsum, N, y, m, n0, n1, &pf);
