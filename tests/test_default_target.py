@@ -101,3 +101,20 @@ def test_load_default_takes_the_measured_quant(monkeypatch):
     models.load("default", "target", "cpu", "auto", "auto")
     models.load("default", "target", "cpu", "auto", "int8")
     assert asked == ["int4", "int8"]
+
+
+def test_the_slowest_package_measured_decides(monkeypatch):
+    """Each package's latest run is kept; the one where the larger target is slowest against the
+    smaller decides, so the order packages are benched in does not pick the default."""
+    monkeypatch.setattr(choice, "installed", lambda m: True)
+
+    def bench(repo: str, larger_ms: float) -> dict:
+        return record_default({LARGER: {**run(LARGER, "combined", larger_ms), "repo": repo},
+                               SMALLER: {**run(SMALLER, "ar", 200.0), "repo": repo}})
+
+    assert bench("toolz", 240.0)["target"] == LARGER  # 1.20x
+    verdict = bench("boltons", 270.0)  # 1.35x
+    assert verdict["target"] == SMALLER and "boltons" in verdict["why"] and "slowest of 2 packages" in verdict["why"]
+    assert bench("toolz", 230.0)["target"] == SMALLER  # boltons still 1.35x
+    assert bench("boltons", 246.0)["target"] == LARGER  # 1.23x now: both within
+    assert "1.23x" in default_target("cpu")[1]
