@@ -298,7 +298,8 @@ def zmm() -> bool:
 
 def name() -> str:
     """The int8 kernel decode passes run: NAME + the activations' SUFFIX (+ where the integer sums
-    run, e.g. "+avx512-vnni", + "+bf16-attention" where attention() is bf16), or "torch"."""
+    run, e.g. "+avx512-vnni", + "+zmm" where zmm(), + "+bf16-attention" where attention() is bf16),
+    or "torch"."""
     if not enabled():
         return "torch"
     acts, k = activations(), kind()
