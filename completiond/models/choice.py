@@ -3,7 +3,6 @@ side-by-side measurement, kept by `completiond bench --targets` in the calibrati
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 
@@ -23,31 +22,33 @@ def _ratio(m: dict) -> float:
     return float(m["larger_combined_p50_ms"]) / float(m["smaller_ar_p50_ms"])
 
 
-def record_choice(measured: dict) -> None:
-    """Keep a side-by-side bench's verdict for this CPU: `measured` has larger_combined_p50_ms,
-    smaller_ar_p50_ms, positions, repo, date, command, and larger_quant (the larger target's weights
-    as measured, e.g. "int4" for `qwen2.5-coder-1.5b@int4`; "auto" for the default's).
+def _runs() -> dict[str, dict]:
+    """Each package's latest side-by-side run on this CPU (a file of an older version: its one run);
+    {} where there is none or the file is damaged."""
+    try:
+        m = json.loads(cpu_file(KIND).read_text())
+        runs = m.get("by_repo") or {m["repo"]: m}
+        for run in runs.values():
+            _ratio(run)
+        return runs
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError):
+        return {}
 
-    The latest run of each package is kept (`by_repo`), and the one where the larger target is
-    slowest against the smaller decides (its fields at the top): packages disagree (round 13: 1.24x
-    on toolz, 1.33x on boltons), and the order they were benched in must not choose the default."""
-    by_repo = {}
-    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError, KeyError, ZeroDivisionError):
-        old = json.loads(cpu_file(KIND).read_text())
-        kept = old.get("by_repo") or {old["repo"]: {k: v for k, v in old.items() if k != "cpu"}}  # an older file: its one run
-        by_repo = {r: m for r, m in kept.items() if _ratio(m) > 0}
-    by_repo[measured["repo"]] = measured
-    worst = max(by_repo.values(), key=_ratio)
-    write_cpu_file(KIND, {**worst, "by_repo": by_repo})
+
+def record_choice(measured: dict) -> None:
+    """Keep a side-by-side bench's run for this CPU: `measured` has larger_combined_p50_ms,
+    smaller_ar_p50_ms, positions, repo, date, command, and larger_quant (the larger target's weights
+    as measured, e.g. "int4" for `qwen2.5-coder-1.5b@int4`; "auto" for the default's). It replaces
+    the earlier run of the same package; the others are kept (`_measured` picks the one that decides)."""
+    write_cpu_file(KIND, {"by_repo": {**_runs(), measured["repo"]: measured}})
 
 
 def _measured() -> dict | None:
-    try:
-        m = json.loads(cpu_file(KIND).read_text())
-        _ratio(m)
-        return m
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        return None
+    """The run that decides: the package where the larger target is slowest against the smaller.
+    Packages disagree (round 13: 1.24x on toolz, 1.33x on boltons), and the order they were benched
+    in must not choose the default."""
+    runs = _runs()
+    return max(runs.values(), key=_ratio) if runs else None
 
 
 def default_quant(device: str) -> str:
@@ -81,8 +82,8 @@ def default_target(device: str) -> tuple[str, str]:
         return smaller, f"no side-by-side measurement on this CPU yet ({bench} makes one)"
     ratio = _ratio(m)
     where = f"{m['positions']} positions of {m['repo']}, {m['date']}"
-    if len(m.get("by_repo", {})) > 1:
-        where += f"; the slowest of {len(m['by_repo'])} packages measured"
+    if (packages := len(_runs())) > 1:
+        where += f"; the slowest of {packages} packages measured"
     quant = m.get("larger_quant") or "auto"
     shown = larger if quant == "auto" else f"{larger}@{quant}"
     measured = f"{shown} `combined` p50 is {ratio:.2f}x {smaller} `ar` p50 on this CPU ({where})"
