@@ -199,7 +199,7 @@ def test_512_bit_code_gives_the_256_bit_bits(hidden, attn):
     out = {}
     try:
         for on in (1, 0):
-            lib.completiond_zmm(on)
+            assert lib.completiond_zmm(on) == on
             out[on] = r.forward(ids, parents, range(len(ids)))
             r.rollback(n)
     finally:

@@ -64,8 +64,8 @@ _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 # tests/test_cpu_kernel.py parses the header and checks them against it.
 SIGNATURES: dict[str, tuple[list, type | None]] = {
     "completiond_mm_supported": ([_C], _C),
-    # (on): 512-bit int4 tiles for 4+ rows and value sums
-    "completiond_zmm": ([_C], None),
+    # (on) -> on where the CPU runs it: 512-bit int4 tiles for 4+ rows and value sums
+    "completiond_zmm": ([_C], _C),
     # (kind, x, w, scale, y, M, K, N, threads)
     "completiond_mm": ([_C, _P, _P, _P, _P, _I, _I, _I, _C], _C),
     # (n, H, inter, heads, kv_heads, d, keys, threads) -> floats of scratch

@@ -4,10 +4,11 @@
 
 static int zmm_on = 0;
 
-void completiond_zmm(int on) {  // only where the 512-bit code's instructions are present
+int completiond_zmm(int on) {  // only where the 512-bit code's instructions are present
     __builtin_cpu_init();
     zmm_on = on && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    return zmm_on;
 }
 
 int completiond_zmm_enabled(void) { return zmm_on; }
