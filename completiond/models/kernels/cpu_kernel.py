@@ -291,7 +291,7 @@ def zmm() -> bool:
     int4-weight matmuls of 4+ rows (tree passes, prefill chunks: `vpdpbusd` over two vectors of 8
     channels at once, w4_mm.c) and the native layer's attention value sums. On Zen 5 a 512-bit
     instruction does twice a 256-bit one's work in the same time: an 8-row int4 matmul of the 1.5B's
-    layer shapes costs 0.70x (docs/kernels.md "Round 13"). Same bits either way. COMPLETIOND_ZMM=0
+    layer shapes costs 0.77x (benchmarks/w4_matmul.py --zmm on,off; docs/kernels.md "Round 13"). Same bits either way. COMPLETIOND_ZMM=0
     keeps the 256-bit code (e.g. a CPU that slows its clock for 512-bit work)."""
     return AVX512_VNNI <= cpu_flags() and os.environ.get("COMPLETIOND_ZMM", "1") != "0"
 
