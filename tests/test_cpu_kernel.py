@@ -265,7 +265,7 @@ def test_override_forces_completiond_kernel(tmp_path):
     code = "from completiond.models.kernels import cpu_kernel; print(cpu_kernel.name())"
     vnni = "+avx512-vnni" if cpu_kernel.AVX512_VNNI <= cpu_flags() else ""  # where integer sums run on it
     bf16 = "+bf16-attention" if cpu_kernel.AVX512_BF16 <= cpu_flags() else ""  # attention()
-    zmm = "+zmm" if cpu_kernel.AVX512_VNNI <= cpu_flags() else ""  # zmm()
+    zmm = "+zmm" if cpu_kernel.AVX512_VNNI <= cpu_flags() else ""  # zmm(), forced on below
     for acts, attention, wide, name in (
             ("float32", "auto", "1", "completiond-avx2" + zmm + bf16),
             ("int16", "auto", "1", "completiond-avx2+int16-activations" + vnni + zmm + bf16),
@@ -277,6 +277,32 @@ def test_override_forces_completiond_kernel(tmp_path):
                                   "COMPLETIOND_ZMM": wide})
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == name and not (tmp_path / "calibration").exists()
+
+
+@needs_kernel
+def test_zmm_is_measured_once_per_cpu(tmp_path, monkeypatch):
+    """The 512-bit code runs where a timing of both widths on int4 matmuls of 4 and 8 rows (taken
+    once per CPU, cached) finds it clearly faster; COMPLETIOND_ZMM=0 / 1 skips the timing."""
+    import json
+    if not cpu_kernel.AVX512_VNNI <= cpu_flags():
+        assert not cpu_kernel.zmm()  # no 512-bit VNNI: never on, nothing timed
+        return
+    monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path))
+    monkeypatch.delenv("COMPLETIOND_ZMM", raising=False)
+    monkeypatch.setattr(device.OthersBusy, "share", lambda self: 0.0)  # as if measured quiet (else not cached)
+    lib = cpu_kernel.library()
+    try:
+        first = cpu_kernel._zmm_choice(lib)
+        [path] = (tmp_path / "calibration").glob("zmm-*.json")
+        saved = json.loads(path.read_text())
+        assert first == (saved["ms"]["zmm"] <= cpu_kernel.ZMM_GAIN * saved["ms"]["ymm"])
+        path.write_text(json.dumps({**saved, "zmm_faster": not first}))
+        assert cpu_kernel._zmm_choice(lib) == (not first)  # read back, not timed again
+        for forced, on in (("0", False), ("1", True)):
+            monkeypatch.setenv("COMPLETIOND_ZMM", forced)
+            assert cpu_kernel._zmm_choice(lib) == on
+    finally:
+        lib.completiond_zmm(int(cpu_kernel.zmm()))  # the timing leaves the switch off: this process's choice again
 
 
 @needs_kernel

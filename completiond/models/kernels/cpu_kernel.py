@@ -150,7 +150,9 @@ def _library() -> ctypes.CDLL | None:
     for name_, (args, res) in SIGNATURES.items():
         fn = getattr(lib, name_)
         fn.argtypes, fn.restype = args, res
-    lib.completiond_zmm(int(zmm()))
+    global _zmm_on
+    _zmm_on = _zmm_choice(lib)
+    lib.completiond_zmm(int(_zmm_on))
     return lib
 
 
@@ -286,14 +288,67 @@ def attention() -> str:
     return "bf16" if AVX512_BF16 <= cpu_flags() and not forced_off else "float32"
 
 
+_zmm_on = False  # library()'s choice for this process (_zmm_choice)
+ZMM_GAIN = 0.95  # 512-bit code runs where it takes at most this share of the 256-bit code's time
+
+
 def zmm() -> bool:
-    """Whether the kernels run 512-bit code where it does twice the work (on AVX512-VNNI CPUs):
-    int4-weight matmuls of 4+ rows (tree passes, prefill chunks: `vpdpbusd` over two vectors of 8
-    channels at once, w4_mm.c) and the native layer's attention value sums. On Zen 5 a 512-bit
-    instruction does twice a 256-bit one's work in the same time: an 8-row int4 matmul of the 1.5B's
-    layer shapes costs 0.77x (benchmarks/w4_matmul.py --zmm on,off; docs/kernels.md "Round 13"). Same bits either way. COMPLETIOND_ZMM=0
-    keeps the 256-bit code (e.g. a CPU that slows its clock for 512-bit work)."""
-    return AVX512_VNNI <= cpu_flags() and os.environ.get("COMPLETIOND_ZMM", "1") != "0"
+    """Whether the kernels run 512-bit code in this process: int4-weight matmuls of 4+ rows (tree
+    passes, prefill chunks: `vpdpbusd` over two vectors of 8 channels at once, w4_mm.c) and the
+    native layer's attention value sums. Same bits either way; only the time differs, so it is
+    measured once per CPU (`_zmm_choice`): on Zen 5 a 512-bit instruction does twice a 256-bit
+    one's work in the same time (an 8-row int4 matmul of the 1.5B's shapes: 0.77x, docs/kernels.md
+    "Round 13"), where Zen 4 splits it in two halves and some Intel CPUs lower their clock for it.
+    COMPLETIOND_ZMM=0 / 1 skips the measurement (1: only where the CPU has AVX512-VNNI)."""
+    return library() is not None and _zmm_on
+
+
+def _zmm_choice(lib: ctypes.CDLL) -> bool:
+    """512-bit code or not, for this CPU: forced by COMPLETIOND_ZMM, else timed once and cached."""
+    if not AVX512_VNNI <= cpu_flags():
+        return False
+    forced = os.environ.get("COMPLETIOND_ZMM", "auto")
+    if forced in ("0", "1"):
+        return forced == "1"
+
+    def measure() -> dict:
+        best = _zmm_ms(lib)
+        faster = best["zmm"] <= ZMM_GAIN * best["ymm"]
+        log.info("512-bit kernels on this CPU (%s): %s (%s)", cpu_key(), "on" if faster else "off", best)
+        return {"zmm_faster": faster, "ms": best}
+
+    return calibrated("zmm", measure, ("zmm_faster",))["zmm_faster"]
+
+
+def _zmm_ms(lib: ctypes.CDLL, layers: int = 2, reps: int = 5) -> dict[str, float]:
+    """The 1.5B's MLP matmuls with int4 weights (gate + up [17920, 1536], down [1536, 8960]; `layers`
+    of them, 41 MB each: from memory, as a pass reads them) at 4 and 8 rows, the 512-bit and 256-bit
+    code interleaved rep by rep: the fastest rep's ms of each. The weights are random bytes: the
+    time does not depend on them."""
+    g = torch.Generator().manual_seed(0)
+    mats = []
+    for _ in range(layers):
+        for n, k in ((17920, 1536), (1536, 8960)):
+            kp = (k + 127) // 128 * 128
+            mats.append((torch.randint(0, 256, (n, kp // 2), dtype=torch.uint8, generator=g),
+                         torch.rand(n, 2, kp // 32, generator=g).to(torch.bfloat16), n, k))
+    xs = {(m, k): torch.randn(m, k, generator=g) for m in (4, 8) for k in (1536, 8960)}
+    ys = {(m, n): torch.empty(m, n) for m in (4, 8) for n in (17920, 1536)}
+    best = {"zmm": float("inf"), "ymm": float("inf")}
+    try:
+        for _ in range(reps):
+            for name in best:
+                lib.completiond_zmm(int(name == "zmm"))
+                t0 = time.perf_counter()
+                for m in (4, 8):
+                    for packed, scales, n, k in mats:
+                        y = ys[m, n]
+                        lib.completiond_mm(KINDS["w4+avx512-vnni"], xs[m, k].data_ptr(), packed.data_ptr(),
+                                           scales.data_ptr(), y.data_ptr(), m, k, n, torch.get_num_threads())
+                best[name] = min(best[name], (time.perf_counter() - t0) * 1000)
+    finally:
+        lib.completiond_zmm(0)
+    return {k: round(v, 3) for k, v in best.items()}
 
 
 def name() -> str:
