@@ -95,9 +95,11 @@ def test_bench_prompts_carry_the_imported_workspace_files_with_repo_context(tmp_
         assert a.prompt[a.prompt.index(fim_prefix):] == b.prompt  # the same FIM body, no header without context
 
 
-def test_bench_runs_two_targets_side_by_side(tmp_path, tiny_dir):
-    """--targets A,B: the same positions on each target in turn; quality, latency and pass cost by
+def test_bench_runs_two_targets_side_by_side(tmp_path, tiny_dir, monkeypatch):
+    """--targets A,B: the same positions on each target, taking turns a block at a time in alternating
+    order (so a drift of the machine's speed reaches both alike); quality, latency and pass cost by
     tree size per target in one JSON (issue 37 item 4)."""
+    from completiond.bench import cli as bench_cli, modes as bench_modes
     from completiond.flags import EXIT_USAGE
 
     (tmp_path / "repo").mkdir()
@@ -105,10 +107,21 @@ def test_bench_runs_two_targets_side_by_side(tmp_path, tiny_dir):
     other = tiny.save(tmp_path / "other", tiny.gemma_config(window=16), seed=2, scale=4.0)
     out = tmp_path / "b.json"
     targets = f"{tiny_dir},{other}"
+    turns = []
+    real = bench_modes.run_modes
+
+    def run_modes(engine, root, positions, *args, **kw):
+        turns.append((engine.target.name, len(positions)))
+        return real(engine, root, positions, *args, **kw)
+
+    monkeypatch.setattr(bench_modes, "run_modes", run_modes)
+    monkeypatch.setattr(bench_cli, "BLOCK", 2)
     assert cli.main(["bench", "--repo", str(repo), "--positions", "3", "--modes", "ar,pld", "--max-tokens", "8",
                      "--targets", targets, "--draft", "none", "--dtype", "float32", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["targets"] == [str(tiny_dir), str(other)] and res["positions"] == 3
+    first, second = (res["by_target"][t]["target"] for t in res["targets"])
+    assert first != second and turns == [(first, 2), (second, 2), (second, 1), (first, 1)]
     a, b = (res["side_by_side"][t] for t in res["targets"])
     for side in (a, b):
         assert set(side["modes"]) == {"ar", "pld"} and side["pass_cost_ms"]

@@ -3,8 +3,9 @@
     completiond bench --repo pypi:toolz==1.0.0 --positions 40 --modes ar,pld,draft,combined \\
         --peers hf-plain,hf-prompt-lookup,hf-assisted,llama.cpp --json out.json --plot out.png
 
-With --targets A,B the same positions run on each target in turn (one loaded at a time), and the JSON
-puts them side by side: quality and latency per mode, pass cost by tree size, draft step cost.
+With --targets A,B the same positions run on every target, all loaded at once and taking turns a few
+positions at a time, and the JSON puts them side by side: quality and latency per mode, pass cost by
+tree size, draft step cost.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import json
 import os
 import shlex
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..flags import model_flags
 
@@ -47,7 +50,7 @@ def add_parser(sub) -> None:
     b.add_argument("--json", default=None, metavar="OUT", help="also write the full result as JSON to OUT")
     b.add_argument("--plot", default=None, metavar="OUT.png", help="write a latency plot to OUT.png")
     b.add_argument("--targets", default=None, metavar="A,B",
-                   help="run the same positions on each of these targets in turn and report them side by side "
+                   help="run the same positions on each of these targets, taking turns, and report them side by side "
                         "(NAME@int4 / NAME@int8: that target's --quant) "
                         "(instead of --target)")
     model_flags(b)
@@ -85,25 +88,22 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if not positions:
         raise UsageError(f"no code positions found in {root}")
     if not targets:
-        summary = bench_target(a, a.target, root, label, positions, modes, peers)
+        summary = bench_targets({a.target: a}, root, label, positions, modes, peers)[a.target]
         if a.plot:
             from .report import plot
 
             plot(summary, Path(a.plot))
         text = table(summary)
     else:
-        import gc
+        # NAME@int4: this target's --quant
+        specs = {t: argparse.Namespace(**{**vars(a), "target": t.partition("@")[0], "quant": t.partition("@")[2] or a.quant})
+                 for t in targets}
+        runs = bench_targets(specs, root, label, positions, modes, peers)
+        if a.plot:
+            from .report import plot
 
-        runs = {}
-        for t in targets:
-            spec, _, q = t.partition("@")  # NAME@int4: this target's --quant
-            runs[t] = bench_target(argparse.Namespace(**{**vars(a), "target": spec, "quant": q or a.quant}), spec,
-                                   root, label, positions, modes, peers)
-            gc.collect()  # one target in memory at a time
-            if a.plot:
-                from .report import plot
-
-                plot(runs[t], Path(a.plot).with_name(f"{Path(a.plot).stem}-{t.replace('/', '_')}.png"))
+            for t, run in runs.items():
+                plot(run, Path(a.plot).with_name(f"{Path(a.plot).stem}-{t.replace('/', '_')}.png"))
         summary = side_by_side(runs, label)
         text = "\n\n".join([table(r) for r in runs.values()] + [side_table(summary)])
         if (verdict := record_default(runs)) is not None:
@@ -116,21 +116,54 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
-def bench_target(a: argparse.Namespace, target_spec: str, root: Path, label: str, positions: list,
-                 modes: list[str], peers: list[str]) -> dict:
-    """One target's run: every mode (and peer) at every position; the JSON summary."""
-    import torch
+BLOCK = 4  # positions a target runs before the next target takes its turn (--targets)
 
+
+@dataclass
+class TargetRun:
+    """One target's engine and what it has run so far (`bench_targets` fills `prepared` block by block)."""
+    a: argparse.Namespace
+    target: Any
+    draft: Any
+    uses_draft: bool
+    engine: Any
+    costs: dict
+    table_start: dict
+    files: dict
+    prepared: list = field(default_factory=list)
+
+
+def bench_targets(specs: dict[str, argparse.Namespace], root: Path, label: str, positions: list, modes: list[str],
+                  peers: list[str]) -> dict[str, dict]:
+    """Each target's run (its Namespace: its --target and --quant) on the same positions, all loaded at
+    once and taking turns BLOCK positions at a time, in alternating order: this machine's memory speed
+    drifts by tens of percent over minutes, and targets run one after the other would carry that
+    drift into their ratio. Returns each target's JSON summary."""
+    from tqdm import tqdm
+
+    from .modes import run_modes
+
+    runs = {t: start_target(a, root, modes, peers) for t, a in specs.items()}
+    bar = tqdm(total=len(positions) * len(modes) * len(runs), desc="positions x modes")
+    for i in range(0, len(positions), BLOCK):
+        for t in (list(runs) if i // BLOCK % 2 == 0 else list(runs)[::-1]):
+            r = runs[t]
+            r.prepared += run_modes(r.engine, root, positions[i:i + BLOCK], modes, r.a.max_tokens,
+                                    multiline=not r.a.single_line, max_prompt=r.a.prompt_tokens,
+                                    context=r.a.repo_context, files=r.files, bar=bar)
+    bar.close()
+    return {t: finish_target(r, root, label, positions, modes, peers) for t, r in runs.items()}
+
+
+def start_target(a: argparse.Namespace, root: Path, modes: list[str], peers: list[str]) -> TargetRun:
+    """Load a target (and the draft its modes or peers use), build and calibrate its engine."""
     from ..flags import UsageError
     from ..core.engine import Engine
-    from ..models import ModelError, draft_label, load, load_draft
-    from ..service.protocol import prefill_dtype
-    from .modes import run_modes
-    from .peers import llama_cpp_available, run_llama_cpp, run_transformers
-    from .report import details, summarize_modes, summarize_peers
+    from ..models import ModelError, load, load_draft
+    from .modes import index_repo
 
     try:
-        target = load(target_spec, "target", a.device, a.dtype, a.quant)
+        target = load(a.target, "target", a.device, a.dtype, a.quant)
         uses_draft = bool({"draft", "combined"} & set(modes)) or "hf-assisted" in peers
         draft = load_draft(a.draft, target) if uses_draft else None
     except (ValueError, ModelError) as e:
@@ -140,10 +173,21 @@ def bench_target(a: argparse.Namespace, target_spec: str, root: Path, label: str
         engine.calibrate_cached()
     else:
         engine.calibrate()
-    costs = engine.budget.costs()
-    table_start = engine.budget.table_status()  # the table the modes start from (then real passes refine it)
-    prepared = run_modes(engine, root, positions, modes, a.max_tokens, multiline=not a.single_line,
-                         max_prompt=a.prompt_tokens, context=a.repo_context)
+    # the table the modes start from (then real passes refine it)
+    return TargetRun(a, target, draft, uses_draft, engine, engine.budget.costs(), engine.budget.table_status(),
+                     index_repo(engine, root))
+
+
+def finish_target(r: TargetRun, root: Path, label: str, positions: list, modes: list[str], peers: list[str]) -> dict:
+    """Peers on the positions the target ran, then its JSON summary."""
+    import torch
+
+    from ..models import draft_label
+    from ..service.protocol import prefill_dtype
+    from .peers import llama_cpp_available, run_llama_cpp, run_transformers
+    from .report import details, summarize_modes, summarize_peers
+
+    a, target, draft, engine, prepared = r.a, r.target, r.draft, r.engine, r.prepared
     hf = [p for p in peers if p.startswith("hf-")]
     peer_rows = run_transformers(engine, prepared, hf) if hf else {}
     prefill = {}
@@ -157,14 +201,15 @@ def bench_target(a: argparse.Namespace, target_spec: str, root: Path, label: str
         "repo": label, "machine": machine(target), "date": datetime.date.today().isoformat(),
         "command": "completiond " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
         "positions": len(prepared), "target": target.name,
-        "draft": draft_label(a.draft, draft, target) if uses_draft else "none (no mode uses one)",
+        "draft": draft_label(a.draft, draft, target) if r.uses_draft else "none (no mode uses one)",
         "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
         "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
         "prefill_dtype": prefill_dtype(target), "int8_kernel": target.meta.get("int8_kernel"),
-        "max_tokens": a.max_tokens, "repo_context": a.repo_context, "pass_cost_ms": {str(k): round(v, 2) for k, v in costs.items()},
+        "max_tokens": a.max_tokens, "repo_context": a.repo_context,
+        "pass_cost_ms": {str(k): round(v, 2) for k, v in r.costs.items()},
         # the tree budget's table at the start and after the modes ran (per size: ms, source, passes,
         # probes; the daemon's estimator), so a run says which tree sizes it priced how
-        "pass_costs_start": table_start, "pass_costs": engine.budget.table_status(),
+        "pass_costs_start": r.table_start, "pass_costs": engine.budget.table_status(),
         # what one proposal of the draft costs (a draft model's pass, or the heads' steps), ms, recent average
         "draft_step_ms": round(p.step_ms.value, 3) if (p := engine.draft or engine.heads) is not None else None,
         # whether the draft paid, measured: ms per emitted token of steps with and without it (StepGate)

@@ -94,15 +94,18 @@ def open_position(engine: Engine, files: dict[Path, list[int]], pp: BenchPrompt,
 
 
 def run_modes(engine: Engine, root: Path, positions: list[Cursor], modes: list[str], max_tokens: int,
-              multiline: bool = True, max_prompt: int = 2048, progress: bool = True, context: bool = False
-              ) -> list[BenchPrompt]:
-    """Every mode at every position; returns the prepared positions with their runs."""
-    files = index_repo(engine, root)
+              multiline: bool = True, max_prompt: int = 2048, progress: bool = True, context: bool = False,
+              files: dict[Path, list[int]] | None = None, bar: tqdm | None = None) -> list[BenchPrompt]:
+    """Every mode at every position; returns the prepared positions with their runs. files: the
+    repository's token ids (index_repo's, when called block by block); bar: a progress bar to advance
+    (else its own)."""
+    files = index_repo(engine, root) if files is None else files
     prepared = prepare(engine, root, positions, multiline, max_prompt, context)
     current = None
     order = sorted(range(len(prepared)), key=lambda i: str(prepared[i].file))
     modes = ["ar"] + [m for m in modes if m != "ar"]
-    bar = tqdm(total=len(order) * len(modes), desc="positions x modes", disable=not progress)
+    own = bar is None
+    bar = tqdm(total=len(order) * len(modes), desc="positions x modes", disable=not progress) if own else bar
     for i in order:
         pp = prepared[i]
         current = open_position(engine, files, pp, current)
@@ -118,7 +121,8 @@ def run_modes(engine: Engine, root: Path, positions: list[Cursor], modes: list[s
                     run.divergence = divergence(engine, pp.prompt, cut, ar.token_ids, res.token_ids)
             pp.runs[mode] = run
             bar.update(1)
-    bar.close()
+    if own:
+        bar.close()
     return prepared
 
 
