@@ -130,6 +130,7 @@ class TargetRun:
     costs: dict
     table_start: dict
     files: dict
+    llama: Any = None  # peers.LlamaCppRun where --peers has llama.cpp and it can run
     prepared: list = field(default_factory=list)
 
 
@@ -144,23 +145,34 @@ def bench_targets(specs: dict[str, argparse.Namespace], root: Path, label: str, 
     from .modes import run_modes
 
     runs = {t: start_target(a, root, modes, peers) for t, a in specs.items()}
-    bar = tqdm(total=len(positions) * len(modes) * len(runs), desc="positions x modes")
-    for i in range(0, len(positions), BLOCK):
-        for t in (list(runs) if i // BLOCK % 2 == 0 else list(runs)[::-1]):
-            r = runs[t]
-            r.prepared += run_modes(r.engine, root, positions[i:i + BLOCK], modes, r.a.max_tokens,
-                                    multiline=not r.a.single_line, max_prompt=r.a.prompt_tokens,
-                                    context=r.a.repo_context, files=r.files, bar=bar)
-    bar.close()
-    return {t: finish_target(r, root, label, positions, modes, peers) for t, r in runs.items()}
+    try:
+        bar = tqdm(total=len(positions) * len(modes) * len(runs), desc="positions x modes")
+        for i in range(0, len(positions), BLOCK):
+            for t in (list(runs) if i // BLOCK % 2 == 0 else list(runs)[::-1]):
+                r = runs[t]
+                block = run_modes(r.engine, root, positions[i:i + BLOCK], modes, r.a.max_tokens,
+                                  multiline=not r.a.single_line, max_prompt=r.a.prompt_tokens,
+                                  context=r.a.repo_context, files=r.files, bar=bar)
+                if r.llama is not None:  # llama.cpp right after ours, on the same positions
+                    r.llama.block(block, len(r.prepared))
+                r.prepared += block
+        bar.close()
+        return {t: finish_target(r, root, label, positions, modes, peers) for t, r in runs.items()}
+    finally:
+        for r in runs.values():
+            if r.llama is not None and r.llama.peer.proc.poll() is None:
+                r.llama.peer.close()
 
 
 def start_target(a: argparse.Namespace, root: Path, modes: list[str], peers: list[str]) -> TargetRun:
     """Load a target (and the draft its modes or peers use), build and calibrate its engine."""
+    import torch
+
     from ..flags import UsageError
     from ..core.engine import Engine
     from ..models import ModelError, load, load_draft
     from .modes import index_repo
+    from .peers import llama_cpp_run
 
     try:
         target = load(a.target, "target", a.device, a.dtype, a.quant)
@@ -173,30 +185,29 @@ def start_target(a: argparse.Namespace, root: Path, modes: list[str], peers: lis
         engine.calibrate_cached()
     else:
         engine.calibrate()
+    # prompts are at most --prompt-tokens, completions --max-tokens
+    llama = llama_cpp_run(engine, torch.get_num_threads(), a.prompt_tokens + a.max_tokens + 64) \
+        if "llama.cpp" in peers else None
     # the table the modes start from (then real passes refine it)
     return TargetRun(a, target, draft, uses_draft, engine, engine.budget.costs(), engine.budget.table_status(),
-                     index_repo(engine, root))
+                     index_repo(engine, root), llama)
 
 
 def finish_target(r: TargetRun, root: Path, label: str, positions: list, modes: list[str], peers: list[str]) -> dict:
-    """Peers on the positions the target ran, then its JSON summary."""
-    import torch
-
+    """The transformers peers on the positions the target ran (llama.cpp ran beside each block), then
+    its JSON summary."""
     from ..models import draft_label
     from ..service.protocol import prefill_dtype
-    from .peers import llama_cpp_available, run_llama_cpp, run_transformers
+    from .peers import run_transformers
     from .report import details, summarize_modes, summarize_peers
 
     a, target, draft, engine, prepared = r.a, r.target, r.draft, r.engine, r.prepared
     hf = [p for p in peers if p.startswith("hf-")]
     peer_rows = run_transformers(engine, prepared, hf) if hf else {}
     prefill = {}
-    if "llama.cpp" in peers:
-        if (why := llama_cpp_available()) is None:
-            rows, prefill = run_llama_cpp(engine, prepared, torch.get_num_threads())
-            peer_rows.update(rows)
-        else:
-            print(f"completiond bench: {why}; skipping llama.cpp (its peer runs on Node)", file=sys.stderr)
+    if r.llama is not None:
+        rows, prefill = r.llama.finish(prepared)
+        peer_rows.update(rows)
     summary = {
         "repo": label, "machine": machine(target), "date": datetime.date.today().isoformat(),
         "command": "completiond " + " ".join(shlex.quote(x) for x in sys.argv[1:]),

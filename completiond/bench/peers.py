@@ -157,38 +157,57 @@ class LlamaCppPeer:
         self.close()
 
 
-def run_llama_cpp(engine: Engine, prepared: list[BenchPrompt], threads: int) -> tuple[dict[str, list[dict]], dict]:
-    """llama.cpp on the same GGUF and prompts (token ids): plain greedy decoding and its prompt-lookup
-    predictor, from the same warm cache as ours; plus cold prefill of the same prompts, ours and its,
-    side by side. Returns (peer rows, a 'prefill' summary)."""
-    gguf = engine.target.meta.get("gguf")
-    if not gguf:
-        print("completiond bench: the target was not loaded from a GGUF file; skipping llama.cpp", file=sys.stderr)
-        return {}, {}
-    out: dict[str, list[dict]] = {"llama.cpp": [], "llama.cpp-prompt-lookup": []}
-    tok = engine.target.tokenizer
-    n_ctx = max(len(pp.prompt) + len(pp.runs["ar"].result.token_ids) for pp in prepared) + 64
-    with LlamaCppPeer(gguf, threads, n_ctx) as peer:
-        for pp in prepared:
-            n = len(pp.runs["ar"].result.token_ids)
-            if n == 0:
+class LlamaCppRun:
+    """llama.cpp beside one target's modes, a block of positions at a time (bench.cli.bench_targets:
+    each block right after ours, so both see the same minutes of this machine), on the same GGUF and
+    prompts (token ids): plain greedy decoding and its prompt-lookup predictor, from the same warm
+    cache as ours, as many tokens as our `ar` produced; then cold prefill of the same prompts, ours
+    and its, side by side. The peer process stays up between blocks."""
+
+    def __init__(self, engine: Engine, threads: int, n_ctx: int):
+        self.engine = engine
+        self.peer = LlamaCppPeer(engine.target.meta["gguf"], threads, n_ctx)
+        self.rows: dict[str, list[dict]] = {"llama.cpp": [], "llama.cpp-prompt-lookup": []}
+
+    def block(self, prepared: list[BenchPrompt], start: int) -> None:
+        """Both peers at these positions (indices start, start + 1, ... of the whole run)."""
+        tok, eos = self.engine.target.tokenizer, self.engine.eos
+        for i, pp in enumerate(prepared):
+            ar = pp.runs["ar"].result.token_ids
+            if not ar:
                 continue
             cut = max(1, len(pp.prompt) - WARM_GAP)
-            for name in out:
-                r = peer.ask(op="complete", warm=pp.prompt[:cut], rest=pp.prompt[cut:], n=n,
-                             lookup=name.endswith("lookup"))
+            for name, rows in self.rows.items():
+                r = self.peer.ask(op="complete", warm=pp.prompt[:cut], rest=pp.prompt[cut:], n=len(ar),
+                                  lookup=name.endswith("lookup"))
                 gen = r["tokens"]
-                text = tok.decode([t for t in gen if t not in engine.eos], skip_special_tokens=False)
+                text = tok.decode([t for t in gen if t not in eos], skip_special_tokens=False)
                 if pp.heal is not None:  # the same prompt, unconstrained: hide the healed text if it came back
                     text = text[len(pp.heal.text):] if text.startswith(pp.heal.text) else text
                 stop = pp.stops.cut(text)
-                out[name].append({"position": prepared.index(pp), "ms_total": r["ms"], "ms_first_token": r["ms_first"],
-                                  "tokens": len(gen), **score(text if stop is None else text[:stop], pp.reference),
-                                  "identical": gen == pp.runs["ar"].result.token_ids,
-                                  "text_identical": tok.decode(gen) == tok.decode(pp.runs["ar"].result.token_ids)})
-        prefill = compare_prefill(engine, peer, [pp.prompt for pp in prepared[:PREFILL_PROMPTS]])
-        prefill["llama_cpp"] = peer.info
-    return out, prefill
+                rows.append({"position": start + i, "ms_total": r["ms"], "ms_first_token": r["ms_first"],
+                             "tokens": len(gen), **score(text if stop is None else text[:stop], pp.reference),
+                             "identical": gen == ar, "text_identical": tok.decode(gen) == tok.decode(ar)})
+
+    def finish(self, prepared: list[BenchPrompt]) -> tuple[dict[str, list[dict]], dict]:
+        """(peer rows, a 'prefill' summary), and the peer closed."""
+        try:
+            prefill = compare_prefill(self.engine, self.peer, [pp.prompt for pp in prepared[:PREFILL_PROMPTS]])
+            prefill["llama_cpp"] = self.peer.info
+        finally:
+            self.peer.close()
+        return self.rows, prefill
+
+
+def llama_cpp_run(engine: Engine, threads: int, n_ctx: int) -> LlamaCppRun | None:
+    """A LlamaCppRun for this target, or None (why printed) where llama.cpp cannot run it."""
+    if (why := llama_cpp_available()) is not None:
+        print(f"completiond bench: {why}; skipping llama.cpp (its peer runs on Node)", file=sys.stderr)
+        return None
+    if not engine.target.meta.get("gguf"):
+        print("completiond bench: the target was not loaded from a GGUF file; skipping llama.cpp", file=sys.stderr)
+        return None
+    return LlamaCppRun(engine, threads, n_ctx)
 
 
 PREFILL_PROMPTS = 8
