@@ -144,8 +144,10 @@ def bench_targets(specs: dict[str, argparse.Namespace], root: Path, label: str, 
 
     from .modes import run_modes
 
-    runs = {t: start_target(a, root, modes, peers) for t, a in specs.items()}
-    try:
+    runs: dict[str, TargetRun] = {}
+    try:  # (the finally closes the llama.cpp peers of targets started before one that fails to load)
+        for t, a in specs.items():
+            runs[t] = start_target(a, root, modes, peers)
         bar = tqdm(total=len(positions) * len(modes) * len(runs), desc="positions x modes")
         for i in range(0, len(positions), BLOCK):
             for t in (list(runs) if i // BLOCK % 2 == 0 else list(runs)[::-1]):
