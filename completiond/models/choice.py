@@ -39,26 +39,18 @@ def record_choice(measured: dict) -> None:
     """Keep a side-by-side bench's run for this CPU: `measured` has larger_combined_p50_ms,
     smaller_ar_p50_ms, positions, repo, date, command, and larger_quant (the larger target's weights
     as measured, e.g. "int4" for `qwen2.5-coder-1.5b@int4`; "auto" for the default's). It replaces
-    the earlier run of the same package; the others are kept (`_measured` picks the one that decides)."""
+    the earlier run of the same package; the others are kept (`_cpu_choice` picks the one that decides)."""
     write_cpu_file(KIND, {"by_repo": {**_runs(), measured["repo"]: measured}})
-
-
-def _measured() -> dict | None:
-    """The run that decides: the package where the larger target is slowest against the smaller.
-    Packages disagree (round 13: 1.24x on toolz, 1.33x on boltons), and the order they were benched
-    in must not choose the default."""
-    runs = _runs()
-    return max(runs.values(), key=_ratio) if runs else None
 
 
 def default_quant(device: str) -> str:
     """The weights `--target default --quant auto` loads: where this CPU's measurement made the
     larger target the default, the quantization it was measured with (its speed is that one's);
     else "auto"."""
-    m = _measured() if device == "cpu" else None
-    if m is None or default_target(device)[0] != MEASURED_PAIR[0]:
+    if device != "cpu":
         return "auto"
-    return m.get("larger_quant") or "auto"
+    name, _, m = _cpu_choice()
+    return (m.get("larger_quant") or "auto") if name == MEASURED_PAIR[0] else "auto"
 
 
 def default_target(device: str) -> tuple[str, str]:
@@ -75,20 +67,28 @@ def default_target(device: str) -> tuple[str, str]:
         print(f"completiond: the {device} default {name} is not installed ({m.install_hint}); using {fallback}",
               file=sys.stderr)
         return fallback, f"{name} is the {device} default but is not installed ({m.install_hint})"
+    return _cpu_choice()[:2]
+
+
+def _cpu_choice() -> tuple[str, str, dict]:
+    """default_target on a CPU, and the run that decided ({} where none did). That run is the package
+    where the larger target is slowest against the smaller: packages disagree (round 13: 1.24x on
+    toolz, 1.33x on boltons), and the order they were benched in must not choose the default."""
     larger, smaller = MEASURED_PAIR
     bench = f"`completiond bench --targets {larger}@int4,{smaller}`"
-    m = _measured()
-    if m is None:
-        return smaller, f"no side-by-side measurement on this CPU yet ({bench} makes one)"
+    runs = _runs()
+    if not runs:
+        return smaller, f"no side-by-side measurement on this CPU yet ({bench} makes one)", {}
+    m = max(runs.values(), key=_ratio)
     ratio = _ratio(m)
     where = f"{m['positions']} positions of {m['repo']}, {m['date']}"
-    if (packages := len(_runs())) > 1:
-        where += f"; the slowest of {packages} packages measured"
+    if len(runs) > 1:
+        where += f"; the slowest of {len(runs)} packages measured"
     quant = m.get("larger_quant") or "auto"
     shown = larger if quant == "auto" else f"{larger}@{quant}"
     measured = f"{shown} `combined` p50 is {ratio:.2f}x {smaller} `ar` p50 on this CPU ({where})"
     if ratio > LARGER_DEFAULT_WITHIN:
-        return smaller, f"{measured}; the larger model is the default within {LARGER_DEFAULT_WITHIN}x"
+        return smaller, f"{measured}; the larger model is the default within {LARGER_DEFAULT_WITHIN}x", m
     if not installed(CODER_15B):
-        return smaller, f"{measured}, but {larger} is not installed ({CODER_15B.install_hint})"
-    return larger, measured
+        return smaller, f"{measured}, but {larger} is not installed ({CODER_15B.install_hint})", m
+    return larger, measured, m
