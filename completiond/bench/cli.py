@@ -160,9 +160,9 @@ def bench_targets(specs: dict[str, argparse.Namespace], root: Path, label: str, 
                 r.prepared += block
         bar.close()
         return {t: finish_target(r, root, label, positions, modes, peers) for t, r in runs.items()}
-    finally:
+    finally:  # closing a peer that finish_target closed already does nothing
         for r in runs.values():
-            if r.llama is not None and r.llama.peer.proc.poll() is None:
+            if r.llama is not None:
                 r.llama.peer.close()
 
 
