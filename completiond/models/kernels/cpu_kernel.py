@@ -324,7 +324,7 @@ def _zmm_ms(lib: ctypes.CDLL, layers: int = 2, reps: int = 5) -> dict[str, float
     """The 1.5B's MLP matmuls with int4 weights (gate + up [17920, 1536], down [1536, 8960]; `layers`
     of them, 41 MB each: from memory, as a pass reads them) at 4 and 8 rows, the 512-bit and 256-bit
     code interleaved rep by rep: the fastest rep's ms of each. The weights are random bytes: the
-    time does not depend on them."""
+    time does not depend on them. It calls `lib` itself, not w4_mm: library() is still loading it."""
     g = torch.Generator().manual_seed(0)
     mats = []
     for _ in range(layers):
