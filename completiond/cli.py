@@ -135,7 +135,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
             "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
             "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
             "prefill_dtype": prefill_dtype(target), "int8_kernel": target.meta.get("int8_kernel"),
-            "default_reason": target.meta.get("default_reason"), "stopped_by": res.stopped_by, "prompt_tokens": res.prompt_tokens,
+            "weights": target.meta.get("weights"), "default_reason": target.meta.get("default_reason"), "stopped_by": res.stopped_by, "prompt_tokens": res.prompt_tokens,
             "accepted_by_depth": res.accepted_by_depth,
         }
         print(json.dumps(out, ensure_ascii=False))
@@ -204,7 +204,7 @@ def complete_via_daemon(a: argparse.Namespace, text: str, offset: int, path: Pat
         print(f"completiond: the daemon on {sock} did not answer ({e or type(e).__name__}); loading the models "
               "here", file=sys.stderr)
         return None
-    keys = ("target", "draft", "dtype", "device", "quant", "prefill_dtype", "int8_kernel", "default_reason")
+    keys = ("target", "draft", "dtype", "device", "quant", "prefill_dtype", "int8_kernel", "weights", "default_reason")
     return {**res, **{k: info.get(k) for k in keys}, "daemon": str(sock)}
 
 

@@ -10,6 +10,7 @@ import asyncio
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,15 @@ def test_slow_start_big_document_two_clients(tmp_path):
         from completiond.models.kernels import cpu_kernel  # the daemon runs the int8 kernel this CPU's calibration chose
         quant = default_quant("cpu")  # int8, or the weights the measurement that chose the 1.5B ran with
         assert ready["quant"] == ("int8" if quant == "auto" else quant) and ready["int8_kernel"] == cpu_kernel.name(), ready
+        from completiond.models import pages  # the weights move into 2 MB pages behind the passes, where Linux gives them
+        if pages.unavailable() is None:
+            deadline = time.monotonic() + 120
+            while not daemon_status(sock)["weights"].startswith("2 MB pages") and time.monotonic() < deadline:
+                time.sleep(0.5)
+            moved = daemon_status(sock)["weights"]
+            assert moved.startswith("2 MB pages (") and float(moved.split("(")[1].split()[0]) > 0.3, moved
+        else:
+            assert ready["weights"] == f"mapped (4 KB pages: {pages.unavailable()})", ready
         # the big document was cold: its first completion came from the quick prompt around the cursor
         # (a full ~2.5k-token prompt takes seconds to prefill on CPU); once the warm-up has filled the
         # full prompt, completions there use it

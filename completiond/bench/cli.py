@@ -218,7 +218,7 @@ def finish_target(r: TargetRun, root: Path, label: str, positions: list, modes: 
         "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
         "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
         "prefill_dtype": prefill_dtype(target), "int8_kernel": target.meta.get("int8_kernel"),
-        "max_tokens": a.max_tokens, "repo_context": a.repo_context,
+        "weights": target.meta.get("weights"), "max_tokens": a.max_tokens, "repo_context": a.repo_context,
         "pass_cost_ms": {str(k): round(v, 2) for k, v in r.costs.items()},
         # the tree budget's table at the start and after the modes ran (per size: ms, source, passes,
         # probes; the daemon's estimator), so a run says which tree sizes it priced how

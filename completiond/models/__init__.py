@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from . import integrity, runtime
+from . import integrity, pages, runtime
 from .catalog import GEMMA_270M, NAMED, ModelError, assemble, file_lock
 from .choice import default_quant, default_target
 from .device import cpu_has_fast_bf16, pick_bulk_dtype, pick_device, pick_dtype  # noqa: F401 (re-exported)
@@ -216,8 +216,10 @@ def _dequantize(gguf: Path, out: Path) -> None:
     tok.save_pretrained(str(out))
 
 
-def open_runtime(folder: Path, gguf: Path, dtype: torch.dtype, scheme: str) -> tuple[torch.nn.Module, object]:
-    """(model, tokenizer) from the runtime form in folder, converted or repaired first if needed.
+def open_runtime(folder: Path, gguf: Path, dtype: torch.dtype, scheme: str,
+                 huge_pages: bool = False) -> tuple[torch.nn.Module, object]:
+    """(model, tokenizer) from the runtime form in folder, converted or repaired first if needed;
+    `huge_pages`: the weights file mapped so that pages.move_later can move it into 2 MB pages.
 
     A Qwen2 the lean forward runs loads without transformers (skeleton.py, tokenizer.py: ~5 CPU-s
     less of a start); other models get transformers' modules and tokenizer."""
@@ -232,7 +234,7 @@ def open_runtime(folder: Path, gguf: Path, dtype: torch.dtype, scheme: str) -> t
                 from transformers import AutoConfig
 
                 config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
-            model = runtime.open_model(folder, config, dtype, scheme)
+            model = runtime.open_model(folder, config, dtype, scheme, huge_pages)
             if isinstance(config, Config):
                 model.generation_config = generation_config(folder)
             elif (folder / "generation_config.json").exists():
@@ -329,12 +331,14 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
 def _load(where: Path | str, name: str, gguf: Path | None, role: str, spec: str, dev: torch.device, dt: torch.dtype,
           scheme: str) -> LoadedModel:
     if gguf is not None:  # the runtime form: mapped, already quantized (no float copy, no from_pretrained)
-        model, tokenizer = open_runtime(where, gguf, dt, scheme)
+        model, tokenizer = open_runtime(where, gguf, dt, scheme, huge_pages=dev.type == "cpu")
         model.to(dev)
         loaded = LoadedModel(name=name, model=model, tokenizer=tokenizer, device=dev, dtype=dt,
                              bulk_dtype=pick_bulk_dtype(dt, dev))
-        loaded.meta.update(gguf=str(gguf), quant=scheme, runtime=str(where / runtime.weights_file(dt, scheme)),
-                           embedding="mapped" if dev.type == "cpu" else "in memory")
+        weights = where / runtime.weights_file(dt, scheme)
+        loaded.meta.update(gguf=str(gguf), quant=scheme, runtime=str(weights),
+                           embedding="mapped" if dev.type == "cpu" else "in memory",
+                           weights=pages.move_later(weights, loaded.meta) if dev.type == "cpu" else "in memory")
         if scheme != "none" and dev.type == "cpu":
             from .kernels import cpu_kernel
 

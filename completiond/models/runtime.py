@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import pages
+
 FORMAT = "completiond-runtime-1"
 ALIGN = 64
 EMBED = "@embed"  # the input embedding, kept in its own file
@@ -176,16 +178,20 @@ def _bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
-def map_file(path: Path) -> dict[str, torch.Tensor | dict]:
+def map_file(path: Path, huge_pages: bool = False) -> dict[str, torch.Tensor | dict]:
     """The tensors of a safetensors file as views of one private read-only mapping of it, and its
-    metadata (under "__metadata__")."""
+    metadata (under "__metadata__"). With `huge_pages`, mapped at a 2 MB boundary where this OS can
+    then move it into huge pages (pages.map_file, pages.move_later: passes cost less)."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         if n > min(size - 8, 1 << 28):
             raise RuntimeFormError(f"{path.name}: header length {n} exceeds the file")
         header = json.loads(f.read(n))
-    data = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+    if huge_pages:
+        data = pages.map_file(path, size)
+    else:
+        data = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
     base = 8 + n
     out: dict = {"__metadata__": header.pop("__metadata__", {})}
     for name, e in header.items():
@@ -197,14 +203,15 @@ def map_file(path: Path) -> dict[str, torch.Tensor | dict]:
     return out
 
 
-def open_model(folder: Path, config, dtype: torch.dtype, scheme: str) -> nn.Module:
+def open_model(folder: Path, config, dtype: torch.dtype, scheme: str, huge_pages: bool = False) -> nn.Module:
     """The model of `config` in `dtype` with `scheme` weights, every tensor mapped from folder's
-    runtime files (written by `save`). RuntimeFormError if they do not fill the model. A
+    runtime files (written by `save`); `huge_pages`: the weights file mapped for pages.move_later
+    (map_file). The embedding stays in 4 KB pages: a pass reads a few of its rows. RuntimeFormError if they do not fill the model. A
     `skeleton.Config` builds the transformers-free Qwen2Skeleton, any other config transformers' model."""
     from .quant import QuantLinear
     from .skeleton import Config, Qwen2Skeleton
 
-    files = map_file(folder / weights_file(dtype, scheme))
+    files = map_file(folder / weights_file(dtype, scheme), huge_pages)
     meta = files.pop("__metadata__")
     if meta.get("format") != FORMAT or meta.get("dtype") != dtype_name(dtype) or meta.get("scheme") != scheme:
         raise RuntimeFormError(f"{weights_file(dtype, scheme)} is not a {FORMAT} file of this form")

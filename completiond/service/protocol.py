@@ -369,6 +369,8 @@ def model_info(target: Any, draft: Any) -> dict:
             "prefill_dtype": prefill_dtype(target),
             # who runs int8 decode passes on CPU: "completiond-avx2" (models/kernels/int8_mm.c) or "torch"; None unquantized
             "int8_kernel": target.meta.get("int8_kernel"),
+            # what holds the target's weights: "2 MB pages (...)", "mapped (4 KB pages: <why>)", "in memory"
+            "weights": target.meta.get("weights"),
             # why `--target default` means this target here (None when a target was named)
             "default_reason": target.meta.get("default_reason")}
 

@@ -1,0 +1,193 @@
+"""A runtime weights file mapped at a 2 MB boundary, then moved into 2 MB pages behind the passes.
+
+A pass streams every weight, ~1 GB for the int4 1.5B. Mapped from the file, the weights sit in 4 KB
+pages (this kernel gives ext4 files no huge pages: FilePmdMapped stays 0), so the stream needs a
+new TLB entry every 4 KB, and in a VM each miss walks two page tables. In anonymous memory with
+transparent huge pages the same passes cost 5-9 % less here (docs/kernels.md "Round 15").
+
+Reading the file into huge pages at start would delay `ready`: on this VM a fresh process's first
+1.2 GB of huge pages took 4.5 s to allocate (memory the host had not backed yet), later ones 0.08 s.
+So the file is mapped as before, at a 2 MB-aligned address, and `move` then copies it a chunk
+at a time into huge pages and puts each chunk in place with `mremap`: the addresses (every tensor
+view) stay the same, and a pass reading a chunk while it moves reads the same bytes from the old
+pages or the new ones. The daemon moves them in a low-priority thread after the load
+(`move_later`), so the first completions are not held up; benchmarks wait for it (`settle`).
+
+The price: the weights become private anonymous memory, resident until exit, where the mapping's
+clean pages could be dropped and shared with another process holding the same model. Where Linux
+does not give huge pages (another OS, transparent huge pages `[never]`, `MADV_POPULATE_WRITE`
+missing before 5.14) or `COMPLETIOND_HUGE_PAGES=0`, the file stays mapped as it is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import mmap
+import os
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+HUGE = 2 << 20
+CHUNK = 16 * HUGE  # moved at a time: each move holds a pass up for at most a few ms
+_POPULATE_WRITE = 23  # MADV_POPULATE_WRITE (Linux 5.14); Python's mmap module does not name it
+_MREMAP_MAYMOVE, _MREMAP_FIXED, _MAP_FIXED = 1, 2, 0x10
+_FAILED = ctypes.c_void_p(-1).value
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+# by path: why a file mapped here stays in 4 KB pages, or its Mapping until move_later takes it
+_why: dict[str, str] = {}
+_pending: dict[str, "Mapping"] = {}
+_moving: list[threading.Thread] = []
+
+
+def unavailable() -> str | None:
+    """Why weights cannot move into 2 MB pages in this process, or None where they can."""
+    if os.environ.get("COMPLETIOND_HUGE_PAGES", "auto") in ("0", "off", "no", "false"):
+        return "COMPLETIOND_HUGE_PAGES=0"
+    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return "no transparent huge pages on this OS"
+    try:
+        modes = THP.read_text()
+    except OSError:
+        return f"no {THP}"
+    if "[never]" in modes:
+        return "transparent huge pages are off ([never])"
+    return None
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.mmap.restype = libc.mremap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
+def _checked(value: int | None, what: str) -> int:
+    if value is None or value == _FAILED or value == -1:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+    return value
+
+
+class Mapping:
+    """`size` bytes of a file mapped privately (copy on write, as torch.from_file) at a 2 MB-aligned
+    address, unmapped when the last tensor over it goes."""
+
+    def __init__(self, path: Path, size: int):
+        self.libc = _libc()
+        self.path, self.size = path, size
+        self.span = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+        self.addr = self._aligned(self.span, path)
+        self.moved = 0  # bytes from the start now in 2 MB pages
+
+    def _aligned(self, span: int, path: Path | None) -> int:
+        """A 2 MB-aligned address of `span` bytes: path's bytes, or anonymous memory advised for huge pages."""
+        libc, rw = self.libc, mmap.PROT_READ | mmap.PROT_WRITE
+        room = _checked(libc.mmap(None, span + HUGE, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0), "mmap")
+        at = (room + HUGE - 1) // HUGE * HUGE
+        try:
+            if path is None:
+                _checked(libc.mmap(at, span, rw, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED, -1, 0), "mmap")
+                _checked(libc.madvise(at, span, mmap.MADV_HUGEPAGE), "madvise(MADV_HUGEPAGE)")
+                _checked(libc.madvise(at, span, _POPULATE_WRITE), "madvise(MADV_POPULATE_WRITE)")
+            else:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    _checked(libc.mmap(at, span, rw, mmap.MAP_PRIVATE | _MAP_FIXED, fd, 0), f"mmap {path.name}")
+                finally:
+                    os.close(fd)
+        except OSError:
+            libc.munmap(room, span + HUGE)
+            raise
+        if at > room:
+            libc.munmap(room, at - room)  # the room around it
+        libc.munmap(at + span, room + span + HUGE - (at + span))
+        return at
+
+    def tensor(self) -> torch.Tensor:
+        """The bytes as a uint8 tensor; it keeps this mapping alive."""
+        view = (ctypes.c_uint8 * self.size).from_address(self.addr)
+        view.owner = self  # frombuffer holds the view, the view holds the mapping
+        return torch.frombuffer(view, dtype=torch.uint8)
+
+    def move(self) -> None:
+        """Copy the file's whole 2 MB chunks into huge pages, CHUNK bytes at a time, each put in place
+        by mremap at the same address (the last part under 2 MB stays mapped)."""
+        whole = self.size // HUGE * HUGE
+        while self.moved < whole:
+            n = min(CHUNK, whole - self.moved)
+            new = self._aligned(n, None)
+            try:
+                ctypes.memmove(new, self.addr + self.moved, n)
+                _checked(self.libc.mremap(new, n, n, _MREMAP_MAYMOVE | _MREMAP_FIXED, self.addr + self.moved), "mremap")
+            except OSError:
+                self.libc.munmap(new, n)
+                raise
+            self.moved += n
+
+    def __del__(self) -> None:
+        if getattr(self, "addr", None):
+            self.libc.munmap(self.addr, self.span)
+
+
+def map_file(path: Path, size: int) -> torch.Tensor:
+    """The file's first `size` bytes as a uint8 tensor: mapped at a 2 MB boundary for move_later
+    where the weights can move into huge pages, else torch.from_file's mapping."""
+    why = unavailable()
+    if why is None:
+        try:
+            m = Mapping(path, size)
+            _pending[str(path)] = m
+            return m.tensor()
+        except OSError as e:
+            why = str(e)
+    _why[str(path)] = why
+    return torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+
+
+def move_later(path: Path, meta: dict) -> str:
+    """Start moving the file map_file mapped into 2 MB pages, in a thread at the lowest CPU priority
+    (passes come first), and return what holds it now; the thread sets meta["weights"] when done."""
+    m = _pending.pop(str(path), None)
+    if m is None:
+        return f"mapped (4 KB pages: {_why.get(str(path), 'not mapped by pages.map_file')})"
+
+    def run() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
+        except OSError:
+            pass
+        meta["weights"] = move(m)
+
+    t = threading.Thread(target=run, name="completiond-huge-pages", daemon=True)
+    _moving.append(t)
+    t.start()
+    return "mapped (4 KB pages, moving into 2 MB pages)"
+
+
+def move(m: Mapping) -> str:
+    """Move `m` into 2 MB pages now and say what holds it; a failure keeps the rest mapped."""
+    try:
+        m.move()
+        if m.moved == 0:
+            return "mapped (4 KB pages: under 2 MB)"
+        return f"2 MB pages ({m.moved / 2**30:.2f} GiB moved after the load)"
+    except OSError as e:
+        log.warning("the weights in %s stay in 4 KB pages from byte %d: %s", m.path.name, m.moved, e)
+        return f"mapped (2 MB pages up to byte {m.moved}, then 4 KB pages: {e})"
+
+
+def settle(timeout: float | None = None) -> None:
+    """Wait for the moves move_later started (benchmarks time passes after them)."""
+    for t in list(_moving):
+        t.join(timeout)
