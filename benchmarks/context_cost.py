@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from completiond.core.forward.runner import Runner
-from completiond.models import load
+from completiond.models import load, pages
 from completiond.models.kernels import cpu_kernel
 from pass_cost import cpu_info, fill_cache, tree
 
@@ -44,6 +44,7 @@ def main() -> int:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     lm = load(a.target, quant=a.quant)
+    pages.settle()  # time passes over the weights in 2 MB pages, as a daemon has them once moved
     contexts, sizes = [int(c) for c in a.contexts.split(",")], [int(s) for s in a.sizes.split(",")]
     attention = [m for m in a.attention.split(",") if m] or [cpu_kernel.attention()]
     zmm = [z for z in a.w4_zmm.split(",") if z]

@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         for q in args.quants.split(","):
             loaded = completiond_models.load(args.target, quant=q)
             forms[q] = loaded.model
+        completiond_models.pages.settle()  # passes timed over the weights in 2 MB pages, as a daemon's once moved
         bf16, name = forms[args.quants.split(",")[0]], args.target
     elif args.random:
         bf16, name = random_05b(), "random Qwen2.5-Coder-0.5B shapes"

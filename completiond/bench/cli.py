@@ -173,6 +173,7 @@ def start_target(a: argparse.Namespace, root: Path, modes: list[str], peers: lis
     from ..flags import UsageError
     from ..core.engine import Engine
     from ..models import ModelError, load, load_draft
+    from ..models import pages
     from .modes import index_repo
     from .peers import llama_cpp_run
 
@@ -182,6 +183,7 @@ def start_target(a: argparse.Namespace, root: Path, modes: list[str], peers: lis
         draft = load_draft(a.draft, target) if uses_draft else None
     except (ValueError, ModelError) as e:
         raise UsageError(str(e)) from None
+    pages.settle()  # the weights' move into 2 MB pages ends before anything is timed
     engine = Engine(target, draft, backend=a.backend)
     if a.calibration == "cached":
         engine.calibrate_cached()
