@@ -61,6 +61,21 @@ def test_a_file_moves_into_huge_pages_at_the_same_addresses_while_read(tmp_path,
     assert pages.move_later(tmp_path / "w.bin", {}).startswith("mapped (4 KB pages: not mapped")
 
 
+@needs_thp
+def test_the_move_waits_while_passes_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(pages, "CHUNK", pages.HUGE)
+    data = random_file(tmp_path / "w.bin", 3 * pages.HUGE)
+    t = pages.map_file(tmp_path / "w.bin", len(data))
+    meta = {}
+    with pages.passing():  # a pass in flight (Runner.forward)
+        pages.move_later(tmp_path / "w.bin", meta)
+        pages.settle(1.0)
+        assert "weights" not in meta and huge_kb_in(t.data_ptr(), len(data)) == 0
+    pages.settle(60)  # QUIET s after the pass, the chunks move
+    assert meta["weights"] == "2 MB pages (0.01 GiB moved after the load)" and t.numpy().tobytes() == data
+    assert huge_kb_in(t.data_ptr(), len(data)) == 3 * 2048
+
+
 def test_huge_pages_off_keeps_the_file_mapped(tmp_path, monkeypatch):
     monkeypatch.setenv("COMPLETIOND_HUGE_PAGES", "0")
     data = random_file(tmp_path / "w.bin", 3 * pages.HUGE)

@@ -3,15 +3,17 @@
 A pass streams every weight, ~1 GB for the int4 1.5B. Mapped from the file, the weights sit in 4 KB
 pages (this kernel gives ext4 files no huge pages: FilePmdMapped stays 0), so the stream needs a
 new TLB entry every 4 KB, and in a VM each miss walks two page tables. In anonymous memory with
-transparent huge pages the same passes cost 5-9 % less here (docs/kernels.md "Round 15").
+transparent huge pages the same passes cost 7-13 % less for the int4 1.5B and 4-13 % less for
+the 0.5B on this 2-core Zen 5 (benchmarks/huge_pages.py; docs/kernels.md "Round 15").
 
 Reading the file into huge pages at start would delay `ready`: on this VM a fresh process's first
 1.2 GB of huge pages took 4.5 s to allocate (memory the host had not backed yet), later ones 0.08 s.
 So the file is mapped as before, at a 2 MB-aligned address, and `move` then copies it a chunk
 at a time into huge pages and puts each chunk in place with `mremap`: the addresses (every tensor
 view) stay the same, and a pass reading a chunk while it moves reads the same bytes from the old
-pages or the new ones. The daemon moves them in a low-priority thread after the load
-(`move_later`), so the first completions are not held up; benchmarks wait for it (`settle`).
+pages or the new ones. The daemon moves them in a low-priority thread after the load, a chunk at
+a time in pauses of the passes (`move_later`), so completions are not held up; benchmarks wait for
+it (`settle`).
 
 The price: the weights become private anonymous memory, resident until exit, where the mapping's
 clean pages could be dropped and shared with another process holding the same model. Where Linux
@@ -28,6 +30,9 @@ import mmap
 import os
 import sys
 import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -35,7 +40,8 @@ import torch
 log = logging.getLogger(__name__)
 
 HUGE = 2 << 20
-CHUNK = 16 * HUGE  # moved at a time: each move holds a pass up for at most a few ms
+CHUNK = 4 * HUGE  # moved at a time, between passes: a completion that comes meanwhile shares the CPU for ~10-30 ms
+QUIET = 0.5  # s without a pass before each chunk moves: the move keeps out of a completion's way
 _POPULATE_WRITE = 23  # MADV_POPULATE_WRITE (Linux 5.14); Python's mmap module does not name it
 _MREMAP_MAYMOVE, _MREMAP_FIXED, _MAP_FIXED = 1, 2, 0x10
 _FAILED = ctypes.c_void_p(-1).value
@@ -45,6 +51,23 @@ THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _why: dict[str, str] = {}
 _pending: dict[str, "Mapping"] = {}
 _moving: list[threading.Thread] = []
+_passes = {"running": 0, "ended": 0.0}  # passes in flight (any model), and when the last one ended
+
+
+@contextmanager
+def passing() -> Iterator[None]:
+    """Around every pass (Runner.forward): moves wait until passes have stopped for QUIET s."""
+    _passes["running"] += 1
+    try:
+        yield
+    finally:
+        _passes["running"] -= 1
+        _passes["ended"] = time.monotonic()
+
+
+def _wait_for_quiet() -> None:
+    while _passes["running"] or time.monotonic() - _passes["ended"] < QUIET:
+        time.sleep(0.05)
 
 
 def unavailable() -> str | None:
@@ -120,11 +143,13 @@ class Mapping:
         view.owner = self  # frombuffer holds the view, the view holds the mapping
         return torch.frombuffer(view, dtype=torch.uint8)
 
-    def move(self) -> None:
+    def move(self, between: Callable[[], None] = lambda: None) -> None:
         """Copy the file's whole 2 MB chunks into huge pages, CHUNK bytes at a time, each put in place
-        by mremap at the same address (the last part under 2 MB stays mapped)."""
+        by mremap at the same address (the last part under 2 MB stays mapped); `between` runs
+        before each chunk (the daemon's move waits there for a pause in the passes)."""
         whole = self.size // HUGE * HUGE
         while self.moved < whole:
+            between()
             n = min(CHUNK, whole - self.moved)
             new = self._aligned(n, None)
             try:
@@ -157,7 +182,9 @@ def map_file(path: Path, size: int) -> torch.Tensor:
 
 def move_later(path: Path, meta: dict) -> str:
     """Start moving the file map_file mapped into 2 MB pages, in a thread at the lowest CPU priority
-    (passes come first), and return what holds it now; the thread sets meta["weights"] when done."""
+    that moves a chunk only after QUIET s without a pass (a process that is always busy, e.g. a
+    one-shot `complete`, never moves), and return what holds it now; the thread sets
+    meta["weights"] when done."""
     m = _pending.pop(str(path), None)
     if m is None:
         return f"mapped (4 KB pages: {_why.get(str(path), 'not mapped by pages.map_file')})"
@@ -167,24 +194,43 @@ def move_later(path: Path, meta: dict) -> str:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
         except OSError:
             pass
-        meta["weights"] = move(m)
+        meta["weights"] = move(m, _wait_for_quiet)
 
     t = threading.Thread(target=run, name="completiond-huge-pages", daemon=True)
-    _moving.append(t)
+    _moving[:] = [*(u for u in _moving if u.is_alive()), t]
     t.start()
     return "mapped (4 KB pages, moving into 2 MB pages)"
 
 
-def move(m: Mapping) -> str:
-    """Move `m` into 2 MB pages now and say what holds it; a failure keeps the rest mapped."""
+def move(m: Mapping, between: Callable[[], None] = lambda: None) -> str:
+    """Move `m` into 2 MB pages and say what holds it; a failure keeps the rest mapped."""
     try:
-        m.move()
+        m.move(between)
         if m.moved == 0:
             return "mapped (4 KB pages: under 2 MB)"
+        huge = huge_bytes(m.addr, m.moved)
+        if huge < m.moved:  # MADV_POPULATE_WRITE fell back to 4 KB pages where the kernel had no 2 MB ones
+            return f"moved after the load, {huge / 2**30:.2f} of {m.moved / 2**30:.2f} GiB in 2 MB pages"
         return f"2 MB pages ({m.moved / 2**30:.2f} GiB moved after the load)"
     except OSError as e:
         log.warning("the weights in %s stay in 4 KB pages from byte %d: %s", m.path.name, m.moved, e)
         return f"mapped (2 MB pages up to byte {m.moved}, then 4 KB pages: {e})"
+
+
+def huge_bytes(addr: int, size: int) -> int:
+    """Bytes in huge pages among this process's mappings within [addr, addr + size) (/proc/self/smaps)."""
+    total, inside = 0, False
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                if "-" in line.split(" ", 1)[0] and not line.startswith(("AnonHuge", "VmFlags")):
+                    lo, hi = (int(x, 16) for x in line.split(" ", 1)[0].split("-"))
+                    inside = addr <= lo and hi <= addr + size
+                elif inside and line.startswith("AnonHugePages:"):
+                    total += int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return size  # cannot tell: say what was asked for
+    return total
 
 
 def settle(timeout: float | None = None) -> None:

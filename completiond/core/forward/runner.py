@@ -19,7 +19,7 @@ from . import graphs
 from .context import NO_CONTEXT, Cancelled, PassContext, Preempted  # Cancelled, Preempted: this module's API too
 from .kvcache import TreeKVCache, for_transformers
 from .lean import lean_decoder, supports_lean
-from ...models import LoadedModel
+from ...models import LoadedModel, pages
 from ...models.quant import bulk, QuantLinear, exact_head_logits, head_rows
 
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
@@ -151,6 +151,13 @@ class Runner:
     def forward(self, ids: Sequence[int], parents: Sequence[int], logits_at: Sequence[int],
                 append: bool = False, ctx: PassContext = NO_CONTEXT, preemptible: bool = False) -> torch.Tensor:
         """Run new nodes; return float32 logits [len(logits_at), vocab] at those node indices.
+        (The weights' move into 2 MB pages waits while passes run: pages.passing.)"""
+        with pages.passing():
+            return self._forward(ids, parents, logits_at, append, ctx, preemptible)
+
+    def _forward(self, ids: Sequence[int], parents: Sequence[int], logits_at: Sequence[int],
+                 append: bool, ctx: PassContext, preemptible: bool) -> torch.Tensor:
+        """forward's pass.
 
         parents[i] is the index of node i's parent in this pass, or -1 for "the last committed token".
         append=True: the uncommitted nodes of the passes since the last keep/rollback stay, and the
