@@ -51,18 +51,21 @@ THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _why: dict[str, str] = {}
 _pending: dict[str, "Mapping"] = {}
 _moving: list[threading.Thread] = []
-_passes = {"running": 0, "ended": 0.0}  # passes in flight (any model), and when the last one ended
+_passes = {"running": 0, "ended": 0.0}  # passes in flight (any model, any thread), and when the last one ended
+_passes_lock = threading.Lock()
 
 
 @contextmanager
 def passing() -> Iterator[None]:
     """Around every pass (Runner.forward): moves wait until passes have stopped for QUIET s."""
-    _passes["running"] += 1
+    with _passes_lock:
+        _passes["running"] += 1
     try:
         yield
     finally:
-        _passes["running"] -= 1
-        _passes["ended"] = time.monotonic()
+        with _passes_lock:
+            _passes["running"] -= 1
+            _passes["ended"] = time.monotonic()
 
 
 def _wait_for_quiet() -> None:
