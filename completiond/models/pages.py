@@ -3,7 +3,7 @@
 A pass streams every weight, ~1 GB for the int4 1.5B. Mapped from the file, the weights sit in 4 KB
 pages (this kernel gives ext4 files no huge pages: FilePmdMapped stays 0), so the stream needs a
 new TLB entry every 4 KB, and in a VM each miss walks two page tables. In anonymous memory with
-transparent huge pages the same passes cost 7-13 % less for the int4 1.5B and 4-13 % less for
+transparent huge pages the same passes cost 6-13 % less for the int4 1.5B and 3-13 % less for
 the 0.5B on this 2-core Zen 5 (benchmarks/huge_pages.py; docs/kernels.md "Round 15").
 
 Reading the file into huge pages at start would delay `ready`: on this VM a fresh process's first
