@@ -77,11 +77,16 @@ def test_the_move_waits_while_passes_run(tmp_path, monkeypatch):
 
 
 def test_huge_pages_off_keeps_the_file_mapped(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    from completiond.models import runtime
+
     monkeypatch.setenv("COMPLETIOND_HUGE_PAGES", "0")
-    data = random_file(tmp_path / "w.bin", 3 * pages.HUGE)
-    t = pages.map_file(tmp_path / "w.bin", len(data))
-    assert t.numpy().tobytes() == data
-    assert pages.move_later(tmp_path / "w.bin", {}) == "mapped (4 KB pages: COMPLETIOND_HUGE_PAGES=0)"
+    w = torch.randn(3 * pages.HUGE // 4, generator=torch.Generator().manual_seed(1))
+    save_file({"w": w}, str(tmp_path / "w.safetensors"))
+    mapped = runtime.map_file(tmp_path / "w.safetensors", huge_pages=True)  # asked, but off: torch's mapping
+    assert torch.equal(mapped["w"], w)
+    assert pages.move_later(tmp_path / "w.safetensors", {}) == "mapped (4 KB pages: COMPLETIOND_HUGE_PAGES=0)"
 
 
 @needs_thp

@@ -168,9 +168,9 @@ class Mapping:
             self.libc.munmap(self.addr, self.span)
 
 
-def map_file(path: Path, size: int) -> torch.Tensor:
-    """The file's first `size` bytes as a uint8 tensor: mapped at a 2 MB boundary for move_later
-    where the weights can move into huge pages, else torch.from_file's mapping."""
+def map_file(path: Path, size: int) -> torch.Tensor | None:
+    """The file's first `size` bytes as a uint8 tensor mapped at a 2 MB boundary, for move_later; None
+    where the weights cannot move into huge pages (the caller maps the file; move_later says why)."""
     why = unavailable()
     if why is None:
         try:
@@ -180,7 +180,7 @@ def map_file(path: Path, size: int) -> torch.Tensor:
         except OSError as e:
             why = str(e)
     _why[str(path)] = why
-    return torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+    return None
 
 
 def move_later(path: Path, meta: dict) -> str:
@@ -226,8 +226,9 @@ def huge_bytes(addr: int, size: int) -> int:
     try:
         with open("/proc/self/smaps") as f:
             for line in f:
-                if "-" in line.split(" ", 1)[0] and not line.startswith(("AnonHuge", "VmFlags")):
-                    lo, hi = (int(x, 16) for x in line.split(" ", 1)[0].split("-"))
+                head = line.split(" ", 1)[0]
+                if "-" in head:  # a mapping's first line: "lo-hi perms ...", its fields follow
+                    lo, hi = (int(x, 16) for x in head.split("-"))
                     inside = addr <= lo and hi <= addr + size
                 elif inside and line.startswith("AnonHugePages:"):
                     total += int(line.split()[1]) * 1024

@@ -188,9 +188,8 @@ def map_file(path: Path, huge_pages: bool = False) -> dict[str, torch.Tensor | d
         if n > min(size - 8, 1 << 28):
             raise RuntimeFormError(f"{path.name}: header length {n} exceeds the file")
         header = json.loads(f.read(n))
-    if huge_pages:
-        data = pages.map_file(path, size)
-    else:
+    data = pages.map_file(path, size) if huge_pages else None
+    if data is None:
         data = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
     base = 8 + n
     out: dict = {"__metadata__": header.pop("__metadata__", {})}
