@@ -57,8 +57,9 @@ def main() -> int:
         for m in modes:
             kind, _, z = m.partition(" zmm ")
             cpu_kernel.attention = lambda: kind  # read on every pass
-            if z:
-                cpu_kernel.library().completiond_zmm(int(z == "on"))
+            if z:  # on / off, or on:N (512-bit int4 tiles from N rows)
+                cpu_kernel.library().completiond_zmm(int(z.startswith("on")))
+                cpu_kernel.library().completiond_w4_zmm_rows(int(z.partition(":")[2] or cpu_kernel.zmm_rows()))
             for c in contexts:
                 fill_cache(r, c)
                 for n in sizes:
@@ -69,6 +70,7 @@ def main() -> int:
     cpu_kernel.attention = chosen
     if zmm:
         cpu_kernel.library().completiond_zmm(int(cpu_kernel.zmm()))
+        cpu_kernel.library().completiond_w4_zmm_rows(cpu_kernel.zmm_rows())
     lo, hi = str(contexts[0]), str(contexts[-1])
     by_mode = {}
     for m in modes:

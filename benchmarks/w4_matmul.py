@@ -4,7 +4,8 @@ kernels interleaved rep by rep (docs/kernels.md "Round 9", the matmul table).
 
     python benchmarks/w4_matmul.py --layers 6 --threads 2
     python benchmarks/w4_matmul.py --kinds w4+avx512-vnni --zmm on,off --rows 3,4,5,8,16 --json OUT.json
-        (the 512-bit code, cpu_kernel.zmm(), against the 256-bit code: docs/kernels.md "Round 13")
+        (the 512-bit code, cpu_kernel.zmm(), against the 256-bit code: docs/kernels.md "Round 13";
+        on:N runs the 512-bit tiles from N rows, on alone from this CPU's timed choice: "Round 16")
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ def main() -> None:
         best = {name: float("inf") for name in runs}
         for _ in range(5):
             for name, (mats, run, z) in runs.items():
-                if z:
-                    lib.completiond_zmm(int(z == "on"))
+                if z:  # on / off, or on:N (512-bit tiles from N rows; on alone: this CPU's choice)
+                    lib.completiond_zmm(int(z.startswith("on")))
+                    lib.completiond_w4_zmm_rows(int(z.partition(":")[2] or ck.zmm_rows()))
                 t0 = time.perf_counter()
                 for m, (_, k) in zip(mats, SHAPES * a.layers):
                     run(xs[k], m)
@@ -67,6 +69,7 @@ def main() -> None:
         table[str(rows)] = {name: round(ms, 3) for name, ms in best.items()}
     if zmm:
         lib.completiond_zmm(int(ck.zmm()))
+        lib.completiond_w4_zmm_rows(ck.zmm_rows())
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "cpu": cpu_info(), "threads": a.threads,

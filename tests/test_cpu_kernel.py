@@ -1,6 +1,7 @@
 """completiond's own int8 kernel (models/kernels/int8_mm.c): batch invariance, accuracy, build and fallback."""
 
 import ctypes
+import itertools
 import os
 import shutil
 import subprocess
@@ -281,28 +282,37 @@ def test_override_forces_completiond_kernel(tmp_path):
 
 @needs_kernel
 def test_zmm_is_measured_once_per_cpu(tmp_path, monkeypatch):
-    """The 512-bit code runs where a timing of both widths on int4 matmuls of 4 and 8 rows (taken
-    once per CPU, cached) finds it clearly faster; COMPLETIOND_ZMM=0 / 1 skips the timing."""
+    """The 512-bit code runs where a timing of both widths on int4 matmuls of 4, 5, 6 and 8 rows (taken
+    once per CPU, cached) finds it clearly faster at 8 rows, from the fewest rows where it stays so;
+    COMPLETIOND_ZMM=0 / 1 skips the timing."""
     import json
     if not cpu_kernel.AVX512_VNNI <= cpu_flags():
-        assert not cpu_kernel.zmm()  # no 512-bit VNNI: never on, nothing timed
+        assert not cpu_kernel.zmm() and cpu_kernel.zmm_rows() == 0  # no 512-bit VNNI: never on, nothing timed
         return
     monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path))
     monkeypatch.delenv("COMPLETIOND_ZMM", raising=False)
     monkeypatch.setattr(device.OthersBusy, "share", lambda self: 0.0)  # as if measured quiet (else not cached)
     lib = cpu_kernel.library()
+    before = lib.completiond_w4_zmm_rows(0)
     try:
-        first = cpu_kernel._zmm_choice(lib)
+        on, rows = cpu_kernel._zmm_choice(lib)
         [path] = (tmp_path / "calibration").glob("zmm-*.json")
         saved = json.loads(path.read_text())
-        assert first == (saved["ms"]["zmm"] <= cpu_kernel.ZMM_GAIN * saved["ms"]["ymm"])
-        path.write_text(json.dumps({**saved, "zmm_faster": not first}))
-        assert cpu_kernel._zmm_choice(lib) == (not first)  # read back, not timed again
-        for forced, on in (("0", False), ("1", True)):
+        gains = {int(r): ms["zmm"] <= cpu_kernel.ZMM_GAIN * ms["ymm"] for r, ms in saved["ms"].items()}
+        assert sorted(gains) == list(cpu_kernel.ZMM_ROWS)
+        assert on == (rows > 0) and on <= gains[8]
+        if on:  # every timed row count from `rows` up gains, the one below does not
+            assert all(g for r, g in gains.items() if r >= rows)
+            assert rows == min(gains) or not gains[max(r for r in gains if r < rows)]
+        path.write_text(json.dumps({**saved, "zmm_faster": True, "zmm_rows": 6}))
+        assert cpu_kernel._zmm_choice(lib) == (True, 6)  # read back, not timed again
+        assert lib.completiond_w4_zmm_rows(0) == before  # the timing left the library's row count as it found it
+        for forced, want in (("0", (False, 5)), ("1", (True, 5))):
             monkeypatch.setenv("COMPLETIOND_ZMM", forced)
-            assert cpu_kernel._zmm_choice(lib) == on
+            assert cpu_kernel._zmm_choice(lib) == want
     finally:
         lib.completiond_zmm(int(cpu_kernel.zmm()))  # the timing leaves the switch off: this process's choice again
+        lib.completiond_w4_zmm_rows(cpu_kernel.zmm_rows())
 
 
 @needs_kernel
@@ -393,15 +403,19 @@ def test_w4_rows_are_bit_identical_alone_and_in_any_batch(k, n, kind):
 
 @needs_kernel
 def test_w4_512_bit_tiles_give_the_256_bit_bits():
-    """Where AVX512-VNNI runs 4+ rows in 512-bit tiles (two vectors of 8 channels, a lone last vector
-    in 256-bit tiles), every (row, channel) gets the bits of the 256-bit tiles a row alone runs."""
+    """Where AVX512-VNNI runs matmuls of enough rows (completiond_w4_zmm_rows) in 512-bit tiles (two
+    vectors of 8 channels, a lone last vector in 256-bit tiles), every (row, channel) gets the bits of
+    the 256-bit tiles a row alone runs."""
     if "w4+avx512-vnni" not in W4_HERE:
         pytest.skip("no AVX512-VNNI here")
     lib = cpu_kernel.library()
     try:
-        for m, k, n in [(4, 896, 200), (5, 896, 200), (8, 1536, 64), (13, 1003, 131), (70, 37, 19), (16, 4864, 23), (7, 128, 8)]:
+        cases = [(4, 896, 200), (5, 896, 200), (8, 1536, 64), (12, 896, 200), (13, 1003, 131), (70, 37, 19),
+                 (16, 4864, 23), (7, 128, 8)]
+        for (m, k, n), rows in itertools.product(cases, (1, 5)):  # 512-bit tiles from 1 row, or from 5
             x, _, packed, scales = w4_operands(m, k, n, seed=m)
             assert lib.completiond_zmm(1) == 1  # the 512-bit tiles run: the comparison is not with themselves
+            assert lib.completiond_w4_zmm_rows(rows) == rows
             wide = cpu_kernel.w4_mm(x, packed, scales, "w4+avx512-vnni")
             assert lib.completiond_zmm(0) == 0
             narrow = cpu_kernel.w4_mm(x, packed, scales, "w4+avx512-vnni")
@@ -409,6 +423,7 @@ def test_w4_512_bit_tiles_give_the_256_bit_bits():
             assert torch.equal(wide[:1], cpu_kernel.w4_mm(x[:1], packed, scales, "w4+avx512-vnni")), (m, k, n)
     finally:
         lib.completiond_zmm(int(cpu_kernel.zmm()))
+        lib.completiond_w4_zmm_rows(cpu_kernel.zmm_rows())
 
 
 @needs_kernel

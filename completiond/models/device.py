@@ -90,11 +90,12 @@ def write_cpu_file(kind: str, data: dict) -> Path:
 
 def calibrated(kind: str, measure: Callable[[], dict], decisions: tuple[str, ...]) -> dict:
     """A measurement of this CPU taken once and cached per CPU in `cpu_file(kind)`: returns the
-    boolean `decisions` of what `measure()` returned (the rest, its timings, stays in the file for
-    the record). An unwritable cache only means measuring again next time."""
+    `decisions` of what `measure()` returned, booleans or integers (the rest, its timings, stays in
+    the file for the record). A file without one of them is measured again. An unwritable cache
+    only means measuring again next time."""
     try:
         got = json.loads(cpu_file(kind).read_text())
-        return {k: bool(got[k]) for k in decisions}
+        return {k: _decision(got[k]) for k in decisions}
     except (OSError, ValueError, KeyError):
         pass
     busy = OthersBusy()
@@ -104,12 +105,17 @@ def calibrated(kind: str, measure: Callable[[], dict], decisions: tuple[str, ...
         # others held the CPUs while it ran: the timings say more about them than about this CPU
         # (a busy minute picked float32 activations over int8 here); decide for this process only
         log.info("not caching %s: other processes used %.0f%% of the CPUs while it was measured", kind, 100 * share)
-        return {k: bool(got[k]) for k in decisions}
+        return {k: _decision(got[k]) for k in decisions}
     try:
         write_cpu_file(kind, {**got, "others_busy": share})
     except OSError:
         pass
-    return {k: bool(got[k]) for k in decisions}
+    return {k: _decision(got[k]) for k in decisions}
+
+
+def _decision(v: object) -> bool | int:
+    """A cached decision: an integer stays one (a row count), anything else is a yes or no."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else bool(v)
 
 
 LOADED = 0.25  # others' share of the CPUs from which a measurement counts as taken under load

@@ -40,10 +40,15 @@ int completiond_mm(int kind, const float *x, const int8_t *w, const float *scale
                    int64_t K, int64_t N, int threads);
 
 // 1: where 512-bit vectors do twice the work of 256-bit ones (cpu_kernel.zmm() decides; only on
-// AVX512-VNNI CPUs), int4-weight matmuls of 4+ rows (w4_mm.c) and attention's value sums
-// (qwen2_layer.c) run 512-bit code; 0 (the default, and on a CPU without AVX512-VNNI): 256-bit. Both
-// give the same bits. Returns the choice now in force.
+// AVX512-VNNI CPUs), int4-weight matmuls of completiond_w4_zmm_rows or more rows (w4_mm.c) and
+// attention's value sums (qwen2_layer.c) run 512-bit code; 0 (the default, and on a CPU without
+// AVX512-VNNI): 256-bit. Both give the same bits. Returns the choice now in force.
 int completiond_zmm(int on);
+
+// Where completiond_zmm is on, int4-weight matmuls of at least `rows` rows run the 512-bit tiles (fewer:
+// 256-bit ones; the default 4, cpu_kernel.py times it per CPU). rows < 1 changes nothing. Returns the
+// value in force. Same bits either way.
+int completiond_w4_zmm_rows(int rows);
 
 // Floats of scratch completiond_qwen2_layer needs for n rows and `keys` cache slots.
 int64_t completiond_qwen2_work(int64_t n, int64_t H, int64_t inter, int64_t heads, int64_t kv_heads,

@@ -66,6 +66,8 @@ SIGNATURES: dict[str, tuple[list, type | None]] = {
     "completiond_mm_supported": ([_C], _C),
     # (on) -> on where the CPU runs it: 512-bit int4 tiles for 4+ rows and value sums
     "completiond_zmm": ([_C], _C),
+    # (rows) -> rows from which int4 matmuls run the 512-bit tiles (rows < 1: only read it)
+    "completiond_w4_zmm_rows": ([_C], _C),
     # (kind, x, w, scale, y, M, K, N, threads)
     "completiond_mm": ([_C, _P, _P, _P, _P, _I, _I, _I, _C], _C),
     # (n, H, inter, heads, kv_heads, d, keys, threads) -> floats of scratch
@@ -150,9 +152,10 @@ def _library() -> ctypes.CDLL | None:
     for name_, (args, res) in SIGNATURES.items():
         fn = getattr(lib, name_)
         fn.argtypes, fn.restype = args, res
-    global _zmm_on
-    _zmm_on = _zmm_choice(lib)
+    global _zmm_on, _zmm_rows
+    _zmm_on, _zmm_rows = _zmm_choice(lib)
     lib.completiond_zmm(int(_zmm_on))
+    lib.completiond_w4_zmm_rows(_zmm_rows)
     return lib
 
 
@@ -288,12 +291,14 @@ def attention() -> str:
     return "bf16" if AVX512_BF16 <= cpu_flags() and not forced_off else "float32"
 
 
-_zmm_on = False  # library()'s choice for this process (_zmm_choice)
+_zmm_on = False  # library()'s choice for this process (_zmm_choice) ...
+_zmm_rows = 0  # ... and the fewest int4 matmul rows that run the 512-bit tiles
 ZMM_GAIN = 0.95  # 512-bit code runs where it takes at most this share of the 256-bit code's time
+ZMM_ROWS = (4, 5, 6, 8)  # int4 matmul row counts both widths are timed at (7 goes with 8 and 6)
 
 
 def zmm() -> bool:
-    """Whether the kernels run 512-bit code in this process: int4-weight matmuls of 4+ rows (tree
+    """Whether the kernels run 512-bit code in this process: int4-weight matmuls of enough rows (tree
     passes, prefill chunks: `vpdpbusd` over two vectors of 8 channels at once, w4_mm.c) and the
     native layer's attention value sums. Same bits either way; only the time differs, so it is
     measured once per CPU (`_zmm_choice`): on Zen 5 a 512-bit instruction does twice a 256-bit
@@ -303,28 +308,40 @@ def zmm() -> bool:
     return library() is not None and _zmm_on
 
 
-def _zmm_choice(lib: ctypes.CDLL) -> bool:
-    """512-bit code or not, for this CPU: forced by COMPLETIOND_ZMM, else timed once and cached."""
+def zmm_rows() -> int:
+    """The fewest rows of an int4 matmul that run the 512-bit tiles where zmm() (0 where it is off)."""
+    return _zmm_rows if zmm() else 0
+
+
+def _zmm_choice(lib: ctypes.CDLL) -> tuple[bool, int]:
+    """512-bit code or not for this CPU, and the fewest rows of an int4 matmul that run it: forced
+    by COMPLETIOND_ZMM (then from 5 rows), else timed once and cached. It is on where 8 rows gain
+    at least ZMM_GAIN; it runs from the smallest timed row count from which every timed count gains
+    that (docs/kernels.md "Round 16": on this Zen 5, 4 rows ran 10 % faster in 256-bit tiles, one
+    stream of weights a thread, and 5 rows 15 % slower)."""
     if not AVX512_VNNI <= cpu_flags():
-        return False
+        return False, 0
     forced = os.environ.get("COMPLETIOND_ZMM", "auto")
     if forced in ("0", "1"):
-        return forced == "1"
+        return forced == "1", 5
 
     def measure() -> dict:
-        best = _zmm_ms(lib)
-        faster = best["zmm"] <= ZMM_GAIN * best["ymm"]
-        log.info("512-bit kernels on this CPU (%s): %s (%s)", cpu_key(), "on" if faster else "off", best)
-        return {"zmm_faster": faster, "ms": best}
+        ms = _zmm_ms(lib)
+        gains = [r for r in ZMM_ROWS if ms[str(r)]["zmm"] <= ZMM_GAIN * ms[str(r)]["ymm"]]
+        rows = next((r for r in ZMM_ROWS if all(g in gains for g in ZMM_ROWS if g >= r)), 0)
+        log.info("512-bit kernels on this CPU (%s): %s (%s)", cpu_key(), f"from {rows} rows" if rows else "off", ms)
+        return {"zmm_faster": rows > 0, "zmm_rows": rows, "ms": ms}
 
-    return calibrated("zmm", measure, ("zmm_faster",))["zmm_faster"]
+    got = calibrated("zmm", measure, ("zmm_faster", "zmm_rows"))
+    return got["zmm_faster"], got["zmm_rows"]
 
 
-def _zmm_ms(lib: ctypes.CDLL, layers: int = 2, reps: int = 5) -> dict[str, float]:
+def _zmm_ms(lib: ctypes.CDLL, layers: int = 2, reps: int = 5) -> dict[str, dict[str, float]]:
     """The 1.5B's MLP matmuls with int4 weights (gate + up [17920, 1536], down [1536, 8960]; `layers`
-    of them, 41 MB each: from memory, as a pass reads them) at 4 and 8 rows, the 512-bit and 256-bit
-    code interleaved rep by rep: the fastest rep's ms of each. The weights are random bytes: the
-    time does not depend on them. It calls `lib` itself, not w4_mm: library() is still loading it."""
+    of them, 41 MB each: from memory, as a pass reads them) at each of ZMM_ROWS rows, the 512-bit and
+    256-bit code interleaved rep by rep: the fastest rep's ms of each, by row count. The weights are
+    random bytes: the time does not depend on them. It calls `lib` itself, not w4_mm: library() is
+    still loading it."""
     g = torch.Generator().manual_seed(0)
     mats = []
     for _ in range(layers):
@@ -332,23 +349,25 @@ def _zmm_ms(lib: ctypes.CDLL, layers: int = 2, reps: int = 5) -> dict[str, float
             kp = (k + 127) // 128 * 128
             mats.append((torch.randint(0, 256, (n, kp // 2), dtype=torch.uint8, generator=g),
                          torch.rand(n, 2, kp // 32, generator=g).to(torch.bfloat16), n, k))
-    xs = {(m, k): torch.randn(m, k, generator=g) for m in (4, 8) for k in (1536, 8960)}
-    ys = {(m, n): torch.empty(m, n) for m in (4, 8) for n in (17920, 1536)}
-    best = {"zmm": float("inf"), "ymm": float("inf")}
+    xs = {(m, k): torch.randn(m, k, generator=g) for m in ZMM_ROWS for k in (1536, 8960)}
+    ys = {(m, n): torch.empty(m, n) for m in ZMM_ROWS for n in (17920, 1536)}
+    best = {str(m): {"zmm": float("inf"), "ymm": float("inf")} for m in ZMM_ROWS}
+    before = lib.completiond_w4_zmm_rows(0)
     try:
+        lib.completiond_w4_zmm_rows(1)  # "zmm": every row count in 512-bit tiles
         for _ in range(reps):
-            for name in best:
-                lib.completiond_zmm(int(name == "zmm"))
-                t0 = time.perf_counter()
-                for m in (4, 8):
+            for m in ZMM_ROWS:
+                for name in ("zmm", "ymm"):
+                    lib.completiond_zmm(int(name == "zmm"))
+                    t0 = time.perf_counter()
                     for packed, scales, n, k in mats:
-                        y = ys[m, n]
                         lib.completiond_mm(KINDS["w4+avx512-vnni"], xs[m, k].data_ptr(), packed.data_ptr(),
-                                           scales.data_ptr(), y.data_ptr(), m, k, n, torch.get_num_threads())
-                best[name] = min(best[name], (time.perf_counter() - t0) * 1000)
+                                           scales.data_ptr(), ys[m, n].data_ptr(), m, k, n, torch.get_num_threads())
+                    best[str(m)][name] = min(best[str(m)][name], (time.perf_counter() - t0) * 1000)
     finally:
         lib.completiond_zmm(0)
-    return {k: round(v, 3) for k, v in best.items()}
+        lib.completiond_w4_zmm_rows(before)
+    return {m: {k: round(v, 3) for k, v in b.items()} for m, b in best.items()}
 
 
 def name() -> str:

@@ -28,7 +28,6 @@
 #define KB 128
 #define W4_G 32   // weights per scale and zero along K
 #define W4_ZRB 8   // rows a 512-bit tile
-#define W4_ZMIN 4  // rows from which the 512-bit tiles run (3 rows: 11 % slower than 256-bit, 4: 3 % faster)
 #define W4_NB 48  // output channels per thread work item (whole vectors of 8)
 
 typedef CompletiondPrefetch W4Prefetch;
@@ -149,6 +148,18 @@ static inline __attribute__((always_inline)) void w4_tile_zmm(int R, const Compl
     }
 }
 
+// Rows from which a matmul runs the 512-bit tiles (completiond_w4_zmm_rows): fewer rows are bound by
+// the weights' bytes, which one stream a thread reads best. Timed per CPU (cpu_kernel.py); on the Zen 5
+// of docs/kernels.md "Round 16" from 5 rows: 4 rows ran 10 % faster in the 256-bit tiles. The rest of
+// a larger matmul (12 rows: 8 + 4) stays in 512-bit tiles: it reads the weights from cache, where the
+// arithmetic bounds it (as 256-bit tiles, 12-row passes of the 1.5B were 14 % slower).
+static int w4_zmm_rows = 4;
+
+int completiond_w4_zmm_rows(int rows) {
+    if (rows >= 1) w4_zmm_rows = rows;
+    return w4_zmm_rows;
+}
+
 static inline __attribute__((always_inline)) void w4_rows_zmm(int R, const CompletiondA8Rows *a, const uint8_t *w,
                                                            const uint16_t *sz, const float *xsum, int64_t N, float *y,
                                                            int64_t m0, int64_t n0, int64_t n1, W4Prefetch *pf) {
@@ -206,7 +217,7 @@ void completiond_mm_w4(int sums, const float *x, const uint8_t *w, const float *
             xsum[m * G + g] = a.s[m * a.nb + g * W4_G / KB] * (float)t;
         }
     const uint16_t *sz = (const uint16_t *)scale;
-    if (sums == 1 && M >= W4_ZMIN && completiond_zmm_enabled())
+    if (sums == 1 && M >= w4_zmm_rows && completiond_zmm_enabled())
         w4_mm_zmm(&a, w, sz, xsum, y, M, N, threads);
     else if (sums == 1)
         w4_mm_vnni512(&a, w, sz, xsum, y, M, N, threads);
