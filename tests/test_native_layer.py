@@ -186,8 +186,8 @@ def test_int4_mlps_run_native_bit_identical_in_trees_and_close_to_the_torch_ops(
 @needs_kernel
 @pytest.mark.parametrize("hidden", [96, 512])  # heads of 24 (16 + a tail of 8) and 128 (one chunk of 8 x 16)
 def test_512_bit_code_gives_the_256_bit_bits(hidden, attn):
-    """cpu_kernel.zmm() (AVX512-VNNI CPUs): int4 matmuls of 4+ rows and the value sums in 512-bit
-    vectors. A tree pass over a context of several key blocks has the same bits with them off, and
+    """cpu_kernel.zmm() (AVX512-VNNI CPUs): int4 matmuls of cpu_kernel.zmm_rows() or more rows (here
+    from every row count) and the value sums in 512-bit vectors. A tree pass over a context of several key blocks has the same bits with them off, and
     its nodes those of one-token passes."""
     if not cpu_kernel.AVX512_VNNI <= cpu_flags():
         pytest.skip("no AVX512-VNNI here")
@@ -198,12 +198,14 @@ def test_512_bit_code_gives_the_256_bit_bits(hidden, attn):
     ids, parents = [7, 8, 20, 9, 21, 10], [-1, 0, 0, 1, 2, 3]
     out = {}
     try:
+        lib.completiond_w4_zmm_rows(1)
         for on in (1, 0):
             assert lib.completiond_zmm(on) == on
             out[on] = r.forward(ids, parents, range(len(ids)))
             r.rollback(n)
     finally:
         lib.completiond_zmm(int(cpu_kernel.zmm()))
+        lib.completiond_w4_zmm_rows(cpu_kernel.zmm_rows())
     assert torch.equal(out[1], out[0])
     for t, i in ((7, 0), (8, 1)):
         assert torch.equal(r.forward([t], [-1], [0])[0], out[1][i])

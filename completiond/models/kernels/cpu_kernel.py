@@ -64,7 +64,7 @@ _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 # tests/test_cpu_kernel.py parses the header and checks them against it.
 SIGNATURES: dict[str, tuple[list, type | None]] = {
     "completiond_mm_supported": ([_C], _C),
-    # (on) -> on where the CPU runs it: 512-bit int4 tiles for 4+ rows and value sums
+    # (on) -> on where the CPU runs it: 512-bit int4 tiles (from completiond_w4_zmm_rows rows) and value sums
     "completiond_zmm": ([_C], _C),
     # (rows) -> rows from which int4 matmuls run the 512-bit tiles (rows < 1: only read it)
     "completiond_w4_zmm_rows": ([_C], _C),

@@ -90,12 +90,12 @@ static inline __attribute__((always_inline)) __m256i dot_avx2(__m256i acc, __m25
 #include "w4_tiles.h"
 #pragma GCC pop_options
 
-// ---- AVX512-VNNI, 512 bits: two vectors of 8 channels a zmm, for 4+ rows ----
-// Where a 512-bit vpdpbusd does twice a 256-bit one's products in the same time (Zen 5), a tile of
-// 4+ rows runs vectors v and v + 1 side by side (lanes 0-7 and 8-15 of a zmm): each lane gets the
-// int32 sums and float steps, in the same order, as the 256-bit tile's lane (integer sums are exact),
-// so a (row, channel) has the same bits whichever tile computed it. The two vectors are two streams;
-// 1-3 rows keep the one-stream 256-bit tiles (a one-row matmul is bound by its bytes).
+// ---- AVX512-VNNI, 512 bits: two vectors of 8 channels a zmm, for matmuls of w4_zmm_rows+ rows ----
+// Where a 512-bit vpdpbusd does twice a 256-bit one's products in the same time (Zen 5), a tile
+// runs vectors v and v + 1 side by side (lanes 0-7 and 8-15 of a zmm): each lane gets the int32
+// sums and float steps, in the same order, as the 256-bit tile's lane (integer sums are exact), so a
+// (row, channel) has the same bits whichever tile computed it. The two vectors are two streams;
+// smaller matmuls keep the one-stream 256-bit tiles (a one-row matmul is bound by its bytes).
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
 static inline __attribute__((always_inline)) __m512 w4_bf16x16(const uint16_t *v0, const uint16_t *v1) {
