@@ -282,7 +282,7 @@ def test_override_forces_completiond_kernel(tmp_path):
 
 @needs_kernel
 def test_zmm_is_measured_once_per_cpu(tmp_path, monkeypatch):
-    """The 512-bit code runs where a timing of both widths on int4 matmuls of 4, 5, 6 and 8 rows (taken
+    """The 512-bit code runs where a timing of both widths on int4 matmuls of 2 to 8 rows (taken
     once per CPU, cached) finds it clearly faster at 8 rows, from the fewest rows where it stays so;
     COMPLETIOND_ZMM=0 / 1 skips the timing."""
     import json
@@ -307,7 +307,7 @@ def test_zmm_is_measured_once_per_cpu(tmp_path, monkeypatch):
         path.write_text(json.dumps({**saved, "zmm_faster": True, "zmm_rows": 6}))
         assert cpu_kernel._zmm_choice(lib) == (True, 6)  # read back, not timed again
         assert lib.completiond_w4_zmm_rows(0) == before  # the timing left the library's row count as it found it
-        for forced, want in (("0", (False, 5)), ("1", (True, 5))):
+        for forced, want in (("0", (False, 3)), ("1", (True, 3))):
             monkeypatch.setenv("COMPLETIOND_ZMM", forced)
             assert cpu_kernel._zmm_choice(lib) == want
     finally:
@@ -371,16 +371,22 @@ def test_pack_w4_rounds_each_weight_to_its_group_grid():
     p2, s2 = quant.pack_w4(grid)
     assert torch.equal(quant.unpack_w4(p2, s2, 256), grid)
     # the layout w4_mm.c reads: channel 8 v + l's weights 8 p .. 8 p + 3 in the low nibbles of bytes
-    # 4 l .. 4 l + 3 of vector v's piece p, 8 p + 4 .. 8 p + 7 in the high ones
-    ref = torch.randint(0, 16, (16, 128), generator=g).float()
-    ref[:, ::32], ref[:, 1::32] = 0.0, 15.0  # every group spans [0, 15]: scale 1, zero 0
-    pq, sq = quant.pack_w4(ref)
-    assert torch.equal(quant.unpack_w4(pq, sq, 128), ref)
-    v, p, lane = 1, 3, 5
-    piece = pq[8 * v:8 * v + 8].reshape(-1)[32 * p:32 * p + 32]
-    ch = 8 * v + lane
-    assert torch.equal((piece[4 * lane:4 * lane + 4] & 15).float(), ref[ch, 8 * p:8 * p + 4])
-    assert torch.equal((piece[4 * lane:4 * lane + 4] >> 4).float(), ref[ch, 8 * p + 4:8 * p + 8])
+    # 4 l .. 4 l + 3 of vector v's piece p, 8 p + 4 .. 8 p + 7 in the high ones; vectors 0 and 1 a
+    # pair, their 32-byte pieces alternating, and so their 8 scales of a group; vector 2 alone
+    step = 2.0 ** -(torch.arange(24) % 5)  # a scale per channel (exact in bf16), zero 0
+    ref = torch.randint(0, 16, (24, 128), generator=g).float()
+    ref[:, ::32], ref[:, 1::32] = 0.0, 15.0  # every group spans [0, 15] steps
+    pq, sq = quant.pack_w4(ref * step[:, None])
+    assert torch.equal(quant.unpack_w4(pq, sq, 128), ref * step[:, None])
+    for v, p, lane in ((0, 3, 5), (1, 3, 5), (1, 0, 7), (2, 3, 5)):
+        ch = 8 * v + lane
+        at = 64 * p + 32 * (v % 2) if v < 2 else 32 * p
+        piece = pq[:16].reshape(-1)[at:at + 32] if v < 2 else pq[16:24].reshape(-1)[at:at + 32]
+        assert torch.equal((piece[4 * lane:4 * lane + 4] & 15).float(), ref[ch, 8 * p:8 * p + 4]), (v, p, lane)
+        assert torch.equal((piece[4 * lane:4 * lane + 4] >> 4).float(), ref[ch, 8 * p + 4:8 * p + 8]), (v, p, lane)
+        group = p // 4
+        scale = (sq[:16].reshape(2, 4, 2, 8)[0, group, v, lane] if v < 2 else sq[16:].reshape(2, 4, 8)[0, group, lane])
+        assert float(scale) == step[ch], (v, lane)
 
 
 @needs_kernel

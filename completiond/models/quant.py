@@ -215,7 +215,7 @@ class QuantLinear(nn.Module):
             raise ValueError("cannot fuse layers with different input sizes")
         if any(p.scheme != scheme or p.group != group for p in parts) or (
                 scheme == "int4" and any(p.out_features % int4_row_block() for p in parts[:-1])) or (
-                scheme == "w4" and any(p.out_features % W4_LANES for p in parts[:-1])):
+                scheme == "w4" and any(p.out_features % W4_PAIR for p in parts[:-1])):
             return _Parts(parts)  # mixed schemes, or an int4 / w4 part whose row tail would land mid-block
         bias = None
         if any(p.bias is not None for p in parts):
@@ -303,6 +303,7 @@ def _int4(w: torch.Tensor, group: int, deq: bool = True) -> tuple[torch.Tensor, 
 W4_GROUP = 32  # weights per int4 scale and zero along K (cpu_kernel.w4_mm)
 W4_PAD = 128  # K is padded to the int8 activations' block
 W4_LANES = 8  # channels per vector (one per int32 lane of w4_mm.c): N is padded to a multiple
+W4_PAIR = 2 * W4_LANES  # two vectors whose 32-byte pieces alternate (w4_mm.c's 512-bit tiles: one stream)
 
 
 def w4_native() -> bool:
@@ -321,9 +322,10 @@ def pack_w4(w: torch.Tensor, rows: int = _ROWS) -> tuple[torch.Tensor, torch.Ten
     w ~ q * scale + zero per group of 32 along K, q in [0, 15] (asymmetric min / max, as the torch
     int4 scheme's groups; scale and zero rounded to bf16 first, q from the rounded pair); K
     zero-padded to kp (a multiple of 128), N to N8 (a multiple of 8). In w4_mm.c's order: vectors of
-    8 channels; vector v's rows hold its nibble stream (per 32-byte piece p, lane l's 4 bytes:
-    channel 8 v + l's weights 8 p .. 8 p + 3 low, 8 p + 4 .. 8 p + 7 high) and its [2, G, 8] scales
-    and zeros."""
+    8 channels, each a nibble stream (per 32-byte piece p, lane l's 4 bytes: channel 8 v + l's
+    weights 8 p .. 8 p + 3 low, 8 p + 4 .. 8 p + 7 high) with [2, G, 8] scales and zeros; two vectors
+    2 u and 2 u + 1 (rows 16 u .. 16 u + 15) as one stream, their pieces and their 8 scales (zeros)
+    of a group alternating (`_pairs`); a last odd vector alone."""
     n, k = w.shape
     kp = (k + W4_PAD - 1) // W4_PAD * W4_PAD
     g, n8 = kp // W4_GROUP, w4_rows(n)
@@ -341,12 +343,25 @@ def pack_w4(w: torch.Tensor, rows: int = _ROWS) -> tuple[torch.Tensor, torch.Ten
         packed[s:s + rows] = (nib[..., 0] | (nib[..., 1] << 4)).reshape(len(wb), -1)
         sz = torch.stack([scale, zero], 1).view(v, W4_LANES, 2, g).permute(0, 2, 3, 1)  # [v, 2, G, lane]
         scales[s:s + rows] = sz.reshape(len(wb), 2, g)
-    return packed, scales
+    return _pairs(packed, 32), _pairs(scales, W4_LANES)
+
+
+def _pairs(t: torch.Tensor, width: int, undo: bool = False) -> torch.Tensor:
+    """Rows of pack_w4's tensors from vectors of 8 channels one after another to pairs of vectors
+    whose pieces alternate (undo: back). A piece is `width` elements: 32 bytes of nibbles, or a
+    group's 8 scales (zeros); a pair holds piece p of its first vector, then of its second, then
+    piece p + 1 ... A last odd vector stays as it is."""
+    u = len(t) // W4_PAIR
+    if u == 0:
+        return t
+    pairs = t[:u * W4_PAIR].reshape((u, 2, -1, width) if not undo else (u, -1, 2, width))
+    return torch.cat([pairs.transpose(1, 2).reshape(u * W4_PAIR, *t.shape[1:]), t[u * W4_PAIR:]])
 
 
 def w4_scale_zero(scales: torch.Tensor) -> torch.Tensor:
     """pack_w4's scales in channel order: float32 [N8, 2, G] (scales, zeros)."""
     n8, _, g = scales.shape
+    scales = _pairs(scales, W4_LANES, undo=True)
     return scales.reshape(n8 // W4_LANES, 2, g, W4_LANES).permute(0, 3, 1, 2).reshape(n8, 2, g).float()
 
 
@@ -354,6 +369,7 @@ def unpack_w4(packed: torch.Tensor, scales: torch.Tensor, k: int, n: int | None 
     """pack_w4's weights as float32 [n, k] (the values the kernel multiplies by; n: all rows)."""
     n8, _, g = scales.shape
     v, kp = n8 // W4_LANES, g * W4_GROUP
+    packed = _pairs(packed, 32, undo=True)
     p = packed.reshape(v, kp // 8, W4_LANES, 4, 1)
     q = torch.cat([p & 15, p >> 4], 4).permute(0, 2, 1, 4, 3).reshape(n8, g, W4_GROUP).float()
     sc = w4_scale_zero(scales)
@@ -427,12 +443,13 @@ def head_rows(head: nn.Module, rows: torch.Tensor, low_bits: bool = False) -> to
     """float32 rows [..., H] of the output layer's full-precision weight at these indices (low_bits:
     of the quantized weight the kernel multiplies by, without the residual)."""
     if isinstance(head, QuantLinear) and (low_bits or head.full_weight is None):
-        if head.scheme == "w4":  # the vectors of W4_LANES channels holding them, unpacked once each
+        if head.scheme == "w4":  # the pairs of vectors holding them (a last lone vector), unpacked once each
             flat = rows.reshape(-1)
-            vecs, which = torch.unique(flat // W4_LANES, return_inverse=True)
-            packed_rows = (vecs[:, None] * W4_LANES + torch.arange(W4_LANES)).reshape(-1)
+            pairs, which = torch.unique(flat // W4_PAIR, return_inverse=True)
+            packed_rows = (pairs[:, None] * W4_PAIR + torch.arange(W4_PAIR)).reshape(-1)
+            packed_rows = packed_rows[packed_rows < len(head.packed)]
             low = unpack_w4(head.packed[packed_rows], head.scales[packed_rows], head.in_features)
-            low = low[which * W4_LANES + flat % W4_LANES].view(*rows.shape, -1)
+            low = low[which * W4_PAIR + flat % W4_PAIR].view(*rows.shape, -1)
         elif head.scheme == "int8":
             low = head.packed[rows].float() * head.scales[rows].float()[..., None]
         else:

@@ -294,7 +294,7 @@ def attention() -> str:
 _zmm_on = False  # library()'s choice for this process (_zmm_choice) ...
 _zmm_rows = 0  # ... and the fewest int4 matmul rows that run the 512-bit tiles
 ZMM_GAIN = 0.95  # 512-bit code runs where it takes at most this share of the 256-bit code's time
-ZMM_ROWS = (4, 5, 6, 8)  # int4 matmul row counts both widths are timed at (7 goes with 8 and 6)
+ZMM_ROWS = (2, 3, 4, 5, 6, 8)  # int4 matmul row counts both widths are timed at (7 goes with 8 and 6)
 
 
 def zmm() -> bool:
@@ -315,15 +315,14 @@ def zmm_rows() -> int:
 
 def _zmm_choice(lib: ctypes.CDLL) -> tuple[bool, int]:
     """512-bit code or not for this CPU, and the fewest rows of an int4 matmul that run it: forced
-    by COMPLETIOND_ZMM (then from 5 rows), else timed once and cached. It is on where 8 rows gain
+    by COMPLETIOND_ZMM (then from 3 rows), else timed once and cached. It is on where 8 rows gain
     at least ZMM_GAIN; it runs from the smallest timed row count from which every timed count gains
-    that (docs/kernels.md "Round 16": on this Zen 5, 4 rows ran 10 % faster in 256-bit tiles, one
-    stream of weights a thread, and 5 rows 15 % slower)."""
+    that (docs/kernels.md "Round 16": on this Zen 5 from 3 rows; one row reads as fast either way)."""
     if not AVX512_VNNI <= cpu_flags():
         return False, 0
     forced = os.environ.get("COMPLETIOND_ZMM", "auto")
     if forced in ("0", "1"):
-        return forced == "1", 5
+        return forced == "1", 3
 
     def measure() -> dict:
         ms = _zmm_ms(lib)
@@ -332,7 +331,7 @@ def _zmm_choice(lib: ctypes.CDLL) -> tuple[bool, int]:
         log.info("512-bit kernels on this CPU (%s): %s (%s)", cpu_key(), f"from {rows} rows" if rows else "off", ms)
         return {"zmm_faster": rows > 0, "zmm_rows": rows, "ms": ms}
 
-    got = calibrated("zmm", measure, ("zmm_faster", "zmm_rows"))
+    got = calibrated("zmm-v2", measure, ("zmm_faster", "zmm_rows"))  # v2: pairs of vectors interleaved (round 16)
     return got["zmm_faster"], got["zmm_rows"]
 
 

@@ -5,11 +5,15 @@
 // Weights: w = q * scale + zero per group of 32 along K, q in [0, 15] (asymmetric, as torch's int4
 // and llama.cpp's Q4_1), scale and zero bf16. Channels go in vectors of 8 (N padded to a multiple of
 // 8 with zero weights), one channel per int32 lane, so the products of many rows run on the integer
-// units and a float step comes once per 32 products of a lane, not once per 4. Vector v's nibbles
-// are one stream of kp / 2 x 8 bytes (rows 8 v .. 8 v + 7 of the uint8 [N8, kp / 2] tensor): piece
-// p (32 bytes) holds, in lane l's 4 bytes, channel 8 v + l's weights 8 p .. 8 p + 3 (low nibbles) and
-// 8 p + 4 .. 8 p + 7 (high). Its scales and zeros are bf16 [2, G, 8] (G = kp / 32; rows 8 v .. of
-// the [N8, 2, G] tensor). quant.pack_w4 writes this; K is padded to 128 with zero weights.
+// units and a float step comes once per 32 products of a lane, not once per 4. Vector v's piece p
+// (32 bytes) holds, in lane l's 4 bytes, channel 8 v + l's weights 8 p .. 8 p + 3 (low nibbles) and
+// 8 p + 4 .. 8 p + 7 (high); a group's 8 scales and 8 zeros are bf16. Vectors go in pairs, 2 u and
+// 2 u + 1 one stream (rows 16 u .. 16 u + 15 of the uint8 [N8, kp / 2] tensor): piece p of the first,
+// piece p of the second, piece p + 1 ...; its scales [2, G, 2 x 8] (G = kp / 32; rows 16 u .. of the
+// bf16 [N8, 2, G] tensor): group g's 8 of the first vector, then the second's, then the zeros alike.
+// So a 512-bit tile reads a pair as one stream of aligned 64-byte loads (docs/kernels.md "Round 16").
+// A last odd vector is a stream of its own (32-byte pieces, [2, G, 8]). quant.pack_w4 writes this;
+// K is padded to 128 with zero weights.
 // Activations: a8_mm.c's int8 rows (blocks of 128, the same rounding); 4 of them are broadcast to
 // every lane. u8 x s8 products: vpdpbusd where there is VNNI, vpmaddubsw + vpmaddwd on AVX2 (15 *
 // 127 * 2 fits in int16: no saturation); both give each lane the same int32, so every path has the
@@ -78,7 +82,9 @@ static inline __attribute__((always_inline)) __m256i dot_avx2(__m256i acc, __m25
 }
 #define DOT dot_avx2
 #define SUFFIX _avx2
-#define RB 4  // 16 registers: 4 sums, 4 accumulators, 2 weight vectors, 2 activation vectors, the mask, ones
+// 16 registers: a pair of vectors' 8 sums and 8 accumulators spill (2-8 rows run 4-13 % slower than
+// with vectors one after the other, round 16; one row 1-3 % faster)
+#define RB 4
 #include "w4_tiles.h"
 
 // ---- AVX512-VNNI (256-bit vpdpbusd, AVX512-VL) ----
@@ -98,16 +104,13 @@ static inline __attribute__((always_inline)) __m256i dot_avx2(__m256i acc, __m25
 // smaller matmuls keep the one-stream 256-bit tiles (a one-row matmul is bound by its bytes).
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
-static inline __attribute__((always_inline)) __m512 w4_bf16x16(const uint16_t *v0, const uint16_t *v1) {
-    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)v0)),
-                                        _mm_loadu_si128((const __m128i *)v1), 1);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+static inline __attribute__((always_inline)) __m512 w4_bf16x16(const uint16_t *v) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)v)), 16));
 }
 
 static inline __attribute__((always_inline)) void w4_tile_zmm(int R, const CompletiondA8Rows *a, int64_t m0,
-                                                           const uint8_t *w0, const uint8_t *w1, const uint16_t *sz0,
-                                                           const uint16_t *sz1, const float *xsum, float *y,
-                                                           int64_t ldy, int64_t valid, W4Prefetch *pf) {
+                                                           const uint8_t *w, const uint16_t *sz, const float *xsum,
+                                                           float *y, int64_t ldy, int64_t valid, W4Prefetch *pf) {
     const __m512i low = _mm512_set1_epi8(0x0f);
     int64_t nb = a->nb, kp = a->kp, G = kp / W4_G;
     const int8_t *q = a->q + m0 * kp;
@@ -122,8 +125,7 @@ static inline __attribute__((always_inline)) void w4_tile_zmm(int R, const Compl
             for (int r = 0; r < R; r++) d[r] = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int64_t k = g * W4_G; k < (g + 1) * W4_G; k += 8) {
-                __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + 4 * k))),
-                                               _mm256_loadu_si256((const __m256i *)(w1 + 4 * k)), 1);
+                __m512i v = _mm512_loadu_si512((const void *)(w + 8 * k));  // piece k / 8 of both vectors
                 __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
                 for (int r = 0; r < R; r++) {
                     __m512i x0 = _mm512_set1_epi32(w4_quad(q + r * kp + k));
@@ -131,7 +133,7 @@ static inline __attribute__((always_inline)) void w4_tile_zmm(int R, const Compl
                     d[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(d[r], lo, x0), hi, x1);
                 }
             }
-            __m512 sw = w4_bf16x16(sz0 + g * 8, sz1 + g * 8);
+            __m512 sw = w4_bf16x16(sz + g * 16);
             for (int r = 0; r < R; r++) {
                 __m512 s = _mm512_mul_ps(sw, _mm512_set1_ps(xs[r * nb + b]));
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r]), s, acc[r]);
@@ -139,7 +141,7 @@ static inline __attribute__((always_inline)) void w4_tile_zmm(int R, const Compl
         }
     }
     for (int64_t g = 0; g < G; g++) {
-        __m512 zero = w4_bf16x16(sz0 + 8 * G + g * 8, sz1 + 8 * G + g * 8);
+        __m512 zero = w4_bf16x16(sz + 16 * G + g * 16);
         for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(zero, _mm512_set1_ps(xsum[(m0 + r) * G + g]), acc[r]);
     }
     for (int r = 0; r < R; r++) {
@@ -149,10 +151,10 @@ static inline __attribute__((always_inline)) void w4_tile_zmm(int R, const Compl
 }
 
 // Rows from which a matmul runs the 512-bit tiles (completiond_w4_zmm_rows): fewer rows are bound by
-// the weights' bytes, which one stream a thread reads best. Timed per CPU (cpu_kernel.py); on the Zen 5
-// of docs/kernels.md "Round 16" from 5 rows: 4 rows ran 10 % faster in the 256-bit tiles. The rest of
-// a larger matmul (12 rows: 8 + 4) stays in 512-bit tiles: it reads the weights from cache, where the
-// arithmetic bounds it (as 256-bit tiles, 12-row passes of the 1.5B were 14 % slower).
+// the weights' bytes, which either tile reads at the same speed. Timed per CPU (cpu_kernel.py); on the
+// Zen 5 of docs/kernels.md "Round 16" from 3 rows (before pairs of vectors were interleaved, when a
+// 512-bit tile read two streams, from 5). The rest of a larger matmul (12 rows: 8 + 4) stays in
+// 512-bit tiles: it reads the weights from cache, where the arithmetic bounds it.
 static int w4_zmm_rows = 4;
 
 int completiond_w4_zmm_rows(int rows) {
@@ -164,12 +166,11 @@ static inline __attribute__((always_inline)) void w4_rows_zmm(int R, const Compl
                                                            const uint16_t *sz, const float *xsum, int64_t N, float *y,
                                                            int64_t m0, int64_t n0, int64_t n1, W4Prefetch *pf) {
     int64_t G = a->kp / W4_G, n = n0;
-    for (; n + 8 < n1; n += 16)
-        w4_tile_zmm(R, a, m0, w + n / 2 * a->kp, w + (n + 8) / 2 * a->kp, sz + n * 2 * G, sz + (n + 8) * 2 * G, xsum,
-                    y + m0 * N + n, N, n1 - n, pf);
+    for (; n + 8 < n1; n += 16)  // a pair of vectors
+        w4_tile_zmm(R, a, m0, w + n / 2 * a->kp, sz + n * 2 * G, xsum, y + m0 * N + n, N, n1 - n, pf);
     for (int r = 0; n < n1 && r < R; r += 4)  // a last lone vector: 256-bit tiles of at most 4 rows
-        w4_tile_vnni512(R - r < 4 ? R - r : 4, a, m0 + r, w + n / 2 * a->kp, sz + n * 2 * G, xsum, y + (m0 + r) * N + n,
-                        N, n1 - n, pf);
+        w4_tile_vnni512(R - r < 4 ? R - r : 4, 1, a, m0 + r, w + n / 2 * a->kp, 32, sz + n * 2 * G, 8, xsum,
+                        y + (m0 + r) * N + n, N, n1 - n, pf);
 }
 
 static void w4_mm_zmm(const CompletiondA8Rows *a, const uint8_t *w, const uint16_t *sz, const float *xsum, float *y,
@@ -200,7 +201,7 @@ static void w4_mm_zmm(const CompletiondA8Rows *a, const uint8_t *w, const uint16
 #pragma GCC target("avx2,fma,avxvnni")
 #define DOT _mm256_dpbusd_avx_epi32
 #define SUFFIX _avxvnni
-#define RB 4
+#define RB 4  // as AVX2's: 16 registers
 #include "w4_tiles.h"
 #pragma GCC pop_options
 
