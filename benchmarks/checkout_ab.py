@@ -5,6 +5,7 @@ is the fastest round's mean pass (benchmarks/omp_wait.py's child).
 
     git worktree add /tmp/old <commit>
     python benchmarks/checkout_ab.py /tmp/old --target qwen2.5-coder-0.5b --json out.json
+    python benchmarks/checkout_ab.py /tmp/old --target qwen2.5-coder-1.5b --quant int4 --sizes 1,4,8 --load 0
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("old", type=Path, help="the older checkout (its repository root)")
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--quant", default="int8", help="the target's weights (int8, int4)")
+    ap.add_argument("--settle", action="store_true", help="time passes after the weights moved into 2 MB pages")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--context", type=int, default=1536)
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
@@ -46,7 +49,7 @@ def main() -> int:
         from completiond.models.device import cpu_name
         args.json.write_text(json.dumps({
             "command": "python " + " ".join(sys.argv), "cpu": cpu_name(), "threads": args.threads,
-            "target": args.target, "context": args.context, "commits": commits,
+            "target": args.target, "quant": args.quant, "settled": args.settle, "context": args.context, "commits": commits,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "ms_per_pass": {k: {str(n): round(v, 1) for n, v in by.items()} for k, by in cells.items()}}, indent=1))
     return 0

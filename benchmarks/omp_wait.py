@@ -38,7 +38,10 @@ from completiond import models
 from completiond.models import LoadedModel
 from completiond.core.forward.runner import Runner
 torch.set_num_threads({threads})
-loaded = models.load({target!r}, quant="int8")
+loaded = models.load({target!r}, quant={quant!r})
+if {settle!r}:
+    from completiond.models import pages
+    pages.settle()  # the weights in 2 MB pages, as a daemon's are once it has run a while
 lm = LoadedModel(name={target!r}, model=loaded.model, tokenizer=None, device=torch.device("cpu"), dtype=loaded.dtype)
 r = Runner(lm, capacity={context} + 64, backend="lean")
 fill_cache(r, {context})
@@ -55,7 +58,8 @@ print(json.dumps(out))
 
 def run(env_extra: dict[str, str | None], args) -> dict[int, float]:
     code = CHILD.format(bench=str(Path(__file__).parent), threads=args.threads, target=args.target,
-                        context=args.context, sizes=args.sizes, passes=args.passes)
+                        context=args.context, sizes=args.sizes, passes=args.passes,
+                        quant=getattr(args, "quant", "int8"), settle=getattr(args, "settle", False))
     env = {k: v for k, v in {**os.environ, **env_extra}.items() if v is not None}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
