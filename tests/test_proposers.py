@@ -87,6 +87,42 @@ def test_a_draft_that_does_not_pay_is_left_out_and_output_stays_identical(code_i
             assert gate.steps[True] > gate.steps[False]
 
 
+def test_the_gate_counts_only_the_tokens_a_completion_keeps(code_ids):
+    """A step that verifies tokens past the completion's end (a stop rule) is worth only those before
+    it: the StepGate records the tokens the completion kept, else a draft that runs past the end of
+    short completions would look cheaper per token than it is (docs/kernels.md "Round 16")."""
+    from completiond.core.engine import Engine, Request
+    from completiond.core.prompt.stops import StopRules
+    from completiond.core.speculation.budget import StepGate
+    from completiond.core.speculation.tree import Candidate
+    from completiond.models import self_draft
+
+    target = tiny.loaded(tiny.gemma_config(window=16, layers=4), seed=1, scale=4.0)
+    prompt = code_ids[40:80]
+    ar = Engine(target).complete(Request(prompt=prompt, mode="ar", max_tokens=24))
+    # a stop string the text reaches at its 4th token or later, first there
+    at = next(i for i in range(3, len(ar.tokens)) if ar.tokens[i].strip()
+              and ar.text.find(ar.tokens[i]) == len("".join(ar.tokens[:i])))
+    stops = StopRules(line_rules=False, stop_strings=(ar.tokens[at],))
+    engine = Engine(target, self_draft(target, 2))
+    engine.calibrate(sizes=(1, 4, 16), context=8)
+    engine.draft.pays = lambda *a, **k: True
+
+    def oracle(context, limits, ctx=None):  # the target's own continuation, far past the stop
+        rest = ar.token_ids[len(context) - len(prompt):][:limits.max_len]
+        return [Candidate(rest, [0.99] * len(rest), "draft")] if rest else []
+    engine.draft.propose = oracle
+    recorded = []
+    gate = engine.gates["draft"] = StepGate()
+    record = gate.record
+    gate.record = lambda ran, ms, tokens: recorded.append(tokens) or record(ran, ms, tokens)
+    res = engine.complete(Request(prompt=prompt, mode="draft", max_tokens=24, stops=stops))
+    assert res.token_ids == ar.token_ids[:at + 1]  # the stop's token ends it, as in `ar` under the same rule
+    verified = round(res.mean_accepted * res.target_passes) + res.target_passes
+    assert verified > len(res.token_ids) - 1  # the oracle's steps ran past the stop ...
+    assert sum(recorded) == len(res.token_ids) - 1  # ... and the gate counted what the completion kept
+
+
 def test_the_draft_grows_no_more_nodes_than_the_verify_pass_can_keep(code_ids):
     """Limits.max_nodes (the budget's useful_nodes): once the draft's tree holds that many nodes it
     runs no more passes, which a cut tree would waste; without the cap it grows the whole depth."""

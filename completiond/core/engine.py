@@ -346,10 +346,11 @@ class Engine:
         self._gated = None
         tree = self._propose(st.token, proposers, st.req.max_tokens - len(st.out.ids), ctx, st.feature)
         path, bonus = self._verify(st, tree, proposers, ctx)
+        before = len(st.out.ids)
         st.emit([tree.tokens[i] for i in path[1:]] + [bonus])
-        if self._gated is not None:  # accepted tokens + the bonus, for the wall time of the whole step
+        if self._gated is not None:  # the step's wall time, for the tokens the completion kept (none past its end)
             name, ran = self._gated
-            self.gates[name].record(ran, (time.perf_counter() - t0) * 1000, len(path))
+            self.gates[name].record(ran, (time.perf_counter() - t0) * 1000, max(1, len(st.out.ids) - before))
 
     def _verify(self, st: Decoding, tree: TokenTree, proposers: list[Proposer], ctx: PassContext,
                 logits: torch.Tensor | None = None, at: int = 0) -> tuple[list[int], int]:

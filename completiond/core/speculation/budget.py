@@ -67,7 +67,8 @@ class StepGate:
     """Whether a proposer that costs time (a draft model, heads) pays, measured: at the moments it
     says it would pay (its `pays`, a model of its own gain), the engine runs the step with it or
     without it, and this keeps the wall ms per emitted token of each (propose + verify, EWMAs of ms
-    and of tokens). It runs while its steps are cheaper per token; while not, a probe still runs it
+    and of tokens; only the tokens the completion kept: a step that verifies past a stop rule is worth
+    what came before it). It runs while its steps are cheaper per token; while not, a probe still runs it
     after PROBE such steps, then after twice as many each time a probe finds it slower (up to
     MAX_PROBE: a probe of the 0.5B drafting for the 1.5B on 2 cores costs about three steps' time
     per token), and after PROBE again once a probe's step was the cheaper. The two arms are first
