@@ -82,8 +82,8 @@ static inline __attribute__((always_inline)) __m256i dot_avx2(__m256i acc, __m25
 }
 #define DOT dot_avx2
 #define SUFFIX _avx2
-// 16 registers: a pair of vectors' 8 sums and 8 accumulators spill (2-8 rows run 4-13 % slower than
-// with vectors one after the other, round 16; one row 1-3 % faster)
+// 16 registers: a pair of vectors' 8 sums and 8 accumulators spill (2-16 rows run up to 20 % slower
+// than with vectors one after the other, one row 8-10 % faster: docs/kernels.md "Round 16")
 #define RB 4
 #include "w4_tiles.h"
 
