@@ -9,11 +9,11 @@
 
 // R rows from m0 x P vectors of 8 channels (lane l of vector j: channel 8 j + l): vector j's 32-byte
 // pieces from w + 32 j, ws bytes apart, its group's 8 scales from sz + 8 j, ss apart, then its zeros
-// likewise (a pair: ws 64, ss 16; a lone vector: 32, 8). Per group of 32
-// along K and vector: int32 lane sums of nibble x xq (8 DOTs, an activation quad broadcast to every
-// lane), then acc += float(sums) x (group scale x the row's block scale); after the last group the
-// zeros' part, acc += zero x xsum over the groups in order. A pair is read in one sweep, one stream.
-// `valid`: channels to store from the first (the tail).
+// likewise (a pair: ws 64, ss 16; a lone vector: 32, 8). Per group of 32 along K and vector: int32
+// lane sums of nibble x xq (8 DOTs, an activation quad broadcast to every lane), then acc +=
+// float(sums) x (group scale x the row's block scale); after the last group the zeros' part, acc +=
+// zero x xsum over the groups in order. A pair is read in one sweep, one stream. `valid`: channels
+// to store from the first (the tail).
 static inline __attribute__((always_inline)) void TILE(int R, int P, const CompletiondA8Rows *a, int64_t m0,
                                                         const uint8_t *w, int64_t ws, const uint16_t *sz, int64_t ss,
                                                         const float *xsum, float *y, int64_t ldy, int64_t valid,
