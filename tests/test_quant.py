@@ -425,8 +425,9 @@ def test_an_int4_targets_w4_output_layer_refines_with_rows_near_the_full_ones(co
     scale = full.abs().amax(1)
     assert ((rows - full).abs().amax(1) / scale).max() < 2 ** -11
     assert ((low - full).abs().amax(1) / scale).max() > 2 ** -7  # w4 alone is far coarser
-    some = torch.tensor([[5, 3, 200], [17, 16, 5]])
-    assert torch.equal(head_rows(head, some), rows[some])  # [2, 3, H]: any shape, repeats, one vector twice
+    some = torch.tensor([[5, 3, 200], [17, 16, head.out_features - 1]])
+    # [2, 3, H]: any shape, repeats, one vector twice, both vectors of a pair, the last vector
+    assert torch.equal(head_rows(head, some), rows[some])
     torch.testing.assert_close(full_weight(head).float(), rows, rtol=2 ** -8, atol=0)
     assert_refined_with(lm, rows, code_ids)
 

@@ -360,19 +360,27 @@ def _pairs(t: torch.Tensor, width: int, undo: bool = False) -> torch.Tensor:
 
 def w4_scale_zero(scales: torch.Tensor) -> torch.Tensor:
     """pack_w4's scales in channel order: float32 [N8, 2, G] (scales, zeros)."""
+    return _scale_zero(_pairs(scales, W4_LANES, undo=True))
+
+
+def _scale_zero(scales: torch.Tensor) -> torch.Tensor:
+    """w4_scale_zero of vectors one after another (no pairs)."""
     n8, _, g = scales.shape
-    scales = _pairs(scales, W4_LANES, undo=True)
     return scales.reshape(n8 // W4_LANES, 2, g, W4_LANES).permute(0, 3, 1, 2).reshape(n8, 2, g).float()
 
 
 def unpack_w4(packed: torch.Tensor, scales: torch.Tensor, k: int, n: int | None = None) -> torch.Tensor:
     """pack_w4's weights as float32 [n, k] (the values the kernel multiplies by; n: all rows)."""
+    return _unpack(_pairs(packed, 32, undo=True), _pairs(scales, W4_LANES, undo=True), k, n)
+
+
+def _unpack(packed: torch.Tensor, scales: torch.Tensor, k: int, n: int | None = None) -> torch.Tensor:
+    """unpack_w4 of vectors one after another (no pairs)."""
     n8, _, g = scales.shape
     v, kp = n8 // W4_LANES, g * W4_GROUP
-    packed = _pairs(packed, 32, undo=True)
     p = packed.reshape(v, kp // 8, W4_LANES, 4, 1)
     q = torch.cat([p & 15, p >> 4], 4).permute(0, 2, 1, 4, 3).reshape(n8, g, W4_GROUP).float()
-    sc = w4_scale_zero(scales)
+    sc = _scale_zero(scales)
     return (q * sc[:, 0, :, None] + sc[:, 1, :, None]).view(n8, -1)[:n, :k]
 
 
@@ -443,13 +451,17 @@ def head_rows(head: nn.Module, rows: torch.Tensor, low_bits: bool = False) -> to
     """float32 rows [..., H] of the output layer's full-precision weight at these indices (low_bits:
     of the quantized weight the kernel multiplies by, without the residual)."""
     if isinstance(head, QuantLinear) and (low_bits or head.full_weight is None):
-        if head.scheme == "w4":  # the pairs of vectors holding them (a last lone vector), unpacked once each
+        if head.scheme == "w4":  # the vectors of W4_LANES channels holding them, unpacked once each
             flat = rows.reshape(-1)
-            pairs, which = torch.unique(flat // W4_PAIR, return_inverse=True)
-            packed_rows = (pairs[:, None] * W4_PAIR + torch.arange(W4_PAIR)).reshape(-1)
-            packed_rows = packed_rows[packed_rows < len(head.packed)]
-            low = unpack_w4(head.packed[packed_rows], head.scales[packed_rows], head.in_features)
-            low = low[which * W4_PAIR + flat % W4_PAIR].view(*rows.shape, -1)
+            vecs, which = torch.unique(flat // W4_LANES, return_inverse=True)
+            # their pairs (a last lone vector) put back in vector order: bytes, not the float unpacking
+            pairs, at = torch.unique(vecs // 2, return_inverse=True)
+            held = (pairs[:, None] * W4_PAIR + torch.arange(W4_PAIR)).reshape(-1)
+            held = held[held < len(head.packed)]
+            packed, scales = _pairs(head.packed[held], 32, undo=True), _pairs(head.scales[held], W4_LANES, undo=True)
+            mine = ((at * 2 + vecs % 2)[:, None] * W4_LANES + torch.arange(W4_LANES)).reshape(-1)
+            low = _unpack(packed[mine], scales[mine], head.in_features)
+            low = low[which * W4_LANES + flat % W4_LANES].view(*rows.shape, -1)
         elif head.scheme == "int8":
             low = head.packed[rows].float() * head.scales[rows].float()[..., None]
         else:
