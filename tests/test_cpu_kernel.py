@@ -295,19 +295,19 @@ def test_zmm_is_measured_once_per_cpu(tmp_path, monkeypatch):
     lib = cpu_kernel.library()
     before = lib.completiond_w4_zmm_rows(0)
     try:
-        on, rows = cpu_kernel._zmm_choice(lib)
+        rows = cpu_kernel._zmm_choice(lib)  # 0: off
         [path] = (tmp_path / "calibration").glob("zmm-*.json")
         saved = json.loads(path.read_text())
         gains = {int(r): ms["zmm"] <= cpu_kernel.ZMM_GAIN * ms["ymm"] for r, ms in saved["ms"].items()}
         assert sorted(gains) == list(cpu_kernel.ZMM_ROWS)
-        assert on == (rows > 0) and on <= gains[8]
-        if on:  # every timed row count from `rows` up gains, the one below does not
+        assert (rows > 0) <= gains[8]
+        if rows:  # every timed row count from `rows` up gains, the one below does not
             assert all(g for r, g in gains.items() if r >= rows)
             assert rows == min(gains) or not gains[max(r for r in gains if r < rows)]
-        path.write_text(json.dumps({**saved, "zmm_faster": True, "zmm_rows": 6}))
-        assert cpu_kernel._zmm_choice(lib) == (True, 6)  # read back, not timed again
+        path.write_text(json.dumps({**saved, "zmm_rows": 6}))
+        assert cpu_kernel._zmm_choice(lib) == 6  # read back, not timed again
         assert lib.completiond_w4_zmm_rows(0) == before  # the timing left the library's row count as it found it
-        for forced, want in (("0", (False, 3)), ("1", (True, 3))):
+        for forced, want in (("0", 0), ("1", 3)):
             monkeypatch.setenv("COMPLETIOND_ZMM", forced)
             assert cpu_kernel._zmm_choice(lib) == want
     finally:

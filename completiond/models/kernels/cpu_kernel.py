@@ -152,9 +152,9 @@ def _library() -> ctypes.CDLL | None:
     for name_, (args, res) in SIGNATURES.items():
         fn = getattr(lib, name_)
         fn.argtypes, fn.restype = args, res
-    global _zmm_on, _zmm_rows
-    _zmm_on, _zmm_rows = _zmm_choice(lib)
-    lib.completiond_zmm(int(_zmm_on))
+    global _zmm_rows
+    _zmm_rows = _zmm_choice(lib)
+    lib.completiond_zmm(int(_zmm_rows > 0))
     lib.completiond_w4_zmm_rows(_zmm_rows)
     return lib
 
@@ -291,8 +291,8 @@ def attention() -> str:
     return "bf16" if AVX512_BF16 <= cpu_flags() and not forced_off else "float32"
 
 
-_zmm_on = False  # library()'s choice for this process (_zmm_choice) ...
-_zmm_rows = 0  # ... and the fewest int4 matmul rows that run the 512-bit tiles
+_zmm_rows = 0  # library()'s choice for this process (_zmm_choice): the fewest int4 matmul rows that run the
+# 512-bit tiles, 0 where the 512-bit code is off
 ZMM_GAIN = 0.95  # 512-bit code runs where it takes at most this share of the 256-bit code's time
 ZMM_ROWS = (2, 3, 4, 5, 6, 8)  # int4 matmul row counts both widths are timed at (7 goes with 8 and 6)
 
@@ -305,7 +305,7 @@ def zmm() -> bool:
     one's work in the same time (an 8-row int4 matmul of the 1.5B's shapes: 0.77x, docs/kernels.md
     "Round 13"), where Zen 4 splits it in two halves and some Intel CPUs lower their clock for it.
     COMPLETIOND_ZMM=0 / 1 skips the measurement (1: only where the CPU has AVX512-VNNI)."""
-    return library() is not None and _zmm_on
+    return library() is not None and _zmm_rows > 0
 
 
 def zmm_rows() -> int:
@@ -313,26 +313,25 @@ def zmm_rows() -> int:
     return _zmm_rows if zmm() else 0
 
 
-def _zmm_choice(lib: ctypes.CDLL) -> tuple[bool, int]:
-    """512-bit code or not for this CPU, and the fewest rows of an int4 matmul that run it: forced
-    by COMPLETIOND_ZMM (then from 3 rows), else timed once and cached. It is on where 8 rows gain
+def _zmm_choice(lib: ctypes.CDLL) -> int:
+    """The fewest rows of an int4 matmul that run the 512-bit code on this CPU, 0 where it is off:
+    forced by COMPLETIOND_ZMM (1: from 3 rows), else timed once and cached. It is on where 8 rows gain
     at least ZMM_GAIN; it runs from the smallest timed row count from which every timed count gains
     that (docs/kernels.md "Round 16": on this Zen 5 from 3 rows; one row reads as fast either way)."""
     if not AVX512_VNNI <= cpu_flags():
-        return False, 0
+        return 0
     forced = os.environ.get("COMPLETIOND_ZMM", "auto")
     if forced in ("0", "1"):
-        return forced == "1", 3
+        return 3 if forced == "1" else 0
 
     def measure() -> dict:
         ms = _zmm_ms(lib)
         gains = [r for r in ZMM_ROWS if ms[str(r)]["zmm"] <= ZMM_GAIN * ms[str(r)]["ymm"]]
         rows = next((r for r in ZMM_ROWS if all(g in gains for g in ZMM_ROWS if g >= r)), 0)
         log.info("512-bit kernels on this CPU (%s): %s (%s)", cpu_key(), f"from {rows} rows" if rows else "off", ms)
-        return {"zmm_faster": rows > 0, "zmm_rows": rows, "ms": ms}
+        return {"zmm_rows": rows, "ms": ms}
 
-    got = calibrated("zmm-v2", measure, ("zmm_faster", "zmm_rows"))  # v2: pairs of vectors interleaved (round 16)
-    return got["zmm_faster"], got["zmm_rows"]
+    return calibrated("zmm-v2", measure, ("zmm_rows",))["zmm_rows"]  # v2: pairs of vectors interleaved (round 16)
 
 
 def _zmm_ms(lib: ctypes.CDLL, layers: int = 2, reps: int = 5) -> dict[str, dict[str, float]]:
