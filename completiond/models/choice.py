@@ -4,6 +4,7 @@ side-by-side measurement, kept by `completiond bench --targets` in the calibrati
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 
 from .catalog import CODER_05B, CODER_15B, NAMED, default_models, installed
@@ -15,6 +16,9 @@ from .device import cpu_file, write_cpu_file
 LARGER_DEFAULT_WITHIN = 1.25
 MEASURED_PAIR = (CODER_15B.name, CODER_05B.name)  # (larger, smaller): the pair the measurement compares
 MIN_POSITIONS = 16  # a bench run on fewer positions does not decide the default
+# A package's ratio is the median of its last runs: runs of the same code on one package spread by
+# ±0.07 around the 1.25x line (round 16: 1.21-1.35x on boltons), and one run must not flip the default.
+KEPT_RUNS = 3
 KIND = "default-target"  # calibration/default-target-<cpu>.json
 
 
@@ -22,25 +26,36 @@ def _ratio(m: dict) -> float:
     return float(m["larger_combined_p50_ms"]) / float(m["smaller_ar_p50_ms"])
 
 
-def _runs() -> dict[str, dict]:
-    """Each package's latest side-by-side run on this CPU (a file of an older version: its one run);
-    {} where there is none or the file is damaged."""
+def _runs() -> dict[str, list[dict]]:
+    """Each package's last side-by-side runs on this CPU, oldest first (a file of an older version:
+    its one run per package); {} where there is none or the file is damaged."""
     try:
         m = json.loads(cpu_file(KIND).read_text())
-        runs = m.get("by_repo") or {m["repo"]: m}
-        for run in runs.values():
-            _ratio(run)
-        return runs
+        by_repo = m.get("by_repo") or {m["repo"]: m}
+        runs = {repo: (kept if isinstance(kept, list) else [kept]) for repo, kept in by_repo.items()}
+        for kept in runs.values():
+            for run in kept:
+                _ratio(run)
+        return {repo: kept for repo, kept in runs.items() if kept}
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError):
         return {}
+
+
+def _median_ratio(kept: list[dict]) -> float:
+    return statistics.median(_ratio(m) for m in kept)
 
 
 def record_choice(measured: dict) -> None:
     """Keep a side-by-side bench's run for this CPU: `measured` has larger_combined_p50_ms,
     smaller_ar_p50_ms, positions, repo, date, command, and larger_quant (the larger target's weights
-    as measured, e.g. "int4" for `qwen2.5-coder-1.5b@int4`; "auto" for the default's). It replaces
-    the earlier run of the same package; the others are kept (`_cpu_choice` picks the one that decides)."""
-    write_cpu_file(KIND, {"by_repo": {**_runs(), measured["repo"]: measured}})
+    as measured, e.g. "int4" for `qwen2.5-coder-1.5b@int4`; "auto" for the default's). The package
+    keeps its last KEPT_RUNS runs of the same weights (a run of other weights starts afresh); the
+    other packages are kept (`_cpu_choice` picks the one that decides)."""
+    runs = _runs()
+    quant = measured.get("larger_quant") or "auto"
+    kept = [m for m in runs.get(measured["repo"], []) if (m.get("larger_quant") or "auto") == quant]
+    runs[measured["repo"]] = [*kept, measured][-KEPT_RUNS:]
+    write_cpu_file(KIND, {"by_repo": runs})
 
 
 def default_quant(device: str) -> str:
@@ -71,17 +86,20 @@ def default_target(device: str) -> tuple[str, str]:
 
 
 def _cpu_choice() -> tuple[str, str, dict]:
-    """default_target on a CPU, and the run that decided ({} where none did). That run is the package
-    where the larger target is slowest against the smaller: packages disagree (round 13: 1.24x on
-    toolz, 1.33x on boltons), and the order they were benched in must not choose the default."""
+    """default_target on a CPU, and the latest run of the package that decided ({} where none did).
+    That package is the one where the larger target is slowest against the smaller, by the median of
+    its kept runs: packages disagree (round 13: 1.24x on toolz, 1.33x on boltons), and the order they
+    were benched in must not choose the default."""
     larger, smaller = MEASURED_PAIR
     bench = f"`completiond bench --targets {larger}@int4,{smaller}`"
     runs = _runs()
     if not runs:
         return smaller, f"no side-by-side measurement on this CPU yet ({bench} makes one)", {}
-    m = max(runs.values(), key=_ratio)
-    ratio = _ratio(m)
+    kept = max(runs.values(), key=_median_ratio)
+    m, ratio = kept[-1], _median_ratio(kept)
     where = f"{m['positions']} positions of {m['repo']}, {m['date']}"
+    if len(kept) > 1:
+        where += f", the median of its last {len(kept)} runs"
     if len(runs) > 1:
         where += f"; the slowest of {len(runs)} packages measured"
     quant = m.get("larger_quant") or "auto"
