@@ -5,6 +5,8 @@ import itertools
 import json
 import time
 
+import pytest
+
 from completiond.core.speculation import budget as B
 from completiond.models import device
 from completiond.core.speculation.budget import PRIOR_WEIGHT, PROBE_AFTER, PROBE_SHARE, TreeBudget
@@ -249,6 +251,30 @@ def test_step_gate_keeps_the_faster_arm_and_probes_the_other():
     assert all(g.allows() for _ in range(20))
     s = g.status()
     assert s["ms_per_token_with"] < s["ms_per_token_without"]
+
+
+def test_step_gate_state_round_trips_and_damage_is_no_state(tmp_path):
+    """A gate's state (estimates, arms measured, probe interval) comes back as it was, with an arm
+    measured at least WARM steps counted as warmed up; a damaged or foreign file is no state."""
+    g = B.StepGate()
+    for i in range(2 * g.WARM + 3 * g.PROBE):
+        ran = g.allows()
+        g.record(ran, 100.0 if ran else 60.0, 2)
+    back = B.StepGate.restore(json.loads(json.dumps(g.state())))
+    assert back.restored and not g.restored
+    assert back.ms_per_token(True) == g.ms_per_token(True) and back.ms_per_token(False) == g.ms_per_token(False)
+    assert back.every == g.every > g.PROBE and back.steps == {True: g.WARM, False: g.WARM}
+    assert not any(back.allows() for _ in range(back.every - 1))  # no warm-up: the next run is a probe
+    for bad in ({}, {"ms": {"with": 1.0}}, {**g.state(), "tokens": {"with": 0.0, "without": 1.0}}, "x"):
+        with pytest.raises(ValueError):
+            B.StepGate.restore(bad)
+    path = tmp_path / "g.gates.json"
+    B.save_gates(path, "draft-a", {"draft": g})
+    B.save_gates(path, "draft-b", {"draft": B.StepGate()})  # another draft's gates are kept beside
+    assert B.load_gates(path, "draft-a")["draft"].every == g.every
+    assert B.load_gates(path, "draft-c") == {}
+    path.write_text("{not json")
+    assert B.load_gates(path, "draft-a") == {}
 
 
 def test_useful_nodes_is_the_size_that_pays_when_every_node_is_accepted():

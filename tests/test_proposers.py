@@ -87,6 +87,50 @@ def test_a_draft_that_does_not_pay_is_left_out_and_output_stays_identical(code_i
             assert gate.steps[True] > gate.steps[False]
 
 
+def test_a_returning_daemon_does_not_warm_up_its_gate_again(code_ids, tmp_path, monkeypatch):
+    """The gates are kept beside the pass costs (`save_calibration`): an engine that reads those
+    costs back (`calibrate_cached`, a daemon's start) starts from the gate an earlier one measured,
+    so a draft found slower runs only on probes, not in the warm-up's turns; the output stays the
+    target's. Another draft starts afresh."""
+    import time
+
+    from completiond.core.engine import Engine, Request
+    from completiond.core.speculation.budget import StepGate
+    from completiond.models import self_draft
+
+    monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path))
+    monkeypatch.setenv("COMPLETIOND_RECALIBRATE", "0")  # a table measured under load is kept (not re-measured)
+    target = tiny.loaded(tiny.gemma_config(window=16, layers=4), seed=1, scale=4.0)
+    prompt = code_ids[40:80]
+    ar = Engine(target).complete(Request(prompt=prompt, mode="ar", max_tokens=48)).token_ids
+
+    def slow_engine(layers: int = 2) -> tuple[Engine, str, list[bool]]:
+        engine = Engine(target, self_draft(target, layers))
+        how = engine.calibrate_cached()
+        engine.draft.pays = lambda *a, **k: True  # the gate alone decides
+        propose = engine.draft.propose
+        engine.draft.propose = lambda *a, **k: time.sleep(0.06) or propose(*a, **k)
+        decisions: list[bool] = []
+        real = engine.gates.setdefault("draft", StepGate())
+        allows = real.allows
+        real.allows = lambda: decisions.append(allows()) or decisions[-1]
+        return engine, how, decisions
+
+    first, how, ran = slow_engine()
+    assert how == "measured" and not first.gates["draft"].restored
+    for _ in range(2):
+        assert first.complete(Request(prompt=prompt, mode="draft", max_tokens=48)).token_ids == ar
+    assert ran[:2 * StepGate.WARM].count(True) == StepGate.WARM  # a first start measures both arms
+    first.save_calibration()
+    second, how, ran = slow_engine()
+    gate = second.gates["draft"]
+    assert how == "cached" and gate.restored and gate.every == first.gates["draft"].every
+    assert second.complete(Request(prompt=prompt, mode="draft", max_tokens=48)).token_ids == ar
+    assert len(ran) >= StepGate.PROBE and not any(ran[:StepGate.PROBE - 1])
+    other, how, _ = slow_engine(layers=1)  # a different draft: its own warm-up
+    assert how == "cached" and not other.gates["draft"].restored
+
+
 def test_the_gate_counts_only_the_tokens_a_completion_keeps(code_ids):
     """A step that verifies tokens past the completion's end (a stop rule) is worth only those before
     it: the StepGate records the tokens the completion kept, else a draft that runs past the end of

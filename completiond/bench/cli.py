@@ -46,7 +46,8 @@ def add_parser(sub) -> None:
     b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     b.add_argument("--calibration", default="fresh", choices=["fresh", "cached"],
                    help="pass costs to start from: measured now (fresh), or the daemon's cached table "
-                        "(cached: what a daemon started now would use; real passes refine both alike)")
+                        "(cached: what a daemon started now would use, with the draft's measured gate; real passes "
+                        "refine both alike, and are kept as a daemon keeps them)")
     b.add_argument("--json", default=None, metavar="OUT", help="also write the full result as JSON to OUT")
     b.add_argument("--plot", default=None, metavar="OUT.png", help="write a latency plot to OUT.png")
     b.add_argument("--targets", default=None, metavar="A,B",
@@ -206,6 +207,8 @@ def finish_target(r: TargetRun, root: Path, label: str, positions: list, modes: 
     from .report import details, summarize_modes, summarize_peers
 
     a, target, draft, engine, prepared = r.a, r.target, r.draft, r.engine, r.prepared
+    if a.calibration == "cached":  # as a daemon does at exit: the next start reads what this run measured
+        engine.save_calibration()
     hf = [p for p in peers if p.startswith("hf-")]
     peer_rows = run_transformers(engine, prepared, hf) if hf else {}
     prefill = {}

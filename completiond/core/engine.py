@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .speculation.budget import (CALIBRATION_SIZES, MAX_AGE_S, QUICK_SIZES, StepGate, TreeBudget, calibration_path,
-                                 load_table, measure_costs, save_costs, stale_reason)
+                                 gates_path, load_gates, load_table, measure_costs, save_costs, save_gates,
+                                 stale_reason)
 from .speculation.index import TokenIndex
 from ..models.heads import EagleHead, MedusaHeads
 from .speculation.heads import head_proposer
@@ -89,6 +90,15 @@ class Decoding:
                       accepted_by_depth=self.by_depth, served_tokens=served, alternatives=self.alternatives)
 
 
+def draft_id(draft: LoadedModel | MedusaHeads | EagleHead | None) -> str | None:
+    """What a draft's measured gates belong to (None: no draft)."""
+    if draft is None:
+        return None
+    if isinstance(draft, (MedusaHeads, EagleHead)):
+        return f"{type(draft).__name__}|{draft.vocab.numel()}"
+    return f"{draft.name}|{draft.dtype}|{draft.meta.get('quant', '')}"
+
+
 def weight_share(draft: LoadedModel, target: LoadedModel) -> float:
     """The weights a draft pass reads over those a target pass reads (decoder layers and output
     layer, from the configs; a pass reads them all): about its cost in target passes."""
@@ -121,6 +131,7 @@ class Engine:
             if draft is not None and self.heads is None else None
         self.budget = TreeBudget(max_nodes, always=always_speculate)
         self.gates: dict[str, StepGate] = {}  # by proposer name: does a costly proposer pay, measured
+        self.draft_id = draft_id(draft)  # whose gates the calibration cache keeps
         self._gated: tuple[str, bool] | None = None  # this step's gate decision (_propose -> _step)
         self.max_candidate_len = max_candidate_len
         self.eos = target.eos_ids()
@@ -168,10 +179,16 @@ class Engine:
             return "re-measured"
         self.budget.load_costs(costs, "cached")
         self.budget.table = {"origin": "cached", **meta}
+        # the gates measured with these costs: a returning daemon does not warm up and probe again a
+        # draft that an earlier one found slower (the 0.5B for the 1.5B on 2 cores: 2-3x per token)
+        if self.draft_id is not None:
+            self.gates = load_gates(gates_path(self.target), self.draft_id)
         return "cached"
 
     def save_calibration(self) -> None:
         b = self.budget
+        if self.draft_id is not None and self.gates:
+            save_gates(gates_path(self.target), self.draft_id, self.gates)
         save_costs(calibration_path(self.target), b.costs(), b.table,
                    {str(n): e["source"] for n, e in b.table_status()["sizes"].items()})
 

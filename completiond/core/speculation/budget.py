@@ -115,8 +115,35 @@ class StepGate:
                 e.add(x)
         self.steps[ran] += 1
 
+    def state(self) -> dict:
+        """What a later daemon on this machine starts from (`restore`): the estimates and the probe
+        interval reached; a warm-up and the probes that found it slower are not paid again."""
+        return {"ms": {k: self.ms[ran].value for k, ran in (("with", True), ("without", False))},
+                "tokens": {k: self.tokens[ran].value for k, ran in (("with", True), ("without", False))},
+                "steps": {k: self.steps[ran] for k, ran in (("with", True), ("without", False))},
+                "every": self.every}
+
+    @classmethod
+    def restore(cls, state: dict) -> StepGate:
+        """A gate from `state`; an arm measured fewer than WARM steps is measured on as at a first
+        start. Raises ValueError on a damaged state."""
+        g = cls()
+        try:
+            for k, ran in (("with", True), ("without", False)):
+                ms, tokens, steps = float(state["ms"][k]), float(state["tokens"][k]), int(state["steps"][k])
+                if not (ms >= 0 and tokens > 0 and steps >= 0):
+                    raise ValueError(f"bad gate arm {k}: {ms}, {tokens}, {steps}")
+                g.ms[ran].value, g.tokens[ran].value, g.steps[ran] = ms, tokens, min(steps, cls.WARM)
+            g.every = min(max(int(state["every"]), cls.PROBE), cls.MAX_PROBE)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"damaged gate state: {e!r}") from None
+        g.restored = True
+        return g
+
+    restored = False  # started from an earlier daemon's state (`state`)
+
     def status(self) -> dict:
-        return {"steps_with": self.steps[True], "steps_without": self.steps[False],
+        return {"steps_with": self.steps[True], "steps_without": self.steps[False], "restored": self.restored,
                 **{f"ms_per_token_{k}": round(v, 2) for k, ran in (("with", True), ("without", False))
                    if (v := self.ms_per_token(ran)) is not None}}
 
@@ -340,6 +367,38 @@ def stale_reason(table: dict, now_busy: float | None, now: float | None = None) 
     if busy is not None and busy >= LOADED and quiet and now_busy < busy / 2:
         return f"the cached table was measured with {busy:.0%} of the CPUs busy elsewhere (now {now_busy:.0%})"
     return None
+
+
+def gates_path(target: LoadedModel) -> Path:
+    """The StepGates' states beside the pass costs: they are worth what those passes cost."""
+    path = calibration_path(target)
+    return path.with_name(f"{path.stem}.gates.json")
+
+
+def load_gates(path: Path, draft: str) -> dict[str, StepGate]:
+    """The gates kept for this draft (by proposer name); {} where there are none or they are damaged."""
+    try:
+        kept = json.loads(path.read_text())[draft]
+        return {name: StepGate.restore(state) for name, state in kept.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def save_gates(path: Path, draft: str, gates: dict[str, StepGate]) -> None:
+    """Keep these gates for this draft (others' are kept too); atomic, as save_costs."""
+    try:
+        try:
+            data = json.loads(path.read_text())
+            data = data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            data = {}
+        data[draft] = {name: g.state() for name, g in gates.items()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs a warm-up next time
 
 
 def load_table(path: Path) -> tuple[dict[int, float], dict] | None:
