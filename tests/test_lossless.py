@@ -120,33 +120,3 @@ def test_identical_under_stop_rules(models, code_ids):
             outs = {m: engines[m].complete(Request(prompt=prompt, mode=m, max_tokens=32, stops=stops))
                     for m in MODES}
             assert len({(tuple(o.token_ids), o.text) for o in outs.values()}) == 1
-
-
-def test_the_first_pass_also_verifies_what_prompt_lookup_proposes(models, code_ids):
-    """A keystroke's prompt: the cache holds all but its last few tokens. The pass over those also
-    verifies prompt lookup's tree below the prompt's last token (`Engine._first_step`), so where the
-    workspace holds the target's own continuation the whole completion takes that one pass; the
-    output is `ar`'s token for token. More than BULK_ROWS new tokens: a plain prefill, then steps."""
-    from completiond.models.quant import BULK_ROWS
-
-    target, _ = models["self-draft"]
-    for i, prompt in enumerate(prompts(code_ids, n=12, seed=3)):
-        prompt = [t % (target.vocab_size - 16) for t in prompt]
-        ar = Engine(target).complete(Request(prompt=prompt, mode="ar", max_tokens=12))
-        for gap in (1, 5, 40):
-            engine = Engine(target, max_nodes=32, always_speculate=True)
-            engine.index.set_file("f.py", prompt + ar.token_ids)
-            held = max(1, len(prompt) - gap)
-            engine.warm(prompt[:held])
-            passes = []
-            forward = engine.runner.forward
-            engine.runner.forward = lambda *a, **k: passes.append(len(a[0])) or forward(*a, **k)
-            for mode in ("pld", "combined"):
-                engine.runner.rollback(held)
-                passes.clear()
-                res = engine.complete(Request(prompt=prompt, mode=mode, max_tokens=12))
-                assert res.token_ids == ar.token_ids, (i, gap, mode)
-                if len(prompt) - held <= BULK_ROWS:  # the new prompt tokens, the root's tree: one pass
-                    assert len(passes) == 1 and passes[0] >= len(prompt) - held + len(ar.token_ids) - 1, (i, gap)
-                else:
-                    assert len(passes) >= 2 and passes[0] == len(prompt) - held, (i, gap, mode)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .speculation.budget import (CALIBRATION_SIZES, MAX_AGE_S, QUICK_SIZES, Ewma, StepGate, TreeBudget, calibration_path,
+from .speculation.budget import (CALIBRATION_SIZES, MAX_AGE_S, QUICK_SIZES, StepGate, TreeBudget, calibration_path,
                                  gates_path, load_gates, load_table, measure_costs, save_costs, save_gates,
                                  stale_reason)
 from .speculation.index import TokenIndex
@@ -30,11 +30,10 @@ from ..models.heads import EagleHead, MedusaHeads
 from .speculation.heads import head_proposer
 from ..models import LoadedModel
 from ..models.device import LOADED, OthersBusy, loadavg, quiet_now
-from ..models.quant import BULK_ROWS
 from .prompt import Heal, fim_tokens
 from .speculation.proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
 from .forward.context import Cancelled, PassContext
-from .forward.runner import WHOLE_CHUNK_MIN, Runner, drain
+from .forward.runner import Runner, drain
 from .scheduler import Work
 from .slots import Slots
 from .speculation.tree import TokenTree, build_tree, truncate
@@ -134,7 +133,6 @@ class Engine:
         self.gates: dict[str, StepGate] = {}  # by proposer name: does a costly proposer pay, measured
         self.draft_id = draft_id(draft)  # whose gates the calibration cache keeps
         self._gated: tuple[str, bool] | None = None  # this step's gate decision (_propose -> _step)
-        self.token_ms = Ewma(0.0, 0.1)  # wall ms per token of recent steps (0: none yet): a token's worth
         self.max_candidate_len = max_candidate_len
         self.eos = target.eos_ids()
         self.lock = threading.Lock()
@@ -303,7 +301,7 @@ class Engine:
             # a first step before any pass: the scheduler learns this request's size before its prefill
             # runs, so a long one can already give way inside its first chunk
             yield self._left(st, len(req.prompt) - st.reused)
-            yield from self._prefill(st, served, ctx, [] if branched else proposers)
+            yield from self._prefill(st, served, ctx)
             if branched and not st.out.done:
                 st.alternatives = yield from decode_alternatives(self, st, proposers, ctx)
             while not st.out.done:
@@ -333,12 +331,9 @@ class Engine:
         prefills look alternately shorter and run chunk by chunk."""
         return work.prompt * self.prefill_ms_per_token() + work.passes * self.budget.cost(1)
 
-    def _prefill(self, st: Decoding, served: list[int], ctx: PassContext,
-                 proposers: list[Proposer] = ()) -> Generator[float, None, None]:
+    def _prefill(self, st: Decoding, served: list[int], ctx: PassContext) -> Generator[float, None, None]:
         """The first token(s): served from memory (then the cache is brought up to them), or one pass
-        over the prompt tokens the cache lacks, whose last logits give the first token. When those
-        are a keystroke's few (the daemon's typed-through prompts), that pass also verifies what
-        prompt lookup proposes after the prompt (`_first_step`)."""
+        over the prompt tokens the cache lacks, whose last logits give the first token."""
         req = st.req
         if served:
             st.emit(served, first=True)
@@ -346,10 +341,6 @@ class Engine:
                 st.reused = min(self.runner.common_prefix(req.prompt + served), len(req.prompt))
                 for _ in self.runner.sync_chunks(req.prompt + served[:-1], ctx=ctx):
                     yield self._left(st, len(req.prompt) + len(served) - 1 - self.runner.length)
-            return
-        cheap = [p for p in proposers if not p.costly]  # a costly draft would first catch up on the prompt
-        if cheap and len(req.prompt) - st.reused <= BULK_ROWS:
-            self._first_step(st, cheap, ctx)
             return
         chunks = self.runner.extend_chunks(req.prompt, ctx=ctx, whole_chunks=True)
         while True:
@@ -366,36 +357,6 @@ class Engine:
         st.first_logits = logits
         st.emit([sample(logits, req.sampling, st.gen)], first=True)
 
-    def _first_step(self, st: Decoding, proposers: list[Proposer], ctx: PassContext) -> None:
-        """The prompt tokens the cache lacks (at most BULK_ROWS: `ar` runs them through the same
-        per-row kernels, so their logits are the same bits) and a tree below the prompt's last token,
-        in one pass: its last prompt row gives the first token, as a plain prefill's would, and the
-        tree's accepted path the tokens after it. Nodes are kept while the tokens they are expected
-        to bring, at what a later step pays a token, outweigh what they add to the pass."""
-        req = st.req
-        c = st.reused
-        head = req.prompt[c:-1]  # [k] before the root, a chain below the cache
-        k = len(head)
-        token_ms = self.token_ms.value or self.budget.cost(1)
-        tree = self._propose(req.prompt[-1], proposers, req.max_tokens, ctx, context=req.prompt,
-                             size=lambda values: self.budget.tail_size(values, k, token_ms))
-        self.runner.rollback(c)
-        parents = list(range(-1, k - 1)) + [p + k if p >= 0 else k - 1 for p in tree.parents]
-        if k + 1 > WHOLE_CHUNK_MIN:  # as a prefill chunk: runs to its end once begun (runner._prefill)
-            ctx = dataclasses.replace(ctx, cancel=None)
-        logits = self.runner.forward(head + tree.tokens, parents, range(k, k + len(tree)), ctx=ctx)  # [nodes, vocab]
-        # (not priced in the budget's table, which prices steps: with prompt rows beside its tree this
-        # pass runs sizes no step chooses, up to 65 rows on a tiny model, and as table entries they
-        # moved the prices of the sizes steps use: test_heal_daemon.py)
-        if req.heal is not None:  # only tokens that start with the healed text may come first
-            allowed = torch.full_like(logits[0], float("-inf"))
-            allowed[req.heal.allowed_ids()] = 0.0
-            logits[0] += allowed
-        st.first_logits = logits[0]
-        path, bonus = self._verify(st, tree, proposers, ctx, logits=logits)
-        self.runner.keep(list(range(k)) + [k + i for i in path])
-        st.emit([tree.tokens[i] for i in path[1:]] + [bonus], first=True)
-
     def _step(self, st: Decoding, proposers: list[Proposer], ctx: PassContext) -> None:
         """propose -> tree -> verify (one target pass) -> accept -> keep the path, emit its tokens."""
         t0 = time.perf_counter()
@@ -404,11 +365,6 @@ class Engine:
         path, bonus = self._verify(st, tree, proposers, ctx)
         before = len(st.out.ids)
         st.emit([tree.tokens[i] for i in path[1:]] + [bonus])
-        ms = (time.perf_counter() - t0) * 1000 / len(path)
-        if self.token_ms.value:
-            self.token_ms.add(ms)
-        else:
-            self.token_ms.value = ms  # the first step is the estimate, not a tenth of it
         if self._gated is not None:  # the step's wall time, for the tokens the completion kept (none past its end)
             name, ran = self._gated
             self.gates[name].record(ran, (time.perf_counter() - t0) * 1000, max(1, len(st.out.ids) - before))
@@ -416,9 +372,8 @@ class Engine:
     def _verify(self, st: Decoding, tree: TokenTree, proposers: list[Proposer], ctx: PassContext,
                 logits: torch.Tensor | None = None, at: int = 0) -> tuple[list[int], int]:
         """Verify the main tree, accept a path and count it (`_step`). alternatives.py passes the logits
-        of a pass that held other branches too (the main tree's rows start at `at`), and `_first_step`
-        those of a pass that held prompt tokens too; the path is then left uncommitted, as that pass's
-        other nodes are."""
+        of a pass that held other branches too (the main tree's rows start at `at`); the path is then
+        left uncommitted, as that pass's other nodes are."""
         own = logits is None
         if own:
             logits = self.runner.forward(tree.tokens, tree.parents, range(len(tree)), ctx=ctx)  # [nodes, vocab]
@@ -445,11 +400,9 @@ class Engine:
             self.stats["cancelled_ms"] += st.elapsed_ms()
 
     def _propose(self, root: int, proposers: list[Proposer], remaining: int, ctx: PassContext,
-                 feature: torch.Tensor | None = None, context: list[int] | None = None,
-                 size: Callable[[list[float]], int] | None = None) -> TokenTree:
+                 feature: torch.Tensor | None = None, context: list[int] | None = None) -> TokenTree:
         """Candidates from every proposer that says it pays, merged into one tree and cut to the
-        size that pays (`size`: nodes past the root by the tree's values; the budget's best_size
-        when None). Prompt lookup runs first: whether the draft pays depends on what it found.
+        size that pays. Prompt lookup runs first: whether the draft pays depends on what it found.
         feature: the target's hidden state `root` came from (heads read it in the proposal's ctx)."""
         max_len = min(self.max_candidate_len, remaining - 1)
         if max_len <= 0 or not proposers:
@@ -475,7 +428,7 @@ class Engine:
                             max_nodes=self.budget.useful_nodes() if p.costly else self.budget.max_nodes)
             candidates += p.propose(context, limits, ctx)
         tree = build_tree(root, candidates, self.budget.max_nodes)
-        return truncate(tree, (size or self.budget.best_size)(tree.value))
+        return truncate(tree, self.budget.best_size(tree.value))
 
     def _observe(self, tree: TokenTree, path: list[int], proposers: list[Proposer]) -> None:
         on_path = set(path)

@@ -250,23 +250,6 @@ class TreeBudget:
                 return probe - 1
         return best_n
 
-    def tail_size(self, values: list[float], rows: int, token_ms: float) -> int:
-        """How many nodes (beyond the root) of a best-first tree to verify in the pass that also
-        runs the `rows` prompt tokens before the root (the first pass of a completion: it runs anyway,
-        for one token). A node is kept while the tokens the kept ones are expected to bring, each
-        worth `token_ms` (what a later step pays a token), outweigh what they add to that pass."""
-        if self.always:
-            return min(len(values) - 1, self.max_nodes)
-        known = self._known()
-        base = _interpolate(known, rows + 1)
-        best_n, best_net, gain = 0, 0.0, 0.0
-        for n in range(1, min(len(values), self.max_nodes + 1)):
-            gain += values[n]
-            net = gain * token_ms - (_interpolate(known, rows + 1 + n) - base)
-            if net > best_net:
-                best_n, best_net = n, net
-        return best_n
-
     def useful_nodes(self) -> int:
         """The most nodes beyond the root that can pay in one pass even if the target accepted every
         one: what best_size would pick for such a tree. A costly proposer stops growing there, since
