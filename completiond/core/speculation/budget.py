@@ -79,6 +79,7 @@ class StepGate:
     WARM = 4
     PROBE = 8
     MAX_PROBE = 64
+    restored = False  # started from an earlier daemon's state (`restore`)
 
     def __init__(self) -> None:
         self.ms = {True: Ewma(0.0, 0.1), False: Ewma(0.0, 0.1)}  # by "ran": ms per step ...
@@ -139,8 +140,6 @@ class StepGate:
             raise ValueError(f"damaged gate state: {e!r}") from None
         g.restored = True
         return g
-
-    restored = False  # started from an earlier daemon's state (`state`)
 
     def status(self) -> dict:
         return {"steps_with": self.steps[True], "steps_without": self.steps[False], "restored": self.restored,
