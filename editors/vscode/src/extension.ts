@@ -255,7 +255,8 @@ async function rewriteSelection(): Promise<void> {
   const doc = editor.document;
   // An empty selection means "this line".
   const range = editor.selection.isEmpty ? doc.lineAt(editor.selection.active.line).range : editor.selection;
-  if (doc.getText(range).trim() === '') {
+  const selected = doc.getText(range);
+  if (selected.trim() === '') {
     void vscode.window.showInformationMessage('completiond: select the code to rewrite.');
     return;
   }
@@ -274,9 +275,10 @@ async function rewriteSelection(): Promise<void> {
       { location: vscode.ProgressLocation.Notification, title: 'completiond: rewriting…', cancellable: true },
       (_progress, token) => c.sendRequest(ExecuteCommandRequest.type, params, token),
     );
-    const outcome = describeRewriteResult(result);
+    const outcome = describeRewriteResult(result, selected);
     log.info(outcome.message);
     if (!outcome.ok) void vscode.window.showWarningMessage(outcome.message);
+    else if (outcome.unchanged) void vscode.window.showInformationMessage(outcome.message); // else nothing shows it ran
   } catch (err) {
     const detail = err instanceof Error ? err.message : String(err);
     log.error(`rewrite failed: ${detail}`);

@@ -38,13 +38,20 @@ export function validateInstruction(value: string): string | undefined {
 export interface RewriteOutcome {
   ok: boolean;
   message: string;
+  /** Applied, but the model wrote the selection as it was: nothing in the editor shows it happened. */
+  unchanged?: boolean;
 }
 
-export function describeRewriteResult(result: unknown): RewriteOutcome {
+/** `original`: the selected text the rewrite was asked for (to tell a rewrite that changed nothing). */
+export function describeRewriteResult(result: unknown, original?: string): RewriteOutcome {
   const r = (result && typeof result === 'object' ? result : {}) as { applied?: unknown; text?: unknown };
   if (r.applied === true) {
     const lines = typeof r.text === 'string' ? r.text.split('\n').length : 0;
-    return { ok: true, message: `completiond: rewrote the selection (${lines} line${lines === 1 ? '' : 's'}).` };
+    const n = `${lines} line${lines === 1 ? '' : 's'}`;
+    if (original !== undefined && r.text === original) {
+      return { ok: true, unchanged: true, message: `completiond: the rewrite left the selection as it was (${n}).` };
+    }
+    return { ok: true, message: `completiond: rewrote the selection (${n}).` };
   }
   if (typeof r.text === 'string' && r.text !== '') {
     return { ok: false, message: 'completiond: the editor did not apply the rewrite (the document changed meanwhile?).' };

@@ -194,12 +194,12 @@ async function main() {
     await page.keyboard.press('Enter');
     const rewriteDeadline = Date.now() + TIMEOUT;
     let rewritten = original;
-    // done when the text changed, or when the extension reports an applied edit (a real model may
-    // rewrite the selection into the same text)
+    // done when the text changed, or when the extension says the applied edit kept the text (a real
+    // model may rewrite the selection into the same text; only then does it show a notification)
     while (rewritten === original) {
       const notes = await notifications(page);
       if (/rewrite failed|did not apply|returned no rewrite|not running/.test(notes)) throw new StageError(`rewrite: ${notes}`);
-      if (/rewrote the selection/.test(notes)) break;
+      if (/left the selection as it was/.test(notes)) break; // a real model may keep the text (the 1.5B did)
       if (Date.now() > rewriteDeadline) throw new StageError(`the file did not change within ${TIMEOUT} ms of the rewrite`);
       await page.waitForTimeout(1000);
       rewritten = await saveAndRead(page);

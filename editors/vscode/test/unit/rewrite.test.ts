@@ -26,3 +26,12 @@ test('server answers are described', () => {
   assert.match(describeRewriteResult({ applied: false, text: 'x' }).message, /did not apply/);
   assert.match(describeRewriteResult(null).message, /no rewrite/);
 });
+
+test('a rewrite into the same text says so (nothing in the editor changes)', () => {
+  assert.deepEqual(describeRewriteResult({ applied: true, text: 'def f():' }, 'def f():'), {
+    ok: true,
+    unchanged: true,
+    message: 'completiond: the rewrite left the selection as it was (1 line).',
+  });
+  assert.equal(describeRewriteResult({ applied: true, text: 'def g():' }, 'def f():').unchanged, undefined);
+});
