@@ -368,6 +368,31 @@ def test_rewrite_command_applies_an_edit(nvim, workspace):
     assert after["lines"][-2:] == PY[-2:]  # lines outside the range are untouched
 
 
+def test_a_rewrite_that_changes_nothing_says_so(nvim, workspace):
+    """An applied rewrite into the same text shows nothing in the buffer, so the plugin says so (a
+    real model did that: the 1.5B with "make the docstring shorter"); a changed text needs no word.
+    The server's answer is stubbed: the tiny model never writes its selection back unchanged."""
+    open_buffer(nvim, workspace / "same.py", PY)
+    seen = nvim.exec_lua("""
+      local c = vim.lsp.get_clients({ bufnr = 0, name = 'completiond' })[1]
+      local notify, request, seen = vim.notify, c.request, {}
+      vim.notify = function(msg, level) table.insert(seen, { msg, level }) end
+      for _, text in ipairs({ table.concat(vim.api.nvim_buf_get_lines(0, 0, 2, true), '\\n'), 'changed' }) do
+        c.request = function(...)  -- client:request(method, params, handler, bufnr), or without self
+          for _, v in ipairs({ ... }) do
+            if type(v) == 'function' then v(nil, { applied = true, text = text }) end
+          end
+          return true, 1
+        end
+        require('completiond').rewrite(1, 2, 'keep it')
+        table.insert(seen, 'next')
+      end
+      c.request, vim.notify = request, notify
+      return seen
+    """)
+    assert seen == [["completiond rewrite: the model left the selection as it was", 2], "next", "next"]
+
+
 def test_cursor_moves_are_sent_to_the_server(nvim, workspace):
     """The daemon warms a completion's prompt where the cursor rests: the plugin sends
     `completiond/cursor` (debounced) after the cursor moves; the server forwards it."""

@@ -303,7 +303,8 @@ function M.rewrite(line1, line2, instruction)
     vim.notify('completiond: no language server attached to this buffer', vim.log.levels.ERROR)
     return
   end
-  local last = api.nvim_buf_get_lines(bufnr, line2 - 1, line2, true)[1]
+  local lines = api.nvim_buf_get_lines(bufnr, line1 - 1, line2, true)
+  local last = lines[#lines]
   local range = {
     start = { line = line1 - 1, character = 0 },
     ['end'] = { line = line2 - 1,
@@ -317,6 +318,8 @@ function M.rewrite(line1, line2, instruction)
       vim.notify('completiond rewrite: ' .. tostring(err.message), vim.log.levels.ERROR)
     elseif result and result.applied == false then
       vim.notify('completiond rewrite: the edit was not applied', vim.log.levels.WARN)
+    elseif result and result.text == table.concat(lines, '\n') then -- applied, and nothing shows it
+      vim.notify('completiond rewrite: the model left the selection as it was', vim.log.levels.INFO)
     end
   end, bufnr)
 end
