@@ -384,20 +384,26 @@ def load_gates(path: Path, draft: str) -> dict[str, StepGate]:
 
 
 def save_gates(path: Path, draft: str, gates: dict[str, StepGate]) -> None:
-    """Keep these gates for this draft (others' are kept too); atomic, as save_costs."""
+    """Keep these gates for this draft (others' are kept too); a read-only cache only costs a
+    warm-up next time."""
     try:
-        try:
-            data = json.loads(path.read_text())
-            data = data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            data = {}
-        data[draft] = {name: g.state() for name, g in gates.items()}
+        data = json.loads(path.read_text())
+        data = data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        data = {}
+    data[draft] = {name: g.state() for name, g in gates.items()}
+    _write_json(path, data)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Write `data` atomically (several daemons may share the cache); an unwritable cache is skipped."""
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, path)
     except OSError:
-        pass  # a read-only cache only costs a warm-up next time
+        pass
 
 
 def load_table(path: Path) -> tuple[dict[int, float], dict] | None:
@@ -421,14 +427,8 @@ def load_costs(path: Path) -> dict[int, float] | None:
 
 
 def save_costs(path: Path, costs: dict[int, float], meta: dict | None = None, sources: dict | None = None) -> None:
-    """Write the table (atomically: several daemons may share the cache) with when and under what
-    load it was last measured, and where each entry came from."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        data = {"costs": costs, **{k: v for k, v in (meta or {}).items() if k in ("measured_at", "loadavg", "others_busy")},
-                "saved_at": time.time(), **({"sources": sources} if sources else {})}
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache only costs a calibration next time
+    """Write the table (atomically) with when and under what load it was last measured, and where
+    each entry came from; a read-only cache only costs a calibration next time."""
+    _write_json(path, {"costs": costs,
+                       **{k: v for k, v in (meta or {}).items() if k in ("measured_at", "loadavg", "others_busy")},
+                       "saved_at": time.time(), **({"sources": sources} if sources else {})})
