@@ -4,6 +4,12 @@ no daemon, and one answered by a running daemon.
 
     python benchmarks/startup.py [--target qwen2.5-coder-0.5b] [--cache DIR] [--repeat 3]
         [--baseline /work/main --baseline-cache ~/.cache/completiond] [--ready-only | --load-cpu-only]
+        [--draft none --baseline-draft SPEC]
+
+--draft: the daemons' and completions' --draft (default none); --baseline-draft: the baseline's
+(default --draft). `--baseline . --draft default --baseline-draft qwen2.5-coder-0.5b --target
+default` compares, in this checkout, a default draft left unloaded because this machine measured it
+slower (docs/drafts.md "Round 18") with the same draft loaded.
 
 --ready-only: only daemon starts -> `ready` (wall, the daemon's CPU seconds, RSS, load average).
 
@@ -31,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 FILE = ROOT / "completiond" / "paths.py"  # a short real file: the prompt's prefill stays small
+QUANT = ["auto"]  # --quant of every daemon and completion
 LINE, COL = 14, 5
 
 
@@ -80,12 +87,13 @@ def env_for(code: Path, cache: Path) -> dict:
             "TRANSFORMERS_VERBOSITY": "error"}
 
 
-def daemon_start(code: Path, cache: Path, target: str, sock: Path, timeout: float = 600) -> tuple[subprocess.Popen, dict]:
+def daemon_start(code: Path, cache: Path, target: str, sock: Path, timeout: float = 600,
+                 draft: str = "none") -> tuple[subprocess.Popen, dict]:
     """Start `serve`; returns the process and {start_to_ready_s, phases, rss at ready}."""
     t0 = time.perf_counter()
     log = open(sock.with_name("serve.log"), "w+")
     proc = subprocess.Popen([sys.executable, "-m", "completiond", "serve", "--socket", str(sock), "--target", target,
-                             "--draft", "none", "--log-level", "INFO"], env=env_for(code, cache), cwd=code,
+                             "--draft", draft, "--quant", QUANT[0], "--log-level", "INFO"], env=env_for(code, cache), cwd=code,
                             stdout=subprocess.DEVNULL, stderr=log)
     while time.perf_counter() - t0 < timeout:
         if proc.poll() is not None:
@@ -101,17 +109,18 @@ def daemon_start(code: Path, cache: Path, target: str, sock: Path, timeout: floa
             phases = [ln.split("start-up: ", 1)[1].strip() for ln in log if "start-up: " in ln]
             return proc, {"start_to_ready_s": round(ready, 2), "cpu_s_at_ready": cpu_s(proc.pid),
                           "loadavg_1min_at_ready": round(os.getloadavg()[0], 2), "rss_ready_mb": mem_mb(proc.pid),
-                          "log": phases, "dtype": st.get("dtype"), "quant": st.get("quant")}
+                          "log": phases, "dtype": st.get("dtype"), "quant": st.get("quant"),
+                          "target": st.get("target"), "draft": st.get("draft")}
         if st.get("state") == "failed":
             raise RuntimeError(f"daemon failed: {st.get('error')}")
         time.sleep(0.02)
     raise TimeoutError("daemon did not become ready")
 
 
-def cli_complete(code: Path, cache: Path, target: str, extra: list[str]) -> dict:
+def cli_complete(code: Path, cache: Path, target: str, extra: list[str], draft: str = "none") -> dict:
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "completiond", "complete", str(FILE), "--line", str(LINE), "--col",
-                          str(COL), "--target", target, "--draft", "none", "--max-tokens", "16", "--json", *extra],
+                          str(COL), "--target", target, "--draft", draft, "--quant", QUANT[0], "--max-tokens", "16", "--json", *extra],
                          env=env_for(code, cache), cwd=code, capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - t0
     if out.returncode:
@@ -150,22 +159,53 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
-def one_run(code: Path, cache: Path, target: str, new_cli: bool) -> dict:
+def one_run(code: Path, cache: Path, target: str, new_cli: bool, draft: str = "none") -> dict:
     """One daemon start (ready, RSS), two completions while it runs, then one with no daemon.
     new_cli: the CLI has --socket / --no-daemon (a baseline checkout may not: it always loads itself)."""
     with tempfile.TemporaryDirectory() as tmp:
         sock = Path(tmp) / "d.sock"
-        proc, got = daemon_start(code, cache, target, sock)
+        proc, got = daemon_start(code, cache, target, sock, draft=draft)
         try:
             via = ["--socket", str(sock)] if new_cli else []
-            first = cli_complete(code, cache, target, via)
-            again = cli_complete(code, cache, target, via)
+            first = cli_complete(code, cache, target, via, draft)
+            again = cli_complete(code, cache, target, via, draft)
             got.update(rss_after_first_completion_mb=mem_mb(proc.pid), with_daemon=first, with_daemon_again=again)
+            if new_cli:
+                got.update(editor_open(sock, proc.pid))
         finally:
             proc.terminate()
             proc.wait(30)
-    got["no_daemon"] = cli_complete(code, cache, target, ["--no-daemon"] if new_cli else [])
+    got["no_daemon"] = cli_complete(code, cache, target, ["--no-daemon"] if new_cli else [], draft)
     return got
+
+
+def editor_open(sock: Path, pid: int, settle_s: float = 5.0) -> dict:
+    """What an editor adds: it opens a larger file (`document/open`: the daemon prefills it as a
+    low-priority warm-up, the draft's cache too where one is loaded) and asks for a completion in
+    it; the daemon's RSS and CPU seconds settle_s later (warm-ups done, weights in use resident)."""
+    import asyncio
+
+    from completiond.service import protocol as P
+    from completiond.service.client import Client
+
+    text = (ROOT / "completiond" / "core" / "engine.py").read_text()
+    uri = "file:///startup/engine.py"
+
+    async def run() -> float:
+        c = await Client.connect(sock)
+        try:
+            await c.request("initialize", {"client": "startup", "protocol": P.PROTOCOL_VERSION}, timeout=30)
+            cpu0 = cpu_s(pid)
+            await c.request("document/open", {"uri": uri, "text": text, "version": 1, "language_id": "python"})
+            await c.request("complete", {"uri": uri, "version": 1, "max_tokens": 16,
+                                         "position": {"line": 200, "character": 0}}, timeout=600)
+            await asyncio.sleep(settle_s)
+            return cpu0
+        finally:
+            await c.close()
+
+    cpu0 = asyncio.run(run())
+    return {"rss_after_editor_open_mb": mem_mb(pid), "cpu_s_editor_open": round(cpu_s(pid) - cpu0, 2)}
 
 
 def summary(runs: list[dict]) -> dict:
@@ -181,6 +221,9 @@ def summary(runs: list[dict]) -> dict:
             "complete_no_daemon_ms_total": med([r["no_daemon"]["ms_total"] for r in runs]),
             "complete_with_daemon_wall_s": med([r["with_daemon"]["wall_s"] for r in runs]),
             "complete_with_daemon_again_wall_s": med([r["with_daemon_again"]["wall_s"] for r in runs]),
+            **({"rss_after_editor_open_mb": med([r["rss_after_editor_open_mb"]["VmRSS"] for r in runs]),
+                "cpu_s_editor_open": med([r["cpu_s_editor_open"] for r in runs])}
+               if all("rss_after_editor_open_mb" in r for r in runs) else {}),
         },
     }
 
@@ -193,11 +236,15 @@ def main() -> int:
     ap.add_argument("--baseline", default=None, help="another checkout to measure side by side")
     ap.add_argument("--baseline-cache", default=None, help="its COMPLETIOND_CACHE (default: --cache)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--draft", default="none", help="--draft of every daemon and completion")
+    ap.add_argument("--quant", default="auto", help="--quant of every daemon and completion")
+    ap.add_argument("--baseline-draft", default=None, help="the baseline's --draft (default: --draft)")
     ap.add_argument("--ready-only", action="store_true",
                     help="only daemon starts -> ready (wall, CPU seconds, RSS), interleaved with the baseline")
     ap.add_argument("--load-cpu-only", action="store_true",
                     help="only the CPU time of loading, in fresh processes, interleaved with the baseline")
     a = ap.parse_args()
+    QUANT[0] = a.quant
     from completiond.paths import cache_root
 
     cache = Path(a.cache) if a.cache else cache_root()
@@ -206,21 +253,23 @@ def main() -> int:
         load_cpu(ROOT, cache, a.target)
     elif a.ready_only:
         with tempfile.TemporaryDirectory() as tmp:  # converts if needed, and writes the prompt tables
-            proc, _ = daemon_start(ROOT, cache, a.target, Path(tmp) / "d.sock")
+            proc, _ = daemon_start(ROOT, cache, a.target, Path(tmp) / "d.sock", draft=a.draft)
             proc.terminate()
             proc.wait(30)
     else:
-        cli_complete(ROOT, cache, a.target, ["--no-daemon"])
+        cli_complete(ROOT, cache, a.target, ["--no-daemon"], a.draft)
     load = os.getloadavg()
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "cpu": cpu_name(), "cores": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in load],
-        "target": a.target, "file": f"{FILE.relative_to(ROOT)}:{LINE}:{COL}",
+        "target": a.target, "quant": a.quant, "file": f"{FILE.relative_to(ROOT)}:{LINE}:{COL}",
         "cache_runtime_bytes": du(cache / "runtime" / a.target),
         "cache_gguf_bytes": du(cache / "gguf"),
         "cache_files": sorted(f.name for f in (cache / "runtime" / a.target).glob("*")),
     }
-    base = Path(a.baseline) if a.baseline else None
+    base = Path(a.baseline).resolve() if a.baseline else None
+    drafts = {"this": a.draft, "baseline": a.baseline_draft or a.draft}
+    result["drafts"] = drafts
     bcache = Path(a.baseline_cache) if a.baseline_cache else cache
     if a.load_cpu_only:
         for key, code, c in (("this", ROOT, cache), ("baseline", base, bcache)):
@@ -242,7 +291,7 @@ def main() -> int:
                 if code is None:
                     continue
                 with tempfile.TemporaryDirectory() as tmp:
-                    proc, got = daemon_start(code, c, a.target, Path(tmp) / "d.sock")
+                    proc, got = daemon_start(code, c, a.target, Path(tmp) / "d.sock", draft=drafts[key])
                     proc.terminate()
                     proc.wait(30)
                 result[key]["ready"].append(got)
@@ -254,9 +303,9 @@ def main() -> int:
         return 0
     this, other = [], []
     for _ in range(a.repeat):  # interleaved: both see the same machine load
-        this.append(one_run(ROOT, cache, a.target, True))
-        if base is not None:
-            other.append(one_run(base, bcache, a.target, False))
+        this.append(one_run(ROOT, cache, a.target, True, drafts["this"]))
+        if base is not None:  # another checkout's CLI may lack --socket / --no-daemon
+            other.append(one_run(base, bcache, a.target, base == ROOT, drafts["baseline"]))
     result["this"] = summary(this)
     if base is not None:
         result["baseline"] = {"checkout": str(base), "cache": str(bcache),

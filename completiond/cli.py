@@ -100,7 +100,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
     from .gc_pause import paused_gc
 
     with paused_gc():  # imports and loading (gc_pause.py)
-        from .core.engine import Engine, Request
+        from .core.engine import Engine, Request, draft_for
         from .models import ModelError, draft_label, load, load_draft
         from .core.prompt import build_prompt
         from .core.speculation.verify import Sampling
@@ -109,7 +109,9 @@ def cmd_complete(a: argparse.Namespace) -> int:
 
         try:
             target = load(a.target, "target", a.device, a.dtype, a.quant)
-            draft = load_draft(a.draft, target) if a.mode in ("draft", "combined") else None
+            draft, unloaded = draft_for(a.draft, target) if a.mode == "combined" else (None, None)
+            if a.mode == "draft":  # the draft alone: asked for, so loaded
+                draft = load_draft(a.draft, target)
         except ModelError as e:
             raise UsageError(str(e)) from None
     if a.mode == "draft" and draft is None:
@@ -131,7 +133,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
             "text": res.text, "token_ids": res.token_ids, "tokens": res.tokens, "mode": res.mode,
             "target_passes": res.target_passes, "mean_accepted": round(res.mean_accepted, 4),
             "ms_first_token": round(res.ms_first_token, 2), "ms_total": round(res.ms_total, 2),
-            "target": target.name, "draft": draft_label(a.draft, draft, target),
+            "target": target.name, "draft": draft_label(a.draft, draft, target, unloaded),
             "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
             "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
             "prefill_dtype": prefill_dtype(target), "int8_kernel": target.meta.get("int8_kernel"),

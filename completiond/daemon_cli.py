@@ -136,8 +136,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
             except RemoteError as e:
                 raise RuntimeError(str(e)) from None
             return engine, {**P.model_info(engine.target, None), "draft": None}
-        from .core.engine import Engine
-        from .models import draft_label, load, load_draft
+        from .core.engine import Engine, draft_for
+        from .models import draft_label, load
         from .core.prompt import prepare_tokenizer
         from .models.device import trim_heap
 
@@ -146,7 +146,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         log.info("start-up: target %s (%s, %s, quant %s) loaded in %.1f s", target.name, target.device,
                  str(target.dtype).replace("torch.", ""), target.meta.get("quant", "none"), time.perf_counter() - t0)
         phase(f"loading draft {a.draft}")
-        draft = load_draft(a.draft, target)
+        draft, unloaded = draft_for(a.draft, target)
         engine = Engine(target, draft, index=index, backend=a.backend)
         phase("calibrating")
         t1 = time.perf_counter()
@@ -155,7 +155,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         trim_heap()  # the load's temporaries, and weights the lean forward fused, back to the system
         log.info("start-up: calibration %s in %.1f s (%s backend)", how, time.perf_counter() - t1,
                  engine.runner.backend)
-        return engine, {**P.model_info(target, draft), "draft": draft_label(a.draft, draft, target)}
+        return engine, {**P.model_info(target, draft), "draft": draft_label(a.draft, draft, target, unloaded)}
 
     # what initialize and status say before the models are in
     info = {"target": a.target, "draft": a.draft, "device": a.device, "state": "loading", "socket": str(sock)}

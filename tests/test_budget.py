@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+import tiny
 
 from completiond.core.speculation import budget as B
 from completiond.models import device
@@ -275,6 +276,67 @@ def test_step_gate_state_round_trips_and_damage_is_no_state(tmp_path):
     assert B.load_gates(path, "draft-c") == {}
     path.write_text("{not json")
     assert B.load_gates(path, "draft-a") == {}
+
+
+def _measured_gate(with_ms: float, without_ms: float, steps: int) -> B.StepGate:
+    """A gate after `steps` decisions, its proposer's steps costing with_ms, the others without_ms (2 tokens each)."""
+    g = B.StepGate()
+    for _ in range(steps):
+        ran = g.allows()
+        g.record(ran, with_ms if ran else without_ms, 2)
+    return g
+
+
+def test_a_draft_measured_slower_here_is_not_loaded_until_its_verdict_ages(tmp_path):
+    """`slower_draft`: a kept gate whose warm-up and every probe since found the draft dearer per
+    token (interval at MAX_PROBE) says why not to load it, for any dtype of that draft, until
+    MAX_AGE_S after its last step with it; a draft that paid, one still deciding, one measured long
+    ago or never, an older state without a date, another draft and a damaged file say nothing."""
+    path = tmp_path / "t.gates.json"
+    assert B.slower_draft(path, "qwen2.5-coder-0.5b") is None  # never measured
+    slow = _measured_gate(100.0, 60.0, 200)
+    assert slow.every == slow.MAX_PROBE and slow.measured_at is not None
+    B.save_gates(path, "qwen2.5-coder-0.5b|torch.bfloat16|int8", {"draft": slow})
+    why = B.slower_draft(path, "qwen2.5-coder-0.5b")
+    assert why and "50 against 30 ms" in why and "0 hours ago" in why
+    assert B.slower_draft(path, "qwen2.5-coder-1.5b") is None  # another draft
+    later = slow.measured_at + B.MAX_AGE_S + 1
+    assert B.slower_draft(path, "qwen2.5-coder-0.5b", now=later) is None  # measured again after a week
+    assert "6 days ago" in B.slower_draft(path, "qwen2.5-coder-0.5b", now=slow.measured_at + 6 * 86400)
+    deciding = _measured_gate(100.0, 60.0, 30)  # slower so far, probes not yet at their longest interval
+    assert deciding.every < deciding.MAX_PROBE
+    B.save_gates(path, "qwen2.5-coder-0.5b|torch.bfloat16|int8", {"draft": deciding})
+    assert B.slower_draft(path, "qwen2.5-coder-0.5b") is None
+    B.save_gates(path, "qwen2.5-coder-0.5b|torch.bfloat16|int8", {"draft": _measured_gate(40.0, 60.0, 200)})
+    assert B.slower_draft(path, "qwen2.5-coder-0.5b") is None  # it pays
+    undated = slow.state()
+    del undated["measured_at"]  # a gate kept before this field
+    path.write_text(json.dumps({"qwen2.5-coder-0.5b|torch.bfloat16|int8": {"draft": undated}}))
+    assert B.StepGate.restore(undated).measured_at is None and B.slower_draft(path, "qwen2.5-coder-0.5b") is None
+    path.write_text("[1, 2")
+    assert B.slower_draft(path, "qwen2.5-coder-0.5b") is None
+
+
+def test_a_default_draft_measured_slower_stays_unloaded(tmp_path, monkeypatch):
+    """`draft_for`: the target's default draft is not loaded where its kept gate says it is slower
+    here (the label says why and how to load it); a draft named by the user, or one that paid, is."""
+    import completiond.models as M
+    from completiond.core import engine as E
+
+    monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path))
+    target = tiny.loaded(tiny.gemma_config(window=16, layers=2), seed=1)
+    loads = []
+    monkeypatch.setattr(M, "default_draft", lambda t: "tiny-draft")
+    monkeypatch.setattr(M, "load_draft", lambda spec, t: loads.append(spec) or "a draft")
+    path = B.gates_path(target)
+    B.save_gates(path, "tiny-draft|torch.float32|", {"draft": _measured_gate(100.0, 60.0, 200)})
+    draft, why = E.draft_for("default", target)
+    assert draft is None and loads == [] and "tiny-draft measured slower here" in why
+    label = M.draft_label("default", None, target, why)
+    assert label.startswith("none (tiny-draft measured slower") and "--draft tiny-draft loads it" in label
+    assert E.draft_for("tiny-draft", target) == ("a draft", None) and loads == ["tiny-draft"]
+    B.save_gates(path, "tiny-draft|torch.float32|", {"draft": _measured_gate(40.0, 60.0, 200)})
+    assert E.draft_for("default", target) == ("a draft", None) and loads == ["tiny-draft", "default"]
 
 
 def test_useful_nodes_is_the_size_that_pays_when_every_node_is_accepted():

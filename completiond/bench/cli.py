@@ -132,6 +132,7 @@ class TargetRun:
     table_start: dict
     files: dict
     llama: Any = None  # peers.LlamaCppRun where --peers has llama.cpp and it can run
+    unloaded: str | None = None  # why the default draft was not loaded (core.engine.draft_for)
     prepared: list = field(default_factory=list)
 
 
@@ -172,7 +173,7 @@ def start_target(a: argparse.Namespace, root: Path, modes: list[str], peers: lis
     import torch
 
     from ..flags import UsageError
-    from ..core.engine import Engine
+    from ..core.engine import Engine, draft_for
     from ..models import ModelError, load, load_draft
     from ..models import pages
     from .modes import index_repo
@@ -181,7 +182,11 @@ def start_target(a: argparse.Namespace, root: Path, modes: list[str], peers: lis
     try:
         target = load(a.target, "target", a.device, a.dtype, a.quant)
         uses_draft = bool({"draft", "combined"} & set(modes)) or "hf-assisted" in peers
-        draft = load_draft(a.draft, target) if uses_draft else None
+        draft, unloaded = None, None
+        if uses_draft and a.calibration == "cached" and "draft" not in modes:  # as a returning daemon
+            draft, unloaded = draft_for(a.draft, target)
+        elif uses_draft:  # measured afresh, as at a first start
+            draft = load_draft(a.draft, target)
     except (ValueError, ModelError) as e:
         raise UsageError(str(e)) from None
     pages.settle()  # the weights' move into 2 MB pages ends before anything is timed
@@ -195,7 +200,7 @@ def start_target(a: argparse.Namespace, root: Path, modes: list[str], peers: lis
         if "llama.cpp" in peers else None
     # the table the modes start from (then real passes refine it)
     return TargetRun(a, target, draft, uses_draft, engine, engine.budget.costs(), engine.budget.table_status(),
-                     index_repo(engine, root), llama)
+                     index_repo(engine, root), llama, unloaded)
 
 
 def finish_target(r: TargetRun, root: Path, label: str, positions: list, modes: list[str], peers: list[str]) -> dict:
@@ -219,7 +224,7 @@ def finish_target(r: TargetRun, root: Path, label: str, positions: list, modes: 
         "repo": label, "machine": machine(target), "date": datetime.date.today().isoformat(),
         "command": "completiond " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
         "positions": len(prepared), "target": target.name,
-        "draft": draft_label(a.draft, draft, target) if r.uses_draft else "none (no mode uses one)",
+        "draft": draft_label(a.draft, draft, target, r.unloaded) if r.uses_draft else "none (no mode uses one)",
         "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
         "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
         "prefill_dtype": prefill_dtype(target), "int8_kernel": target.meta.get("int8_kernel"),

@@ -24,7 +24,7 @@ import torch
 
 from .speculation.budget import (CALIBRATION_SIZES, MAX_AGE_S, QUICK_SIZES, StepGate, TreeBudget, calibration_path,
                                  gates_path, load_gates, load_table, measure_costs, save_costs, save_gates,
-                                 stale_reason)
+                                 slower_draft, stale_reason)
 from .speculation.index import TokenIndex
 from ..models.heads import EagleHead, MedusaHeads
 from .speculation.heads import head_proposer
@@ -97,6 +97,17 @@ def draft_id(draft: LoadedModel | MedusaHeads | EagleHead | None) -> str | None:
     if isinstance(draft, (MedusaHeads, EagleHead)):
         return f"{type(draft).__name__}|{draft.vocab.numel()}"
     return f"{draft.name}|{draft.dtype}|{draft.meta.get('quant', '')}"
+
+
+def draft_for(spec: str | None, target: LoadedModel) -> tuple[LoadedModel | MedusaHeads | EagleHead | None, str | None]:
+    """`load_draft(spec, target)`, except that the default draft stays unloaded where an earlier
+    daemon on this machine measured it slower than prompt lookup alone (`budget.slower_draft`):
+    then (None, why). A draft named by the user is always loaded."""
+    from ..models import default_draft, load_draft
+
+    name = default_draft(target) if spec == "default" else None
+    why = slower_draft(gates_path(target), name) if name not in (None, "none", "default") else None
+    return (None, why) if why else (load_draft(spec, target), None)
 
 
 def weight_share(draft: LoadedModel, target: LoadedModel) -> float:

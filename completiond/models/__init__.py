@@ -520,10 +520,14 @@ def load_draft_heads(spec: str, target: LoadedModel):
     return heads
 
 
-def draft_label(spec: str | None, draft: LoadedModel | None, target: LoadedModel) -> str | None:
-    """The `draft` field of results: the draft's name, or why there is none when the default had none."""
+def draft_label(spec: str | None, draft: LoadedModel | None, target: LoadedModel,
+                unloaded: str | None = None) -> str | None:
+    """The `draft` field of results: the draft's name, or why there is none when the default had none
+    (`unloaded`: why the default draft was not loaded, `core.engine.draft_for`)."""
     if draft is not None:
         return draft.name
+    if unloaded:
+        return f"none ({unloaded}; prompt lookup only; --draft {default_draft(target)} loads it)"
     if spec == "default":
         return f"none (no default draft fits {target.name}; prompt lookup only)"
     return None

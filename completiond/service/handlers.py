@@ -172,7 +172,8 @@ async def shutdown(d: Daemon, s: Session, p: P.Empty, msgid) -> None:
 def _mode(d: Daemon, mode: str | None) -> str:
     mode = mode or d.default_mode
     if mode == "draft" and d.engine.draft is None:
-        raise P.RpcError(P.INVALID_PARAMS, "mode 'draft' needs a draft model; this daemon has none")
+        raise P.RpcError(P.INVALID_PARAMS, f"mode 'draft' needs a draft model; this daemon has none: "
+                                           f"{d.info.get('draft') or 'none'}")
     return mode
 
 

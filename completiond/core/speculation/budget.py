@@ -80,6 +80,7 @@ class StepGate:
     PROBE = 8
     MAX_PROBE = 64
     restored = False  # started from an earlier daemon's state (`restore`)
+    measured_at: float | None = None  # unix time of the last step with the proposer (kept by `state`)
 
     def __init__(self) -> None:
         self.ms = {True: Ewma(0.0, 0.1), False: Ewma(0.0, 0.1)}  # by "ran": ms per step ...
@@ -109,6 +110,8 @@ class StepGate:
         without = self.ms_per_token(False)
         if ran and without is not None and ms < without * max(tokens, 1):
             self.every = self.PROBE  # this probe paid: the next comes soon, so the estimate can follow
+        if ran:
+            self.measured_at = time.time()
         for e, x in ((self.ms[ran], ms), (self.tokens[ran], float(tokens))):
             if self.steps[ran] == 0:
                 e.value = x  # the first step is the estimate, not a tenth of it
@@ -122,7 +125,7 @@ class StepGate:
         return {"ms": {k: self.ms[ran].value for k, ran in (("with", True), ("without", False))},
                 "tokens": {k: self.tokens[ran].value for k, ran in (("with", True), ("without", False))},
                 "steps": {k: self.steps[ran] for k, ran in (("with", True), ("without", False))},
-                "every": self.every}
+                "every": self.every, "measured_at": self.measured_at}
 
     @classmethod
     def restore(cls, state: dict) -> StepGate:
@@ -136,7 +139,9 @@ class StepGate:
                     raise ValueError(f"bad gate arm {k}: {ms}, {tokens}, {steps}")
                 g.ms[ran].value, g.tokens[ran].value, g.steps[ran] = ms, tokens, min(steps, cls.WARM)
             g.every = min(max(int(state["every"]), cls.PROBE), cls.MAX_PROBE)
-        except (KeyError, TypeError) as e:
+            at = state.get("measured_at")
+            g.measured_at = float(at) if at is not None else None
+        except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"damaged gate state: {e!r}") from None
         g.restored = True
         return g
@@ -381,6 +386,34 @@ def load_gates(path: Path, draft: str) -> dict[str, StepGate]:
         return {name: StepGate.restore(state) for name, state in kept.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
+
+
+def slower_draft(path: Path, name: str, now: float | None = None) -> str | None:
+    """Why a draft model called `name` need not be loaded beside this target on this machine, or None.
+
+    An earlier daemon's gate (any dtype or quantization of it: the keys of `save_gates` begin with the
+    name) found its steps dearer per kept token than steps without it through its warm-up and every
+    probe since (its interval at MAX_PROBE, doubled by each probe that found it slower), with a step
+    of it within MAX_AGE_S. A gate never measured, measured long ago or still deciding: None (load
+    it). So a draft that does not pay here costs no memory and no warm-ups, and is measured again by
+    a start after MAX_AGE_S (the 0.5B drafting for the 1.5B on 2 cores: 2-3x the ms per token)."""
+    now = time.time() if now is None else now
+    try:
+        data = json.loads(path.read_text())
+        kept = [(StepGate.restore(state), state) for key, gates in data.items() if key.split("|")[0] == name
+                for state in gates.values()]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    for g, state in kept:
+        with_, without = g.ms_per_token(True), g.ms_per_token(False)
+        if (min(int(state["steps"]["with"]), int(state["steps"]["without"])) >= g.WARM
+                and g.every >= g.MAX_PROBE and with_ > without
+                and g.measured_at is not None and 0 <= now - g.measured_at <= MAX_AGE_S):
+            hours = (now - g.measured_at) / 3600
+            ago = f"{hours:.0f} hours" if hours < 48 else f"{hours / 24:.0f} days"
+            return (f"{name} measured slower here: {with_:.0f} against {without:.0f} ms a kept token without "
+                    f"it, {ago} ago; measured again after {MAX_AGE_S / 86400:.0f} days")
+    return None
 
 
 def save_gates(path: Path, draft: str, gates: dict[str, StepGate]) -> None:
