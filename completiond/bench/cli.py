@@ -46,7 +46,8 @@ def add_parser(sub) -> None:
     b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     b.add_argument("--calibration", default="fresh", choices=["fresh", "cached"],
                    help="pass costs to start from: measured now (fresh), or the daemon's cached table "
-                        "(cached: what a daemon started now would use, with the draft's measured gate; real passes "
+                        "(cached: what a daemon started now would use, with the draft's measured gate, and without a "
+                        "default draft that gate found slower unless --modes has draft; real passes "
                         "refine both alike, and are kept as a daemon keeps them)")
     b.add_argument("--json", default=None, metavar="OUT", help="also write the full result as JSON to OUT")
     b.add_argument("--plot", default=None, metavar="OUT.png", help="write a latency plot to OUT.png")
@@ -183,7 +184,8 @@ def start_target(a: argparse.Namespace, root: Path, modes: list[str], peers: lis
         target = load(a.target, "target", a.device, a.dtype, a.quant)
         uses_draft = bool({"draft", "combined"} & set(modes)) or "hf-assisted" in peers
         draft, unloaded = None, None
-        if uses_draft and a.calibration == "cached" and "draft" not in modes:  # as a returning daemon
+        if uses_draft and a.calibration == "cached" and "draft" not in modes and "hf-assisted" not in peers:
+            # as a returning daemon: a default draft this machine measured slower stays unloaded
             draft, unloaded = draft_for(a.draft, target)
         elif uses_draft:  # measured afresh, as at a first start
             draft = load_draft(a.draft, target)
