@@ -400,14 +400,13 @@ def slower_draft(path: Path, name: str, now: float | None = None) -> str | None:
     now = time.time() if now is None else now
     try:
         data = json.loads(path.read_text())
-        kept = [(StepGate.restore(state), state) for key, gates in data.items() if key.split("|")[0] == name
+        kept = [StepGate.restore(state) for key, gates in data.items() if key.split("|")[0] == name
                 for state in gates.values()]
     except (OSError, ValueError, AttributeError, TypeError):
         return None
-    for g, state in kept:
+    for g in kept:  # restore counts an arm's steps up to WARM: both at WARM = both measured
         with_, without = g.ms_per_token(True), g.ms_per_token(False)
-        if (min(int(state["steps"]["with"]), int(state["steps"]["without"])) >= g.WARM
-                and g.every >= g.MAX_PROBE and with_ > without
+        if (min(g.steps.values()) >= g.WARM and g.every >= g.MAX_PROBE and with_ > without
                 and g.measured_at is not None and 0 <= now - g.measured_at <= MAX_AGE_S):
             hours = (now - g.measured_at) / 3600
             ago = f"{hours:.0f} hours" if hours < 48 else f"{hours / 24:.0f} days"
