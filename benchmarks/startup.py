@@ -7,9 +7,10 @@ no daemon, and one answered by a running daemon.
         [--draft none --baseline-draft SPEC]
 
 --draft: the daemons' and completions' --draft (default none); --baseline-draft: the baseline's
-(default --draft). `--baseline . --draft default --baseline-draft qwen2.5-coder-0.5b --target
-default` compares, in this checkout, a default draft left unloaded because this machine measured it
-slower (docs/drafts.md "Round 18") with the same draft loaded.
+(default --draft); --quant: every daemon's and completion's. `--target qwen2.5-coder-1.5b --quant int4
+--baseline . --draft default --baseline-draft qwen2.5-coder-0.5b` compares, in this checkout, a
+default draft left unloaded because this machine measured it slower (docs/drafts.md "Round 18")
+with the same draft loaded.
 
 --ready-only: only daemon starts -> `ready` (wall, the daemon's CPU seconds, RSS, load average).
 
@@ -37,7 +38,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 FILE = ROOT / "completiond" / "paths.py"  # a short real file: the prompt's prefill stays small
-QUANT = ["auto"]  # --quant of every daemon and completion
 LINE, COL = 14, 5
 
 
@@ -88,12 +88,13 @@ def env_for(code: Path, cache: Path) -> dict:
 
 
 def daemon_start(code: Path, cache: Path, target: str, sock: Path, timeout: float = 600,
-                 draft: str = "none") -> tuple[subprocess.Popen, dict]:
-    """Start `serve`; returns the process and {start_to_ready_s, phases, rss at ready}."""
+                 models: tuple[str, ...] = ("--draft", "none")) -> tuple[subprocess.Popen, dict]:
+    """Start `serve` (`models`: the flags after --target, --draft and --quant); returns the process
+    and {start_to_ready_s, phases, rss at ready}."""
     t0 = time.perf_counter()
     log = open(sock.with_name("serve.log"), "w+")
     proc = subprocess.Popen([sys.executable, "-m", "completiond", "serve", "--socket", str(sock), "--target", target,
-                             "--draft", draft, "--quant", QUANT[0], "--log-level", "INFO"], env=env_for(code, cache), cwd=code,
+                             *models, "--log-level", "INFO"], env=env_for(code, cache), cwd=code,
                             stdout=subprocess.DEVNULL, stderr=log)
     while time.perf_counter() - t0 < timeout:
         if proc.poll() is not None:
@@ -117,10 +118,11 @@ def daemon_start(code: Path, cache: Path, target: str, sock: Path, timeout: floa
     raise TimeoutError("daemon did not become ready")
 
 
-def cli_complete(code: Path, cache: Path, target: str, extra: list[str], draft: str = "none") -> dict:
+def cli_complete(code: Path, cache: Path, target: str, extra: list[str],
+                 models: tuple[str, ...] = ("--draft", "none")) -> dict:
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "completiond", "complete", str(FILE), "--line", str(LINE), "--col",
-                          str(COL), "--target", target, "--draft", draft, "--quant", QUANT[0], "--max-tokens", "16", "--json", *extra],
+                          str(COL), "--target", target, *models, "--max-tokens", "16", "--json", *extra],
                          env=env_for(code, cache), cwd=code, capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - t0
     if out.returncode:
@@ -159,23 +161,23 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
-def one_run(code: Path, cache: Path, target: str, new_cli: bool, draft: str = "none") -> dict:
+def one_run(code: Path, cache: Path, target: str, new_cli: bool, models: tuple[str, ...] = ("--draft", "none")) -> dict:
     """One daemon start (ready, RSS), two completions while it runs, then one with no daemon.
     new_cli: the CLI has --socket / --no-daemon (a baseline checkout may not: it always loads itself)."""
     with tempfile.TemporaryDirectory() as tmp:
         sock = Path(tmp) / "d.sock"
-        proc, got = daemon_start(code, cache, target, sock, draft=draft)
+        proc, got = daemon_start(code, cache, target, sock, models=models)
         try:
             via = ["--socket", str(sock)] if new_cli else []
-            first = cli_complete(code, cache, target, via, draft)
-            again = cli_complete(code, cache, target, via, draft)
+            first = cli_complete(code, cache, target, via, models)
+            again = cli_complete(code, cache, target, via, models)
             got.update(rss_after_first_completion_mb=mem_mb(proc.pid), with_daemon=first, with_daemon_again=again)
             if new_cli:
                 got.update(editor_open(sock, proc.pid))
         finally:
             proc.terminate()
             proc.wait(30)
-    got["no_daemon"] = cli_complete(code, cache, target, ["--no-daemon"] if new_cli else [], draft)
+    got["no_daemon"] = cli_complete(code, cache, target, ["--no-daemon"] if new_cli else [], models)
     return got
 
 
@@ -244,7 +246,6 @@ def main() -> int:
     ap.add_argument("--load-cpu-only", action="store_true",
                     help="only the CPU time of loading, in fresh processes, interleaved with the baseline")
     a = ap.parse_args()
-    QUANT[0] = a.quant
     from completiond.paths import cache_root
 
     cache = Path(a.cache) if a.cache else cache_root()
@@ -253,11 +254,11 @@ def main() -> int:
         load_cpu(ROOT, cache, a.target)
     elif a.ready_only:
         with tempfile.TemporaryDirectory() as tmp:  # converts if needed, and writes the prompt tables
-            proc, _ = daemon_start(ROOT, cache, a.target, Path(tmp) / "d.sock", draft=a.draft)
+            proc, _ = daemon_start(ROOT, cache, a.target, Path(tmp) / "d.sock", models=("--draft", a.draft, "--quant", a.quant))
             proc.terminate()
             proc.wait(30)
     else:
-        cli_complete(ROOT, cache, a.target, ["--no-daemon"], a.draft)
+        cli_complete(ROOT, cache, a.target, ["--no-daemon"], ("--draft", a.draft, "--quant", a.quant))
     load = os.getloadavg()
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -270,6 +271,7 @@ def main() -> int:
     base = Path(a.baseline).resolve() if a.baseline else None
     drafts = {"this": a.draft, "baseline": a.baseline_draft or a.draft}
     result["drafts"] = drafts
+    models = {key: ("--draft", d, "--quant", a.quant) for key, d in drafts.items()}
     bcache = Path(a.baseline_cache) if a.baseline_cache else cache
     if a.load_cpu_only:
         for key, code, c in (("this", ROOT, cache), ("baseline", base, bcache)):
@@ -291,7 +293,7 @@ def main() -> int:
                 if code is None:
                     continue
                 with tempfile.TemporaryDirectory() as tmp:
-                    proc, got = daemon_start(code, c, a.target, Path(tmp) / "d.sock", draft=drafts[key])
+                    proc, got = daemon_start(code, c, a.target, Path(tmp) / "d.sock", models=models[key])
                     proc.terminate()
                     proc.wait(30)
                 result[key]["ready"].append(got)
@@ -303,9 +305,9 @@ def main() -> int:
         return 0
     this, other = [], []
     for _ in range(a.repeat):  # interleaved: both see the same machine load
-        this.append(one_run(ROOT, cache, a.target, True, drafts["this"]))
+        this.append(one_run(ROOT, cache, a.target, True, models["this"]))
         if base is not None:  # another checkout's CLI may lack --socket / --no-daemon
-            other.append(one_run(base, bcache, a.target, base == ROOT, drafts["baseline"]))
+            other.append(one_run(base, bcache, a.target, base == ROOT, models["baseline"]))
     result["this"] = summary(this)
     if base is not None:
         result["baseline"] = {"checkout": str(base), "cache": str(bcache),
