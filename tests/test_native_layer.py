@@ -57,9 +57,12 @@ def one_token_passes(r: Runner, ids: list[int]) -> tuple[torch.Tensor, torch.Ten
 
 
 @needs_kernel
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_tree_nodes_equal_one_token_passes_bit_for_bit(dtype, acts, attn):
-    r = runner(dtype)
+@pytest.mark.parametrize("dtype,hidden", [(torch.float32, 128), (torch.bfloat16, 128), (torch.bfloat16, 256),
+                                          (torch.bfloat16, 512)])
+def test_tree_nodes_equal_one_token_passes_bit_for_bit(dtype, hidden, acts, attn):
+    """Heads of 32, 64 and 128: bf16 scores with keys across lanes (up to 64) and read in place (128);
+    value sums of 2 or 4 queries a tile where the 512-bit code runs."""
+    r = runner(dtype, hidden=hidden)
     # a tree: root 7, children 8 and 20, 9 below 8, 21 below 20, 10 below 9
     ids, parents = [7, 8, 20, 9, 21, 10], [-1, 0, 0, 1, 2, 3]
     tree = r.forward(ids, parents, range(len(ids)))
@@ -69,6 +72,33 @@ def test_tree_nodes_equal_one_token_passes_bit_for_bit(dtype, acts, attn):
         logits, hidden = one_token_passes(r, [ids[i] for i in path])
         assert torch.equal(tree[path], logits), path
         assert torch.equal(tree_hidden[path], hidden), path
+
+
+@needs_kernel
+@pytest.mark.parametrize("hidden", [128, 256])  # heads of 32 and 64
+def test_scores_with_keys_across_lanes_are_the_in_place_scores_summed_otherwise(hidden):
+    """bf16 scores (AVX512-BF16): laying a block of keys across lanes (heads of up to 64 dims, the
+    transposition in registers) sums the same exact bf16 products as reading them in place, in another
+    order: logits over several key blocks differ by a bf16 step of the activations at most (~0.3 % of
+    their scale here), where a wrong lane or dimension in the transposition moves them by 3-8 % and
+    rounding the queries to bf16 does by ~1.5 %."""
+    if not cpu_kernel.AVX512_BF16 <= cpu_flags():
+        pytest.skip("no AVX512-BF16 here")
+    lib = cpu_kernel.library()
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_kernel, "attention", lambda: "bf16")
+        r = runner(torch.bfloat16, hidden=hidden)
+        r.extend(list(range(3, 200)))
+        n = r.length
+        try:
+            for max_d in (64, 0):
+                assert lib.completiond_score_lanes(max_d) == max_d
+                out[max_d] = r.forward([7, 8, 9], [-1, 0, 1], [0, 1, 2])
+                r.rollback(n)
+        finally:
+            lib.completiond_score_lanes(64)
+    assert (out[64] - out[0]).abs().max() <= 0.01 * out[0].abs().max()
 
 
 @needs_kernel
@@ -184,7 +214,8 @@ def test_int4_mlps_run_native_bit_identical_in_trees_and_close_to_the_torch_ops(
 
 
 @needs_kernel
-@pytest.mark.parametrize("hidden", [96, 512])  # heads of 24 (16 + a tail of 8) and 128 (one chunk of 8 x 16)
+# heads of 24 (16 + a tail of 8: one query at a time), 32, 64 and 128 (several queries a tile)
+@pytest.mark.parametrize("hidden", [96, 128, 256, 512])
 def test_512_bit_code_gives_the_256_bit_bits(hidden, attn):
     """cpu_kernel.zmm() (AVX512-VNNI CPUs): int4 matmuls of cpu_kernel.zmm_rows() or more rows (here
     from every row count) and the value sums in 512-bit vectors. A tree pass over a context of several key blocks has the same bits with them off, and

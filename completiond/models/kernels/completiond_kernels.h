@@ -50,6 +50,13 @@ int completiond_zmm(int on);
 // value in force. Same bits either way.
 int completiond_w4_zmm_rows(int rows);
 
+// With bf16 attention scores (kv_bf16 == 2), heads of at most `max_d` dims lay a block of keys across
+// lanes first (no horizontal sums); larger heads read the keys in place (the default 64: the 0.5B's
+// heads across lanes, the 1.5B's of 128 in place). The two give a score from the same exact
+// products summed in a different order: a model runs one of them in every pass. max_d < 0 changes
+// nothing. Returns the value in force.
+int completiond_score_lanes(int max_d);
+
 // Floats of scratch completiond_qwen2_layer needs for n rows and `keys` cache slots.
 int64_t completiond_qwen2_work(int64_t n, int64_t H, int64_t inter, int64_t heads, int64_t kv_heads,
                                int64_t d, int64_t keys, int threads);

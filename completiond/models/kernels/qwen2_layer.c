@@ -191,7 +191,7 @@ static inline __attribute__((always_inline)) void score_tile_bf16(int QB, int KB
     store_scores(QB, KB, acc, scale, s, lds);
 }
 
-static void scores_of_bf16(const uint16_t *q, int64_t nq, const uint16_t *kc, int64_t keys, int64_t d,
+static void scores_in_place_bf16(const uint16_t *q, int64_t nq, const uint16_t *kc, int64_t keys, int64_t d,
                            float scale, float *s) {
     for (int64_t t0 = 0; t0 < keys; t0 += KEY_BLOCK) {
         int64_t t1 = t0 + KEY_BLOCK < keys ? t0 + KEY_BLOCK : keys;
@@ -208,11 +208,130 @@ static void scores_of_bf16(const uint16_t *q, int64_t nq, const uint16_t *kc, in
         }
     }
 }
+// Where a head has at most completiond_score_lanes dims (64: the 0.5B's), a block of KEY_BLOCK keys is first laid across lanes, kt [d / 2, KEY_BLOCK] (a uint32 = one key's dims 2j, 2j + 1;
+// keys past the last are zero), once for all the job's queries; then a score is one lane of one
+// accumulator: d / 2 vdpbf16ps in dim order, each adding that key's two exact bf16 products, times
+// scale. No horizontal sums: at 64 dims they cost about as much as the products, and the
+// transposition, once per block, costs less than they do from a few queries on (at 128 dims it
+// does not pay at one row: docs/kernels.md "Round 19"). d is the model's, so each model computes
+// a (query, key) by one of the two ways in every pass (batch invariance).
+
+// 16 rows of 16 uint32 -> their transpose, in registers (4 stages of 16 shuffles).
+static inline __attribute__((always_inline)) void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {  // lane L of t[i]: rows i, i + 1 at 4L, 4L + 1; of t[i + 1]: at 4L + 2, 4L + 3
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {  // lane L of u[i + c]: rows i .. i + 3 at 4L + c
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int c = 0; c < 4; c++) {  // column 4L + c: lane L of u[c], u[4 + c], u[8 + c], u[12 + c]
+        __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+        __m512i w0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), w1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+        r[c] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+        r[4 + c] = _mm512_shuffle_i32x4(v0, w0, 0xdd);
+        r[8 + c] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(v1, w1, 0xdd);
+    }
+}
+
+// kt [d / 2, KEY_BLOCK] = keys t0 .. t0 + n (n <= KEY_BLOCK) across lanes, zero past n.
+static void keys_across_lanes(const uint16_t *kc, int64_t t0, int64_t n, int64_t d, uint32_t *kt) {
+    const uint32_t *k = (const uint32_t *)(kc + t0 * d);
+    int64_t d2 = d / 2;
+    if (d2 % 16) {
+        for (int64_t l = 0; l < KEY_BLOCK; l++)
+            for (int64_t j = 0; j < d2; j++) kt[j * KEY_BLOCK + l] = l < n ? k[l * d2 + j] : 0;
+        return;
+    }
+    for (int64_t l0 = 0; l0 < KEY_BLOCK; l0 += 16)
+        for (int64_t j0 = 0; j0 < d2; j0 += 16) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = l0 + i < n ? _mm512_loadu_si512(k + (l0 + i) * d2 + j0) : _mm512_setzero_si512();
+            transpose16(r);
+            for (int j = 0; j < 16; j++) _mm512_storeu_si512(kt + (j0 + j) * KEY_BLOCK + l0, r[j]);
+        }
+}
+
+// s [i, t] for QB queries (bf16 pairs q, stride d / 2) x KB groups of 16 keys (kt's lanes from k0),
+// `valid` keys of the block's from k0 stored.
+static inline __attribute__((always_inline)) void score_tile_lanes(int QB, int KB, const uint32_t *q, const uint32_t *kt,
+                                                                    int64_t k0, int64_t d, float scale, float *s,
+                                                                    int64_t lds, int64_t valid) {
+    __m512 acc[4][4];
+    for (int i = 0; i < QB; i++)
+        for (int b = 0; b < KB; b++) acc[i][b] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < d / 2; j++) {
+        __m512bh kv[4];
+        for (int b = 0; b < KB; b++) kv[b] = (__m512bh)_mm512_loadu_si512(kt + j * KEY_BLOCK + k0 + 16 * b);
+        for (int i = 0; i < QB; i++) {
+            __m512bh qv = (__m512bh)_mm512_set1_epi32((int)q[i * (d / 2) + j]);
+            for (int b = 0; b < KB; b++) acc[i][b] = _mm512_dpbf16_ps(acc[i][b], qv, kv[b]);
+        }
+    }
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int b = 0; b < KB; b++) {
+        int64_t left = valid - 16 * b;
+        __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        for (int i = 0; i < QB; i++) _mm512_mask_storeu_ps(s + i * lds + 16 * b, m, _mm512_mul_ps(acc[i][b], sc));
+    }
+}
+
+#define SCORE_ROWS(QB)                                                                                         \
+    for (int64_t k0 = 0; k0 < n; k0 += 64) {                                                                 \
+        int64_t left = n - k0, v = left < 64 ? left : 64;                                                     \
+        switch ((v + 15) / 16) {                                                                              \
+            case 4: score_tile_lanes(QB, 4, q + i * d2, kt, k0, d, scale, s + i * keys + t0 + k0, keys, v); break; \
+            case 3: score_tile_lanes(QB, 3, q + i * d2, kt, k0, d, scale, s + i * keys + t0 + k0, keys, v); break; \
+            case 2: score_tile_lanes(QB, 2, q + i * d2, kt, k0, d, scale, s + i * keys + t0 + k0, keys, v); break; \
+            default: score_tile_lanes(QB, 1, q + i * d2, kt, k0, d, scale, s + i * keys + t0 + k0, keys, v); break; \
+        }                                                                                                     \
+    }
+
+// kt: KEY_BLOCK * d / 2 uint32 of scratch.
+static void scores_across_lanes_bf16(const uint16_t *qh, int64_t nq, const uint16_t *kc, int64_t keys, int64_t d,
+                           float scale, float *s, uint32_t *kt) {
+    const uint32_t *q = (const uint32_t *)qh;
+    int64_t d2 = d / 2;
+    for (int64_t t0 = 0; t0 < keys; t0 += KEY_BLOCK) {
+        int64_t n = t0 + KEY_BLOCK < keys ? KEY_BLOCK : keys - t0;
+        keys_across_lanes(kc, t0, n, d, kt);
+        int64_t i = 0;
+        for (; i + 4 <= nq; i += 4) SCORE_ROWS(4)
+        switch (nq - i) {
+            case 3: SCORE_ROWS(3) break;
+            case 2: SCORE_ROWS(2) break;
+            case 1: SCORE_ROWS(1) break;
+        }
+    }
+}
+#undef SCORE_ROWS
+
+static int score_lanes_max_d = 64;
+
+int completiond_score_lanes(int max_d) {
+    if (max_d >= 0) score_lanes_max_d = max_d;
+    return score_lanes_max_d;
+}
+
+// The bf16 scores (kt: KEY_BLOCK * d / 2 uint32 of scratch, used across lanes).
+static void scores_of_bf16(const uint16_t *q, int64_t nq, const uint16_t *kc, int64_t keys, int64_t d,
+                           float scale, float *s, uint32_t *kt) {
+    if (d <= score_lanes_max_d)
+        scores_across_lanes_bf16(q, nq, kc, keys, d, scale, s, kt);
+    else
+        scores_in_place_bf16(q, nq, kc, keys, d, scale, s);
+}
 #pragma GCC pop_options
 
-// Scores s [keys] (overwritten) -> softmax numerators e^(s - max) over the visible keys. The max is
-// exact in any order (NaN scores never win, as before), so it runs 8 lanes wide; the sum is
-// softmax_sums'.
+// Scores s [keys] (overwritten) -> softmax numerators e^(s - max) over the visible keys, +0.0f for the
+// masked ones. The max is exact in any order (NaN scores never win, as before), so it runs 8 lanes
+// wide; the sum is softmax_sums'.
 static void softmax_weights(float *s, const uint8_t *vis, int64_t keys) {
     __m256 m8 = _mm256_set1_ps(-INFINITY);
     const __m256 ninf = m8;
@@ -229,8 +348,9 @@ static void softmax_weights(float *s, const uint8_t *vis, int64_t keys) {
         if (vis[t] && s[t] > mx) mx = s[t];
     __m256 mv = _mm256_set1_ps(mx);
     for (t = 0; t + 8 <= keys; t += 8) _mm256_storeu_ps(s + t, _mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
-    for (; t < keys; t++) s[t] -= mx;  // masked keys may exceed 0: clamped in exp8, unused
+    for (; t < keys; t++) s[t] -= mx;  // masked keys may exceed 0: clamped in exp8, then zeroed
     exp_inplace(s, keys);
+    for (t = 0; t < keys; t++) s[t] = vis[t] ? s[t] : 0.0f;  // a masked key's weight adds nothing below
 }
 
 // sums[i] = the sum of query i's softmax numerators s [i * keys ...] over its visible keys (mask row
@@ -303,6 +423,39 @@ static inline __attribute__((always_inline)) void value_chunk_zmm(int CB, const 
         for (int j = 0; j < CB; j++) acc[j] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(v + t * d + j * 16), acc[j]);
     }
     for (int j = 0; j < CB; j++) _mm512_storeu_ps(acc_mem + j * 16, acc[j]);
+}
+
+// out [QB, d] (rows of stride d) += sum over keys t in [0, n) of p_i[t] v[t] for QB queries at once
+// (weights p rows of stride lds; CB vectors of 16 = d): each value vector is loaded once for all of
+// them. A masked key's weight is +0.0f and fma(0, v, acc) is acc exactly, so summing every key in
+// slot order gives the bits of value_chunk's skipping the masked ones.
+static inline __attribute__((always_inline)) void value_tile_zmm(int QB, int CB, const float *p, int64_t lds,
+                                                                  const float *v, int64_t n, int64_t d, float *out) {
+    __m512 acc[4][8], vv[8];
+    for (int i = 0; i < QB; i++)
+        for (int c = 0; c < CB; c++) acc[i][c] = _mm512_loadu_ps(out + i * d + c * 16);
+    for (int64_t t = 0; t < n; t++) {
+        for (int c = 0; c < CB; c++) vv[c] = _mm512_loadu_ps(v + t * d + c * 16);
+        for (int i = 0; i < QB; i++) {
+            __m512 pt = _mm512_set1_ps(p[i * lds + t]);
+            for (int c = 0; c < CB; c++) acc[i][c] = _mm512_fmadd_ps(pt, vv[c], acc[i][c]);
+        }
+    }
+    for (int i = 0; i < QB; i++)
+        for (int c = 0; c < CB; c++) _mm512_storeu_ps(out + i * d + c * 16, acc[i][c]);
+}
+
+// value_tile_zmm over nq queries, as many a tile as 16 accumulators hold (d: 32, 64 or 128).
+static void add_values_tiled(const float *p, int64_t lds, const float *v, int64_t n, int64_t d, int64_t nq,
+                             float *out) {
+#define VALUE_ROWS(QB, CB)                                                                   \
+    {                                                                                        \
+        int64_t i = 0;                                                                       \
+        for (; i + QB <= nq; i += QB) value_tile_zmm(QB, CB, p + i * lds, lds, v, n, d, out + i * d); \
+        for (; i < nq; i++) value_tile_zmm(1, CB, p + i * lds, lds, v, n, d, out + i * d);  \
+    }
+    if (d == 128) VALUE_ROWS(2, 8) else if (d == 64) VALUE_ROWS(4, 4) else VALUE_ROWS(4, 2)
+#undef VALUE_ROWS
 }
 
 static void add_values_zmm(const float *p, const uint8_t *vis, const float *v, int64_t t0, int64_t t1, int64_t d,
@@ -401,7 +554,7 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
         if (kv_bf16 == 2) {  // bf16 dot products: the queries rounded to bf16 as the cache's keys are
             uint16_t *qb = (uint16_t *)(sums + nqj);
             store_cache(qb, 0, qj, nqj * d, 1);
-            scores_of_bf16(qb, nqj, (const uint16_t *)kh, keys, d, scale, s);
+            scores_of_bf16(qb, nqj, (const uint16_t *)kh, keys, d, scale, s, (uint32_t *)buf);
         } else {
             scores_of(qj, nqj, kh, kv_bf16, keys, d, scale, s, buf);
         }
@@ -413,9 +566,12 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
         for (int64_t t0 = 0; t0 < keys; t0 += KEY_BLOCK) {  // a block of values stays in L1 for all queries
             int64_t t1 = t0 + KEY_BLOCK < keys ? t0 + KEY_BLOCK : keys;
             const float *v = cache_rows(vh, kv_bf16, t0, t1 - t0, d, buf);  // v + (t - t0) * d: value t
-            for (int64_t i = 0; i < nqj; i++)
-                (zmm ? add_values_zmm : add_values)(s + i * keys + t0, mask + (r0 + i / g) * keys + t0,
-                                                                   v, 0, t1 - t0, d, qj + i * d);
+            if (zmm && (d == 32 || d == 64 || d == 128))
+                add_values_tiled(s + t0, keys, v, t1 - t0, d, nqj, qj);
+            else
+                for (int64_t i = 0; i < nqj; i++)
+                    (zmm ? add_values_zmm : add_values)(s + i * keys + t0, mask + (r0 + i / g) * keys + t0,
+                                                                       v, 0, t1 - t0, d, qj + i * d);
         }
         for (int64_t i = 0; i < nqj; i++) {
             float *out = a + (r0 + i / g) * nq + (kv * g + i % g) * d;
