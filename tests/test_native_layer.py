@@ -102,6 +102,31 @@ def test_scores_with_keys_across_lanes_are_the_in_place_scores_summed_otherwise(
 
 
 @needs_kernel
+@pytest.mark.parametrize("hidden", [128, 256, 512])  # heads of 32, 64, 128
+def test_value_pairs_are_the_float32_value_sums_with_bf16_weights(hidden):
+    """Value sums over pairs of keys (bf16 weights, vdpbf16ps) against one key at a time in float32:
+    the weights' rounding moves logits by about a bf16 step of the activations (~0.3 % of their scale
+    here); pairing a weight with the wrong value row moves them by several percent."""
+    if not cpu_kernel.AVX512_BF16 <= cpu_flags():
+        pytest.skip("no AVX512-BF16 here")
+    lib = cpu_kernel.library()
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_kernel, "attention", lambda: "bf16")
+        r = runner(torch.bfloat16, hidden=hidden)
+        r.extend(PROMPT + list(range(3, 200)))
+        n = r.length
+        try:
+            for on in (1, 0):
+                assert lib.completiond_value_pairs(on) == on
+                out[on] = r.forward([7, 8, 20, 9], [-1, 0, 0, 1], range(4))
+                r.rollback(n)
+        finally:
+            lib.completiond_value_pairs(1)
+    assert (out[1] - out[0]).abs().max() <= 0.01 * out[0].abs().max()
+
+
+@needs_kernel
 def test_appended_pass_and_committed_nodes_match(acts, attn):
     """A draft growing its tree pass by pass (append=True), then keep: the next pass after the
     kept nodes equals plain decoding."""
@@ -174,6 +199,36 @@ def test_long_context_and_head_size_without_a_64_multiple(acts, attn):
     r.rollback(len(PROMPT) + len(long))
     c = r.forward([7, 9], [-1, 0], [0, 1])
     assert torch.equal(tree[0], a[0]) and torch.equal(tree[1], b[0]) and torch.equal(tree[2], c[1])
+
+
+@needs_kernel
+@pytest.mark.parametrize("hidden", [128, 256, 512])  # heads of 32, 64, 128
+def test_value_pairs_are_made_of_visible_keys_in_any_tree(hidden):
+    """bf16 attention sums a query's values over pairs of consecutive visible keys, so a tree node,
+    whose visible keys are its one-token pass's at other slots, sums the same pairs. A tree of the
+    engine's most nodes (64: the root, a leaf, a chain of 62 below the root whose nodes each sit one
+    slot further than in their one-token passes) after 246 committed keys (the chain crosses a block
+    of 64 and its nodes see an odd or even count of keys), then the same after 247: every chain node
+    equals its one-token pass."""
+    if not cpu_kernel.AVX512_BF16 <= cpu_flags():
+        pytest.skip("no AVX512-BF16 here")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_kernel, "attention", lambda: "bf16")
+        r = runner(torch.bfloat16, hidden=hidden)
+        ids = [7, 99] + list(range(100, 162))
+        parents = [-1, 0, 0] + list(range(2, 63))
+        assert len(ids) == len(parents) == 64
+        path = [0] + list(range(2, 64))
+        for committed in (246, 247):
+            r.extend(PROMPT + list(range(3, 3 + committed - len(PROMPT))))
+            tree = r.forward(ids, parents, range(len(ids)))
+            r.rollback(committed)
+            logits = []
+            for i in path:
+                logits.append(r.forward([ids[i]], [-1], [0]))
+                r.keep([0])
+            r.rollback(committed)
+            assert torch.equal(tree[path], torch.cat(logits)), committed
 
 
 def test_not_used_without_the_kernel(monkeypatch):

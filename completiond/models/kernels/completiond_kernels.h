@@ -57,6 +57,11 @@ int completiond_w4_zmm_rows(int rows);
 // nothing. Returns the value in force.
 int completiond_score_lanes(int max_d);
 
+// 1 (the default): with bf16 attention scores (kv_bf16 == 2), a query's value sums take its visible
+// keys in pairs, bf16 weights times bf16 values by vdpbf16ps (qwen2_layer.c); 0: one key at a time
+// in float32. Two models: a process keeps one. on < 0 changes nothing. Returns the choice in force.
+int completiond_value_pairs(int on);
+
 // Floats of scratch completiond_qwen2_layer needs for n rows and `keys` cache slots.
 int64_t completiond_qwen2_work(int64_t n, int64_t H, int64_t inter, int64_t heads, int64_t kv_heads,
                                int64_t d, int64_t keys, int threads);

@@ -72,6 +72,8 @@ SIGNATURES: dict[str, tuple[list, type | None]] = {
     "completiond_mm": ([_C, _P, _P, _P, _P, _I, _I, _I, _C], _C),
     # (max_d) -> the largest head size whose bf16 attention scores lay keys across lanes (max_d < 0: only read it)
     "completiond_score_lanes": ([_C], _C),
+    # (on) -> whether bf16 attention sums values in bf16 pairs of keys (on < 0: only read it)
+    "completiond_value_pairs": ([_C], _C),
     # (n, H, inter, heads, kv_heads, d, keys, threads) -> floats of scratch
     "completiond_qwen2_work": ([_I] * 7 + [_C], _I),
     # (h, n, H, in_norm, post_norm, eps, wqkv, sqkv, bqkv, wo, so, wgu, sgu, inter, wd, sd, cos, sin,

@@ -425,34 +425,44 @@ static inline __attribute__((always_inline)) void value_chunk_zmm(int CB, const 
     for (int j = 0; j < CB; j++) _mm512_storeu_ps(acc_mem + j * 16, acc[j]);
 }
 
-// out [QB, d] (rows of stride d) += sum over keys t in [0, n) of p_i[t] v[t] for QB queries at once
-// (weights p rows of stride lds; CB vectors of 16 = d): each value vector is loaded once for all of
-// them. A masked key's weight is +0.0f and fma(0, v, acc) is acc exactly, so summing every key in
-// slot order gives the bits of value_chunk's skipping the masked ones.
-static inline __attribute__((always_inline)) void value_tile_zmm(int QB, int CB, const float *p, int64_t lds,
-                                                                  const float *v, int64_t n, int64_t d, float *out) {
+// out_i [d] += sum over keys t in [0, n) of p_i[t] v[t] for QB queries at once (CB vectors of 16 =
+// d): each value vector is loaded once for all of them. A masked key's weight is +0.0f and
+// fma(0, v, acc) is acc exactly, so summing every key in slot order gives the bits of value_chunk's
+// skipping the masked ones.
+static inline __attribute__((always_inline)) void value_tile_zmm(int QB, int CB, const float *const *p,
+                                                                  const float *v, int64_t n, int64_t d,
+                                                                  float *const *out) {
     __m512 acc[4][8], vv[8];
     for (int i = 0; i < QB; i++)
-        for (int c = 0; c < CB; c++) acc[i][c] = _mm512_loadu_ps(out + i * d + c * 16);
+        for (int c = 0; c < CB; c++) acc[i][c] = _mm512_loadu_ps(out[i] + c * 16);
     for (int64_t t = 0; t < n; t++) {
         for (int c = 0; c < CB; c++) vv[c] = _mm512_loadu_ps(v + t * d + c * 16);
         for (int i = 0; i < QB; i++) {
-            __m512 pt = _mm512_set1_ps(p[i * lds + t]);
+            __m512 pt = _mm512_set1_ps(p[i][t]);
             for (int c = 0; c < CB; c++) acc[i][c] = _mm512_fmadd_ps(pt, vv[c], acc[i][c]);
         }
     }
     for (int i = 0; i < QB; i++)
-        for (int c = 0; c < CB; c++) _mm512_storeu_ps(out + i * d + c * 16, acc[i][c]);
+        for (int c = 0; c < CB; c++) _mm512_storeu_ps(out[i] + c * 16, acc[i][c]);
 }
 
-// value_tile_zmm over nq queries, as many a tile as 16 accumulators hold (d: 32, 64 or 128).
-static void add_values_tiled(const float *p, int64_t lds, const float *v, int64_t n, int64_t d, int64_t nq,
-                             float *out) {
-#define VALUE_ROWS(QB, CB)                                                                   \
-    {                                                                                        \
-        int64_t i = 0;                                                                       \
-        for (; i + QB <= nq; i += QB) value_tile_zmm(QB, CB, p + i * lds, lds, v, n, d, out + i * d); \
-        for (; i < nq; i++) value_tile_zmm(1, CB, p + i * lds, lds, v, n, d, out + i * d);  \
+// value_tile_zmm over the queries ix [0, m) (weights s + ix * lds, sums qj + ix * d), as many a tile
+// as 16 accumulators hold (d: 32, 64 or 128).
+static void add_values_tiled(const float *s, int64_t lds, const float *v, int64_t n, int64_t d, const int64_t *ix,
+                             int64_t m, float *qj) {
+#define VALUE_ROWS(QB, CB)                                                          \
+    {                                                                               \
+        int64_t i = 0;                                                              \
+        for (; i < m; i += QB) {                                                    \
+            const float *p[QB];                                                     \
+            float *out[QB];                                                         \
+            int q = m - i < QB ? (int)(m - i) : QB;                                 \
+            for (int u = 0; u < q; u++) p[u] = s + ix[i + u] * lds, out[u] = qj + ix[i + u] * d; \
+            if (q == QB)                                                            \
+                value_tile_zmm(QB, CB, p, v, n, d, out);                            \
+            else                                                                    \
+                for (int u = 0; u < q; u++) value_tile_zmm(1, CB, p + u, v, n, d, out + u); \
+        }                                                                           \
     }
     if (d == 128) VALUE_ROWS(2, 8) else if (d == 64) VALUE_ROWS(4, 4) else VALUE_ROWS(4, 2)
 #undef VALUE_ROWS
@@ -476,6 +486,126 @@ static void add_values_zmm(const float *p, const uint8_t *vis, const float *v, i
 }
 #pragma GCC pop_options
 
+// ---- Value sums from bf16 pairs of keys (bf16 attention: AVX512-BF16, a bf16 cache) ----
+// A query's visible keys, in slot order, are summed two at a time by vdpbf16ps: their weights rounded
+// to bf16 (as the cache's values already are), two exact products a lane, half the instructions of
+// float32 multiply-adds; an odd last key goes with a zero weight. Pairs are made of consecutive
+// *visible* keys, so a tree node, whose visible keys are those of the same token's one-token pass in
+// the same order (only at other slots), sums the same pairs in the same order: the same bits, however
+// deep the tree or the uncommitted nodes of appended passes. Where a query sees every key of a block
+// from an even count on (the committed keys: nearly all of them), its pairs are the block's adjacent
+// slots, laid out once for all its queries (value_pairs); elsewhere it makes its pairs key by key.
+
+static int value_pairs_on = 1;
+
+int completiond_value_pairs(int on) {
+    if (on >= 0) value_pairs_on = on != 0;
+    return value_pairs_on;
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
+// vp [(n + 1) / 2, d] uint32 from n <= KEY_BLOCK bf16 value rows v: element j of rows 2m (low half)
+// and 2m + 1 (high half, zero past n) side by side.
+static void value_pairs(const uint16_t *v, int64_t n, int64_t d, uint32_t *vp) {
+    for (int64_t m = 0; 2 * m < n; m++)
+        for (int64_t c = 0; c < d; c += 16) {
+            __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v + 2 * m * d + c)));
+            __m512i hi = 2 * m + 1 < n ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v + (2 * m + 1) * d + c)))
+                                       : _mm512_setzero_si512();
+            _mm512_storeu_si512(vp + m * d + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+}
+
+// Weights p [0, n) -> bf16 in place (round to nearest even): uint16 t of p is then weight t.
+static void weights_to_bf16(float *p, int64_t n) {
+    for (int64_t t = 0; t < n; t += 32) {
+        int64_t left = n - t;
+        __mmask16 m0 = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        __mmask16 m1 = left >= 32 ? (__mmask16)0xffff : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+        __m512bh b = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, p + t + 16), _mm512_maskz_loadu_ps(m0, p + t));
+        _mm512_mask_storeu_epi16((uint16_t *)p + t, ((__mmask32)m1 << 16) | m0, (__m512i)b);
+    }
+}
+
+// out_i [d] += the pairs of a block that QB queries see whole (pw_i: their bf16 weights from the
+// block's first key; np pairs, the last one's second weight zero where the block has an odd count).
+static inline __attribute__((always_inline)) void pair_tile(int QB, int CB, const uint16_t *const *pw,
+                                                             const uint32_t *vp, int64_t n, int64_t d,
+                                                             float *const *out) {
+    __m512 acc[4][8];
+    __m512bh vv[8];
+    for (int i = 0; i < QB; i++)
+        for (int c = 0; c < CB; c++) acc[i][c] = _mm512_loadu_ps(out[i] + c * 16);
+    for (int64_t m = 0; 2 * m < n; m++) {
+        for (int c = 0; c < CB; c++) vv[c] = (__m512bh)_mm512_loadu_si512(vp + m * d + c * 16);
+        for (int i = 0; i < QB; i++) {
+            uint32_t w2 = pw[i][2 * m] | (2 * m + 1 < n ? (uint32_t)pw[i][2 * m + 1] << 16 : 0);
+            __m512bh w = (__m512bh)_mm512_set1_epi32((int)w2);
+            for (int c = 0; c < CB; c++) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], w, vv[c]);
+        }
+    }
+    for (int i = 0; i < QB; i++)
+        for (int c = 0; c < CB; c++) _mm512_storeu_ps(out[i] + c * 16, acc[i][c]);
+}
+
+// pair_tile over the queries ix [0, m) (bf16 weights s + ix * lds from key t0, sums qj + ix * d; d: a
+// multiple of 16 up to 128), as many a tile as 16 accumulators hold.
+static void add_block_pairs(const float *s, int64_t lds, int64_t t0, const uint32_t *vp, int64_t n, int64_t d,
+                            const int64_t *ix, int64_t m, float *qj) {
+#define PAIR_ROWS(QB, CB)                                                                        \
+    for (int64_t i = 0; i < m; i += QB) {                                                        \
+        const uint16_t *pw[QB];                                                                  \
+        float *out[QB];                                                                          \
+        int q = m - i < QB ? (int)(m - i) : QB;                                                  \
+        for (int u = 0; u < q; u++) pw[u] = (const uint16_t *)(s + ix[i + u] * lds) + t0, out[u] = qj + ix[i + u] * d; \
+        if (q == QB)                                                                             \
+            pair_tile(QB, CB, pw, vp, n, d, out);                                                \
+        else                                                                                     \
+            for (int u = 0; u < q; u++) pair_tile(1, CB, pw + u, vp, n, d, out + u);             \
+    }
+    switch (d / 16) {
+        case 1: PAIR_ROWS(4, 1) break;
+        case 2: PAIR_ROWS(4, 2) break;
+        case 3: PAIR_ROWS(4, 3) break;
+        case 4: PAIR_ROWS(4, 4) break;
+        case 5: PAIR_ROWS(2, 5) break;
+        case 6: PAIR_ROWS(2, 6) break;
+        case 7: PAIR_ROWS(2, 7) break;
+        default: PAIR_ROWS(2, 8) break;
+    }
+#undef PAIR_ROWS
+}
+
+// out [d] += weights pw[a] pw[b] (b < 0: a zero weight) times value rows a and b of the cache v (bf16).
+static inline void add_pair(const uint16_t *pw, const uint16_t *v, int64_t a, int64_t b, int64_t d, float *out) {
+    uint32_t w2 = pw[a] | (b >= 0 ? (uint32_t)pw[b] << 16 : 0);
+    __m512bh w = (__m512bh)_mm512_set1_epi32((int)w2);
+    for (int64_t c = 0; c < d; c += 16) {
+        __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v + a * d + c)));
+        __m512i hi = b >= 0 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v + b * d + c)))
+                            : _mm512_setzero_si512();
+        __m512bh vv = (__m512bh)_mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+        _mm512_storeu_ps(out + c, _mm512_dpbf16_ps(_mm512_loadu_ps(out + c), w, vv));
+    }
+}
+
+// One query's pairs among the visible keys (vis) of the block [t0, t1), key by key: *held is a
+// visible key still waiting for its partner (-1: none), from this block or an earlier one.
+static void add_pairs_by_key(const uint16_t *pw, const uint8_t *vis, const uint16_t *v, int64_t t0, int64_t t1,
+                             int64_t d, int64_t *held, float *out) {
+    for (int64_t t = t0; t < t1; t++) {
+        if (!vis[t]) continue;
+        if (*held < 0) {
+            *held = t;
+        } else {
+            add_pair(pw, v, *held, t, d, out);
+            *held = -1;
+        }
+    }
+}
+#pragma GCC pop_options
+
 static int64_t attention_blocks(int64_t n, int64_t kv_heads, int threads) {
     int64_t blocks = threads > kv_heads ? (threads + kv_heads - 1) / kv_heads : 1;
     return blocks > n ? (n > 0 ? n : 1) : blocks;
@@ -483,11 +613,13 @@ static int64_t attention_blocks(int64_t n, int64_t kv_heads, int threads) {
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-// floats one attention job uses: one block of its kv head's keys or values widened, its queries
-// (later their value sums), their scores and softmax sums (rows: the most rows a job takes, g:
-// queries per kv head)
+// floats one attention job uses: one block of its kv head's keys or values widened (and in pairs),
+// its queries (later their value sums), their scores and softmax sums, the lists of its queries that
+// see a block whole or not and their held keys (rows: the most rows a job takes, g: queries per kv head)
 static int64_t job_floats(int64_t keys, int64_t d, int64_t rows, int64_t g) {
-    return KEY_BLOCK * d + rows * g * (d + keys + 1) + (rows * g * d + 1) / 2;  // + the queries in bf16
+    int64_t floats = KEY_BLOCK * d + rows * g * (d + keys + 1) + (rows * g * d + 1) / 2;  // + the queries in bf16
+    floats += KEY_BLOCK * d / 2 + 2 * 3 * rows * g + 2;  // + value pairs, two int64 query lists, held keys
+    return (floats + 15) / 16 * 16;
 }
 
 // floats of scratch completiond_qwen2_layer needs (the caller keeps one buffer: fresh large
@@ -563,16 +695,51 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
             memset(qj + i * d, 0, sizeof(float) * d);
         }
         softmax_sums(s, nqj, keys, mask + r0 * keys, g, sums);
+        uint32_t *vp = (uint32_t *)(sums + nqj + (nqj * d + 1) / 2);  // after the bf16 queries
+        int64_t *whole = (int64_t *)(((uintptr_t)(vp + KEY_BLOCK * d / 2) + 7) & ~(uintptr_t)7);
+        int64_t *other = whole + nqj, *held = other + nqj;
+        int pairs = value_pairs_on && kv_bf16 == 2 && d % 16 == 0 && d <= 128;
+        if (pairs)  // (after their float32 sums)
+            for (int64_t i = 0; i < nqj; i++) weights_to_bf16(s + i * keys, keys), held[i] = -1;
         for (int64_t t0 = 0; t0 < keys; t0 += KEY_BLOCK) {  // a block of values stays in L1 for all queries
-            int64_t t1 = t0 + KEY_BLOCK < keys ? t0 + KEY_BLOCK : keys;
+            int64_t t1 = t0 + KEY_BLOCK < keys ? t0 + KEY_BLOCK : keys, nw = 0, no = 0;
+            if (pairs) {
+                for (int64_t r = r0; r < r1; r++) {  // a row's queries see the block whole, or not
+                    const uint8_t *vis = mask + r * keys;
+                    int64_t t = t0;
+                    while (t < t1 && vis[t]) t++;
+                    for (int64_t i = (r - r0) * g; i < (r - r0 + 1) * g; i++) {
+                        if (t == t1 && held[i] < 0)
+                            whole[nw++] = i;
+                        else
+                            other[no++] = i;
+                    }
+                }
+                if (nw) {
+                    value_pairs((const uint16_t *)vh + t0 * d, t1 - t0, d, vp);
+                    add_block_pairs(s, keys, t0, vp, t1 - t0, d, whole, nw, qj);
+                }
+                for (int64_t u = 0; u < no; u++) {
+                    int64_t i = other[u];
+                    add_pairs_by_key((const uint16_t *)(s + i * keys), mask + (r0 + i / g) * keys, (const uint16_t *)vh,
+                                     t0, t1, d, held + i, qj + i * d);
+                }
+                continue;
+            }
             const float *v = cache_rows(vh, kv_bf16, t0, t1 - t0, d, buf);  // v + (t - t0) * d: value t
-            if (zmm && (d == 32 || d == 64 || d == 128))
-                add_values_tiled(s + t0, keys, v, t1 - t0, d, nqj, qj);
-            else
+            if (zmm && (d == 32 || d == 64 || d == 128)) {
+                for (int64_t i = 0; i < nqj; i++) whole[i] = i;
+                add_values_tiled(s + t0, keys, v, t1 - t0, d, whole, nqj, qj);
+            } else {
                 for (int64_t i = 0; i < nqj; i++)
                     (zmm ? add_values_zmm : add_values)(s + i * keys + t0, mask + (r0 + i / g) * keys + t0,
                                                                        v, 0, t1 - t0, d, qj + i * d);
+            }
         }
+        if (pairs)  // an odd last key, with a zero weight
+            for (int64_t i = 0; i < nqj; i++)
+                if (held[i] >= 0)
+                    add_pair((const uint16_t *)(s + i * keys), (const uint16_t *)vh, held[i], -1, d, qj + i * d);
         for (int64_t i = 0; i < nqj; i++) {
             float *out = a + (r0 + i / g) * nq + (kv * g + i % g) * d;
             for (int64_t j = 0; j < d; j++) out[j] = qj[i * d + j] / sums[i];
