@@ -9,6 +9,7 @@ from the float32-activation kernel's, and each kind's top-1 agreement with the f
 
     python benchmarks/activation_agreement.py --json benchmarks/results/activation-agreement-0.5b.json
     python benchmarks/activation_agreement.py --attention ...   # float32 vs bf16 attention scores
+    python benchmarks/activation_agreement.py --value-pairs ...  # bf16 attention's value sums: float32, pairs
 """
 
 from __future__ import annotations
@@ -35,9 +36,15 @@ FILES = ["textwrap.py", "json/decoder.py", "argparse.py", "functools.py", "shlex
 
 def picks(r: Runner, kind: str, ids: list[int], prefix: int, chain: int, attr: str = "kind") -> torch.Tensor:
     """The argmax after every position from `prefix` on, with cpu_kernel.<attr>() (the kernel kind, or
-    with --attention the attention scores' dtype) returning `kind`."""
-    saved = getattr(cpu_kernel, attr)
-    setattr(cpu_kernel, attr, lambda: kind)
+    with --attention the attention scores' dtype) returning `kind` (--value-pairs: the kernel's
+    switch set to `kind`)."""
+    if attr == "value_pairs":  # the kernel's own switch (bf16 attention's value sums)
+        lib = cpu_kernel.library()
+        saved = lib.completiond_value_pairs(-1)
+        lib.completiond_value_pairs(int(kind == "bf16-pairs"))
+    else:
+        saved = getattr(cpu_kernel, attr)
+        setattr(cpu_kernel, attr, lambda: kind)
     try:
         r.rollback(0)
         r.extend(ids[:prefix])
@@ -49,7 +56,10 @@ def picks(r: Runner, kind: str, ids: list[int], prefix: int, chain: int, attr: s
             r.keep(range(len(part)))
         return torch.cat(out)
     finally:
-        setattr(cpu_kernel, attr, saved)
+        if attr == "value_pairs":
+            lib.completiond_value_pairs(saved)
+        else:
+            setattr(cpu_kernel, attr, saved)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default="", help="default: float32, int16 and int8 on the widest sums here")
     ap.add_argument("--attention", action="store_true",
                     help="compare the attention scores' dtypes (cpu_kernel.ATTENTION) at this process's kind instead")
+    ap.add_argument("--value-pairs", action="store_true",
+                    help="compare bf16 attention's value sums one key at a time in float32 and in bf16 pairs of keys "
+                         "(completiond_value_pairs) instead")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
@@ -71,9 +84,14 @@ def main(argv: list[str] | None = None) -> int:
         print("activation_agreement: completiond's int8 kernel does not run here", file=sys.stderr)
         return 2
     kinds = [k for k in a.kinds.split(",") if k] or [cpu_kernel.kind_of(x) for x in cpu_kernel.ACTIVATIONS]
-    attr = "attention" if a.attention else "kind"
+    attr = "attention" if a.attention else "value_pairs" if a.value_pairs else "kind"
     if a.attention:
         kinds = list(cpu_kernel.ATTENTION)
+    if a.value_pairs:
+        if cpu_kernel.attention() != "bf16":
+            print("activation_agreement: value pairs run with bf16 attention only (AVX512-BF16)", file=sys.stderr)
+            return 2
+        kinds = ["float32-values", "bf16-pairs"]
     t = load(a.target, "target", "cpu", "auto", "auto")
     r = Runner(t, backend="lean")
     if getattr(r.base, "native", None) is None:

@@ -128,7 +128,7 @@ def test_quantized_target_reported_in_json(capsys, src, tiny_dir):
     res = json.loads(out)
     assert res["quant"] == "int8" and res["backend"] == "lean" and res["dtype"] == "bfloat16"
     from completiond.models.kernels import cpu_kernel
-    assert res["int8_kernel"] == cpu_kernel.name() and res["int8_kernel"].removesuffix("+bf16-attention").removesuffix("+zmm") in (
+    assert res["int8_kernel"] == cpu_kernel.name() and res["int8_kernel"].removesuffix("+value-pairs").removesuffix("+bf16-attention").removesuffix("+zmm") in (
         "completiond-avx2", "completiond-avx2+int16-activations", "completiond-avx2+int16-activations+avx512-vnni",
         "completiond-avx2+int8-activations", "completiond-avx2+int8-activations+avx512-vnni",
         "completiond-avx2+int8-activations+avx-vnni", "torch")

@@ -265,7 +265,7 @@ def test_override_forces_completiond_kernel(tmp_path):
         pytest.skip("no x86 CPU with AVX2 + FMA here")
     code = "from completiond.models.kernels import cpu_kernel; print(cpu_kernel.name())"
     vnni = "+avx512-vnni" if cpu_kernel.AVX512_VNNI <= cpu_flags() else ""  # where integer sums run on it
-    bf16 = "+bf16-attention" if cpu_kernel.AVX512_BF16 <= cpu_flags() else ""  # attention()
+    bf16 = "+bf16-attention+value-pairs" if cpu_kernel.AVX512_BF16 <= cpu_flags() else ""  # attention()
     zmm = "+zmm" if cpu_kernel.AVX512_VNNI <= cpu_flags() else ""  # zmm(), forced on below
     for acts, attention, wide, name in (
             ("float32", "auto", "1", "completiond-avx2" + zmm + bf16),

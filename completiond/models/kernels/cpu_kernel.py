@@ -374,13 +374,16 @@ def _zmm_ms(lib: ctypes.CDLL, layers: int = 2, reps: int = 5) -> dict[str, dict[
 
 def name() -> str:
     """The int8 kernel decode passes run: NAME + the activations' SUFFIX (+ where the integer sums
-    run, e.g. "+avx512-vnni", + "+zmm" where zmm(), + "+bf16-attention" where attention() is bf16),
-    or "torch"."""
+    run, e.g. "+avx512-vnni", + "+zmm" where zmm(), + "+bf16-attention" where attention() is bf16,
+    then "+value-pairs" where its value sums take keys in bf16 pairs), or "torch". (Calibration
+    tables are kept per name: each of these changes what a pass costs.)"""
     if not enabled():
         return "torch"
     acts, k = activations(), kind()
+    bf16 = attention() == "bf16"
     return (NAME + SUFFIX[acts] + k[len(acts):] + ("+zmm" if zmm() else "")
-            + ("+bf16-attention" if attention() == "bf16" else ""))
+            + ("+bf16-attention" if bf16 else "")
+            + ("+value-pairs" if bf16 and library().completiond_value_pairs(-1) == 1 else ""))
 
 
 def int8_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, kind: str = "float32") -> torch.Tensor:
