@@ -74,30 +74,37 @@ def test_tree_nodes_equal_one_token_passes_bit_for_bit(dtype, hidden, acts, attn
         assert torch.equal(tree_hidden[path], hidden), path
 
 
-@needs_kernel
-@pytest.mark.parametrize("hidden", [128, 256])  # heads of 32 and 64
-def test_scores_with_keys_across_lanes_are_the_in_place_scores_summed_otherwise(hidden):
-    """bf16 scores (AVX512-BF16): laying a block of keys across lanes (heads of up to 64 dims, the
-    transposition in registers) sums the same exact bf16 products as reading them in place, in another
-    order: logits over several key blocks differ by a bf16 step of the activations at most (~0.3 % of
-    their scale here), where a wrong lane or dimension in the transposition moves them by 3-8 % and
-    rounding the queries to bf16 does by ~1.5 %."""
+def bf16_attention_logits(hidden: int, switch: str, values: tuple[int, int], default: int) -> dict[int, torch.Tensor]:
+    """Logits of a 4-node tree after 262 keys with bf16 attention (AVX512-BF16 CPUs), with the kernel's
+    `switch` (a completiond_* function) set to each of `values` in turn, then back to `default`."""
     if not cpu_kernel.AVX512_BF16 <= cpu_flags():
         pytest.skip("no AVX512-BF16 here")
-    lib = cpu_kernel.library()
+    set_to = getattr(cpu_kernel.library(), switch)
     out = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cpu_kernel, "attention", lambda: "bf16")
         r = runner(torch.bfloat16, hidden=hidden)
-        r.extend(list(range(3, 200)))
+        r.extend(PROMPT + list(range(3, 200)))
         n = r.length
         try:
-            for max_d in (64, 0):
-                assert lib.completiond_score_lanes(max_d) == max_d
-                out[max_d] = r.forward([7, 8, 9], [-1, 0, 1], [0, 1, 2])
+            for v in values:
+                assert set_to(v) == v
+                out[v] = r.forward([7, 8, 20, 9], [-1, 0, 0, 1], range(4))
                 r.rollback(n)
         finally:
-            lib.completiond_score_lanes(64)
+            set_to(default)
+    return out
+
+
+@needs_kernel
+@pytest.mark.parametrize("hidden", [128, 256])  # heads of 32 and 64
+def test_scores_with_keys_across_lanes_are_the_in_place_scores_summed_otherwise(hidden):
+    """bf16 scores: laying a block of keys across lanes (heads of up to 64 dims, the transposition in
+    registers) sums the same exact bf16 products as reading them in place, in another order: logits
+    over several key blocks differ by a bf16 step of the activations at most (~0.3 % of their scale
+    here), where a wrong lane or dimension in the transposition moves them by 3-8 % and rounding the
+    queries to bf16 does by ~1.5 %."""
+    out = bf16_attention_logits(hidden, "completiond_score_lanes", (64, 0), 64)
     assert (out[64] - out[0]).abs().max() <= 0.01 * out[0].abs().max()
 
 
@@ -107,22 +114,7 @@ def test_value_pairs_are_the_float32_value_sums_with_bf16_weights(hidden):
     """Value sums over pairs of keys (bf16 weights, vdpbf16ps) against one key at a time in float32:
     the weights' rounding moves logits by about a bf16 step of the activations (~0.3 % of their scale
     here); pairing a weight with the wrong value row moves them by several percent."""
-    if not cpu_kernel.AVX512_BF16 <= cpu_flags():
-        pytest.skip("no AVX512-BF16 here")
-    lib = cpu_kernel.library()
-    out = {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu_kernel, "attention", lambda: "bf16")
-        r = runner(torch.bfloat16, hidden=hidden)
-        r.extend(PROMPT + list(range(3, 200)))
-        n = r.length
-        try:
-            for on in (1, 0):
-                assert lib.completiond_value_pairs(on) == on
-                out[on] = r.forward([7, 8, 20, 9], [-1, 0, 0, 1], range(4))
-                r.rollback(n)
-        finally:
-            lib.completiond_value_pairs(1)
+    out = bf16_attention_logits(hidden, "completiond_value_pairs", (1, 0), 1)
     assert (out[1] - out[0]).abs().max() <= 0.01 * out[0].abs().max()
 
 
