@@ -8,6 +8,7 @@ the same); at n nodes every node attends to every key, so it grows with n.
         --json benchmarks/results/w4head/context-cost-1.5b-int4.json --plot benchmarks/results/w4head/context-cost-1.5b-int4.png
     python benchmarks/context_cost.py --target qwen2.5-coder-0.5b --contexts 64,2048 --attention float32,bf16 ...
     python benchmarks/context_cost.py --target qwen2.5-coder-1.5b --quant int4 --w4-zmm on,off ...
+    python benchmarks/context_cost.py --target qwen2.5-coder-0.5b --contexts 64,1536 --value-pairs on,off ...
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def main() -> int:
                     "(default: this process's)")
     ap.add_argument("--w4-zmm", default="", help="on,off: the kernels' 512-bit code (cpu_kernel.zmm) "
                     "interleaved too (default: this process's)")
+    ap.add_argument("--value-pairs", default="", help="on,off: bf16 attention's value sums in bf16 pairs of keys "
+                    "or float32 (completiond_value_pairs) interleaved too (default: on)")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
@@ -48,15 +51,21 @@ def main() -> int:
     contexts, sizes = [int(c) for c in a.contexts.split(",")], [int(s) for s in a.sizes.split(",")]
     attention = [m for m in a.attention.split(",") if m] or [cpu_kernel.attention()]
     zmm = [z for z in a.w4_zmm.split(",") if z]
-    # a mode: an attention kind, and " zmm on" / " zmm off" where --w4-zmm interleaves them
-    modes = [m + (f" zmm {z}" if zmm else "") for m in attention for z in (zmm or [""])]
+    pairs = [v for v in a.value_pairs.split(",") if v]
+    # a mode: an attention kind, and " zmm on" / " zmm off" where --w4-zmm interleaves them, then
+    # " pairs on" / " pairs off" where --value-pairs does
+    modes = [m + (f" zmm {z}" if zmm else "") + (f" pairs {v}" if pairs else "")
+             for m in attention for z in (zmm or [""]) for v in (pairs or [""])]
     r = Runner(lm, max(contexts) + 256, backend="lean")
     ms: dict[tuple[str, int, int], list[float]] = {(m, c, n): [] for m in modes for c in contexts for n in sizes}
     chosen = cpu_kernel.attention
     for rep in range(a.reps + 1):  # rep 0 warms up
         for m in modes:
-            kind, _, z = m.partition(" zmm ")
+            m_, _, v = m.partition(" pairs ")
+            kind, _, z = m_.partition(" zmm ")
             cpu_kernel.attention = lambda: kind  # read on every pass
+            if v:
+                cpu_kernel.library().completiond_value_pairs(int(v == "on"))
             if z:  # on / off, or on:N (512-bit int4 tiles from N rows)
                 cpu_kernel.library().completiond_zmm(int(z.startswith("on")))
                 cpu_kernel.library().completiond_w4_zmm_rows(int(z.partition(":")[2] or cpu_kernel.zmm_rows()))
@@ -68,6 +77,8 @@ def main() -> int:
                         ms[m, c, n].append(r.last_pass_ms)
                     r.rollback(c)
     cpu_kernel.attention = chosen
+    if pairs:
+        cpu_kernel.library().completiond_value_pairs(1)
     if zmm:
         cpu_kernel.library().completiond_zmm(int(cpu_kernel.zmm()))
         cpu_kernel.library().completiond_w4_zmm_rows(cpu_kernel.zmm_rows())

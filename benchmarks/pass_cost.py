@@ -175,13 +175,18 @@ def main(argv: list[str] | None = None) -> int:
         # a named target loads from its runtime form (mapped, already int8) once the float checkpoint
         # is gone from models/; --kernels-only needs no more than that
         runtime_form = args.kernels_only and not args.model.is_dir()
-    forms = {}
+    forms, metas = {}, {}
+    args.weights = {}
     if runtime_form:
         from completiond import models as completiond_models
         for q in args.quants.split(","):
             loaded = completiond_models.load(args.target, quant=q)
             forms[q] = loaded.model
+            metas[q] = loaded.meta
         completiond_models.pages.settle()  # passes timed over the weights in 2 MB pages, as a daemon's once moved
+        for q, meta in metas.items():  # where the move found no 2 MB pages, a pass reads more 4 KB ones
+            args.weights[q] = meta.get("weights", "?")
+            print(f"{args.target} {q} weights: {args.weights[q]}", file=sys.stderr)
         bf16, name = forms[args.quants.split(",")[0]], args.target
     elif args.random:
         bf16, name = random_05b(), "random Qwen2.5-Coder-0.5B shapes"
@@ -330,7 +335,7 @@ def finish(args, sizes: list[int], name: str, variant_kind: dict[str, str], ms: 
                        "lean/int4 variants: the --quant int4 runtime form, MLPs int4 on w4_mm.c "
                        f"({cpu_kernel.w4_kind()}: int8 activations, a scale per 128 weights), attention "
                        "and output layer int8 on the variant's kind",
-        "quants": args.quants,
+        "quants": args.quants, "weights": args.weights,
         "clock": args.clock, "threads": torch.get_num_threads(), "load_average": list(os.getloadavg()),
         "shared_machine": "other jobs ran on this 2-core machine at the same time (load_average); "
                           "variants and sizes interleaved rep by rep, fastest rep per cell",
