@@ -121,6 +121,28 @@ def test_coder_greedy_identical_fp32_fim(coder_fp32):
             assert res.token_ids == ar.token_ids, mode
 
 
+def test_coder_as_the_daemon_loads_it_identical_over_long_prompts():
+    """The 0.5B as the daemon loads it on this CPU (int8 weights, the native layer, a bf16 cache and,
+    where the CPU has AVX512-BF16, bf16 scores with keys across lanes and value sums over bf16 pairs
+    of visible keys): prompts of over 900 tokens, so every node's attention runs over many blocks of
+    keys. Speculative modes (trees of prompt-lookup and draft nodes at other slots than their
+    one-token passes) stay token-identical to ar."""
+    target = load("qwen2.5-coder-0.5b")
+    engine = Engine(target, load_draft("self:6", target))
+    text = SOURCE.read_text()
+    engine.index.set_file(str(SOURCE), target.tokenizer.encode(text, add_special_tokens=False))
+    engine.calibrate(sizes=(1, 8, 32))
+    for o in (text.index("    def raw_decode(self"), text.index("def JSONArray")):
+        p = build_prompt(target.tokenizer, text, o, multiline=True, path="json/decoder.py", repo="json",
+                         max_tokens=2048)
+        assert len(p.ids) > 900, len(p.ids)
+        ar = engine.complete(Request(prompt=p.ids, mode="ar", max_tokens=24, stops=p.stops, heal=p.heal))
+        assert ar.token_ids, "the real model produced nothing"
+        for mode in ("pld", "combined"):
+            res = engine.complete(Request(prompt=p.ids, mode=mode, max_tokens=24, stops=p.stops, heal=p.heal))
+            assert res.token_ids == ar.token_ids, mode
+
+
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 def test_shipped_heads_on_the_real_coder(coder_fp32, kind):
     """The shipped heads (trained on this target's bf16 hidden states) load onto the real 0.5B, keep
