@@ -208,9 +208,10 @@ static void scores_in_place_bf16(const uint16_t *q, int64_t nq, const uint16_t *
         }
     }
 }
-// Where a head has at most completiond_score_lanes dims (64: the 0.5B's), a block of KEY_BLOCK keys is first laid across lanes, kt [d / 2, KEY_BLOCK] (a uint32 = one key's dims 2j, 2j + 1;
-// keys past the last are zero), once for all the job's queries; then a score is one lane of one
-// accumulator: d / 2 vdpbf16ps in dim order, each adding that key's two exact bf16 products, times
+
+// Where a head has at most completiond_score_lanes dims (64: the 0.5B's), a block of KEY_BLOCK keys
+// is first laid across lanes, kt [d / 2, KEY_BLOCK] (a uint32 = one key's dims 2j, 2j + 1; keys past
+// the last are zero), once for all the job's queries; then a score is one lane of one accumulator: d / 2 vdpbf16ps in dim order, each adding that key's two exact bf16 products, times
 // scale. No horizontal sums: at 64 dims they cost about as much as the products, and the
 // transposition, once per block, costs less than they do from a few queries on (at 128 dims it
 // does not pay at one row: docs/kernels.md "Round 19"). d is the model's, so each model computes
@@ -427,8 +428,8 @@ static inline __attribute__((always_inline)) void value_chunk_zmm(int CB, const 
 
 // out_i [d] += sum over keys t in [0, n) of p_i[t] v[t] for QB queries at once (CB vectors of 16 =
 // d): each value vector is loaded once for all of them. A masked key's weight is +0.0f and
-// fma(0, v, acc) is acc exactly, so summing every key in slot order gives the bits of value_chunk's
-// skipping the masked ones.
+// fma(0, v, acc) is acc exactly (v finite), so summing every key in slot order gives the bits of
+// value_chunk's skipping the masked ones.
 static inline __attribute__((always_inline)) void value_tile_zmm(int QB, int CB, const float *const *p,
                                                                   const float *v, int64_t n, int64_t d,
                                                                   float *const *out) {
@@ -577,32 +578,48 @@ static void add_block_pairs(const float *s, int64_t lds, int64_t t0, const uint3
 #undef PAIR_ROWS
 }
 
-// out [d] += weights pw[a] pw[b] (b < 0: a zero weight) times value rows a and b of the cache v (bf16).
-static inline void add_pair(const uint16_t *pw, const uint16_t *v, int64_t a, int64_t b, int64_t d, float *out) {
-    uint32_t w2 = pw[a] | (b >= 0 ? (uint32_t)pw[b] << 16 : 0);
-    __m512bh w = (__m512bh)_mm512_set1_epi32((int)w2);
+// out [d] += weight pw[a] times value row a of the cache v (bf16): a query's odd last key, paired
+// with a zero weight and a zero row.
+static void add_last_key(const uint16_t *pw, const uint16_t *v, int64_t a, int64_t d, float *out) {
+    __m512bh w = (__m512bh)_mm512_set1_epi32((int)pw[a]);
     for (int64_t c = 0; c < d; c += 16) {
-        __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v + a * d + c)));
-        __m512i hi = b >= 0 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v + b * d + c)))
-                            : _mm512_setzero_si512();
-        __m512bh vv = (__m512bh)_mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+        __m512bh vv = (__m512bh)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v + a * d + c)));
         _mm512_storeu_ps(out + c, _mm512_dpbf16_ps(_mm512_loadu_ps(out + c), w, vv));
     }
 }
 
 // One query's pairs among the visible keys (vis) of the block [t0, t1), key by key: *held is a
-// visible key still waiting for its partner (-1: none), from this block or an earlier one.
-static void add_pairs_by_key(const uint16_t *pw, const uint8_t *vis, const uint16_t *v, int64_t t0, int64_t t1,
-                             int64_t d, int64_t *held, float *out) {
+// visible key still waiting for its partner (-1: none), from this block or an earlier one. Two
+// visible neighbours at an even offset in the block are a pair of vp (value_pairs of the block): the
+// same operands as when built here, loaded instead.
+static void add_pairs_by_key(const uint16_t *pw, const uint8_t *vis, const uint16_t *v, const uint32_t *vp,
+                             int64_t t0, int64_t t1, int64_t d, int64_t *held, float *out) {
+    __m512 acc[8];
+    int64_t cb = d / 16;
+    for (int64_t c = 0; c < cb; c++) acc[c] = _mm512_loadu_ps(out + c * 16);
     for (int64_t t = t0; t < t1; t++) {
         if (!vis[t]) continue;
-        if (*held < 0) {
-            *held = t;
-        } else {
-            add_pair(pw, v, *held, t, d, out);
-            *held = -1;
+        int64_t a = *held, b = t;
+        if (a < 0 && (t - t0) % 2 == 0 && t + 1 < t1 && vis[t + 1]) {  // an adjacent pair: vp's
+            __m512bh w = (__m512bh)_mm512_set1_epi32((int)(pw[t] | (uint32_t)pw[t + 1] << 16));
+            for (int64_t c = 0; c < cb; c++)
+                acc[c] = _mm512_dpbf16_ps(acc[c], w, (__m512bh)_mm512_loadu_si512(vp + (t - t0) / 2 * d + c * 16));
+            t++;
+            continue;
         }
+        if (a < 0) {
+            *held = t;
+            continue;
+        }
+        __m512bh w = (__m512bh)_mm512_set1_epi32((int)(pw[a] | (uint32_t)pw[b] << 16));
+        for (int64_t c = 0; c < cb; c++) {
+            __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v + a * d + c * 16)));
+            __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v + b * d + c * 16)));
+            acc[c] = _mm512_dpbf16_ps(acc[c], w, (__m512bh)_mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+        *held = -1;
     }
+    for (int64_t c = 0; c < cb; c++) _mm512_storeu_ps(out + c * 16, acc[c]);
 }
 #pragma GCC pop_options
 
@@ -699,6 +716,7 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
         int64_t *whole = (int64_t *)(((uintptr_t)(vp + KEY_BLOCK * d / 2) + 7) & ~(uintptr_t)7);
         int64_t *other = whole + nqj, *held = other + nqj;
         int pairs = value_pairs_on && kv_bf16 == 2 && d % 16 == 0 && d <= 128;
+        for (int64_t i = 0; i < nqj; i++) whole[i] = i;
         if (pairs)  // (after their float32 sums)
             for (int64_t i = 0; i < nqj; i++) weights_to_bf16(s + i * keys, keys), held[i] = -1;
         for (int64_t t0 = 0; t0 < keys; t0 += KEY_BLOCK) {  // a block of values stays in L1 for all queries
@@ -715,21 +733,18 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
                             other[no++] = i;
                     }
                 }
-                if (nw) {
-                    value_pairs((const uint16_t *)vh + t0 * d, t1 - t0, d, vp);
-                    add_block_pairs(s, keys, t0, vp, t1 - t0, d, whole, nw, qj);
-                }
+                value_pairs((const uint16_t *)vh + t0 * d, t1 - t0, d, vp);
+                if (nw) add_block_pairs(s, keys, t0, vp, t1 - t0, d, whole, nw, qj);
                 for (int64_t u = 0; u < no; u++) {
                     int64_t i = other[u];
                     add_pairs_by_key((const uint16_t *)(s + i * keys), mask + (r0 + i / g) * keys, (const uint16_t *)vh,
-                                     t0, t1, d, held + i, qj + i * d);
+                                     vp, t0, t1, d, held + i, qj + i * d);
                 }
                 continue;
             }
             const float *v = cache_rows(vh, kv_bf16, t0, t1 - t0, d, buf);  // v + (t - t0) * d: value t
             if (zmm && (d == 32 || d == 64 || d == 128)) {
-                for (int64_t i = 0; i < nqj; i++) whole[i] = i;
-                add_values_tiled(s + t0, keys, v, t1 - t0, d, whole, nqj, qj);
+                add_values_tiled(s + t0, keys, v, t1 - t0, d, whole, nqj, qj);  // whole: every query
             } else {
                 for (int64_t i = 0; i < nqj; i++)
                     (zmm ? add_values_zmm : add_values)(s + i * keys + t0, mask + (r0 + i / g) * keys + t0,
@@ -739,7 +754,7 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
         if (pairs)  // an odd last key, with a zero weight
             for (int64_t i = 0; i < nqj; i++)
                 if (held[i] >= 0)
-                    add_pair((const uint16_t *)(s + i * keys), (const uint16_t *)vh, held[i], -1, d, qj + i * d);
+                    add_last_key((const uint16_t *)(s + i * keys), (const uint16_t *)vh, held[i], d, qj + i * d);
         for (int64_t i = 0; i < nqj; i++) {
             float *out = a + (r0 + i / g) * nq + (kv * g + i % g) * d;
             for (int64_t j = 0; j < d; j++) out[j] = qj[i * d + j] / sums[i];
