@@ -261,8 +261,8 @@ def test_int4_mlps_run_native_bit_identical_in_trees_and_close_to_the_torch_ops(
 
 
 @needs_kernel
-# heads of 24 (16 + a tail of 8: one query at a time), 32, 64 and 128 (several queries a tile)
-@pytest.mark.parametrize("hidden", [96, 128, 256, 512])
+# heads of 24 (16 + a tail of 8: one query at a time), 16, 32, 64 and 128 (several queries a tile)
+@pytest.mark.parametrize("hidden", [96, 64, 128, 256, 512])
 def test_512_bit_code_gives_the_256_bit_bits(hidden, attn):
     """cpu_kernel.zmm() (AVX512-VNNI CPUs): int4 matmuls of cpu_kernel.zmm_rows() or more rows (here
     from every row count) and the value sums in 512-bit vectors. A tree pass over a context of several key blocks has the same bits with them off, and

@@ -426,6 +426,20 @@ static inline __attribute__((always_inline)) void value_chunk_zmm(int CB, const 
     for (int j = 0; j < CB; j++) _mm512_storeu_ps(acc_mem + j * 16, acc[j]);
 }
 
+// ROWS(QB, CB) for a head of CB = d / 16 vectors (1-8: d a multiple of 16 up to 128): as many queries a
+// tile as 16 accumulators hold.
+#define BY_HEAD_SIZE(ROWS, d)                  \
+    switch ((d) / 16) {                        \
+        case 1: ROWS(4, 1) break;              \
+        case 2: ROWS(4, 2) break;              \
+        case 3: ROWS(4, 3) break;              \
+        case 4: ROWS(4, 4) break;              \
+        case 5: ROWS(2, 5) break;              \
+        case 6: ROWS(2, 6) break;              \
+        case 7: ROWS(2, 7) break;              \
+        default: ROWS(2, 8) break;             \
+    }
+
 // out_i [d] += sum over keys t in [0, n) of p_i[t] v[t] for QB queries at once (CB vectors of 16 =
 // d): each value vector is loaded once for all of them. A masked key's weight is +0.0f and
 // fma(0, v, acc) is acc exactly (v finite), so summing every key in slot order gives the bits of
@@ -447,8 +461,8 @@ static inline __attribute__((always_inline)) void value_tile_zmm(int QB, int CB,
         for (int c = 0; c < CB; c++) _mm512_storeu_ps(out[i] + c * 16, acc[i][c]);
 }
 
-// value_tile_zmm over the queries ix [0, m) (weights s + ix * lds, sums qj + ix * d), as many a tile
-// as 16 accumulators hold (d: 32, 64 or 128).
+// value_tile_zmm over the queries ix [0, m) (weights s + ix * lds, sums qj + ix * d; d: a multiple of
+// 16 up to 128), as many a tile as 16 accumulators hold.
 static void add_values_tiled(const float *s, int64_t lds, const float *v, int64_t n, int64_t d, const int64_t *ix,
                              int64_t m, float *qj) {
 #define VALUE_ROWS(QB, CB)                                                          \
@@ -465,7 +479,7 @@ static void add_values_tiled(const float *s, int64_t lds, const float *v, int64_
                 for (int u = 0; u < q; u++) value_tile_zmm(1, CB, p + u, v, n, d, out + u); \
         }                                                                           \
     }
-    if (d == 128) VALUE_ROWS(2, 8) else if (d == 64) VALUE_ROWS(4, 4) else VALUE_ROWS(4, 2)
+    BY_HEAD_SIZE(VALUE_ROWS, d)
 #undef VALUE_ROWS
 }
 
@@ -551,7 +565,7 @@ static inline __attribute__((always_inline)) void pair_tile(int QB, int CB, cons
 }
 
 // pair_tile over the queries ix [0, m) (bf16 weights s + ix * lds from key t0, sums qj + ix * d; d: a
-// multiple of 16 up to 128), as many a tile as 16 accumulators hold.
+// multiple of 16 up to 128), tiled as BY_HEAD_SIZE says.
 static void add_block_pairs(const float *s, int64_t lds, int64_t t0, const uint32_t *vp, int64_t n, int64_t d,
                             const int64_t *ix, int64_t m, float *qj) {
 #define PAIR_ROWS(QB, CB)                                                                        \
@@ -565,16 +579,7 @@ static void add_block_pairs(const float *s, int64_t lds, int64_t t0, const uint3
         else                                                                                     \
             for (int u = 0; u < q; u++) pair_tile(1, CB, pw + u, vp, n, d, out + u);             \
     }
-    switch (d / 16) {
-        case 1: PAIR_ROWS(4, 1) break;
-        case 2: PAIR_ROWS(4, 2) break;
-        case 3: PAIR_ROWS(4, 3) break;
-        case 4: PAIR_ROWS(4, 4) break;
-        case 5: PAIR_ROWS(2, 5) break;
-        case 6: PAIR_ROWS(2, 6) break;
-        case 7: PAIR_ROWS(2, 7) break;
-        default: PAIR_ROWS(2, 8) break;
-    }
+    BY_HEAD_SIZE(PAIR_ROWS, d)
 #undef PAIR_ROWS
 }
 
@@ -715,7 +720,8 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
         uint32_t *vp = (uint32_t *)(sums + nqj + (nqj * d + 1) / 2);  // after the bf16 queries
         int64_t *whole = (int64_t *)(((uintptr_t)(vp + KEY_BLOCK * d / 2) + 7) & ~(uintptr_t)7);
         int64_t *other = whole + nqj, *held = other + nqj;
-        int pairs = value_pairs_on && kv_bf16 == 2 && d % 16 == 0 && d <= 128;
+        int tiles = d % 16 == 0 && d <= 128;  // the head fits 8 vectors of 16 (BY_HEAD_SIZE)
+        int pairs = value_pairs_on && kv_bf16 == 2 && tiles;
         for (int64_t i = 0; i < nqj; i++) whole[i] = i;
         if (pairs)  // (after their float32 sums)
             for (int64_t i = 0; i < nqj; i++) weights_to_bf16(s + i * keys, keys), held[i] = -1;
@@ -743,7 +749,7 @@ void completiond_qwen2_layer(float *h, int64_t n, int64_t H, const float *in_nor
                 continue;
             }
             const float *v = cache_rows(vh, kv_bf16, t0, t1 - t0, d, buf);  // v + (t - t0) * d: value t
-            if (zmm && (d == 32 || d == 64 || d == 128)) {
+            if (zmm && tiles) {
                 add_values_tiled(s + t0, keys, v, t1 - t0, d, whole, nqj, qj);  // whole: every query
             } else {
                 for (int64_t i = 0; i < nqj; i++)
