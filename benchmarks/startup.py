@@ -249,16 +249,17 @@ def main() -> int:
     from completiond.paths import cache_root
 
     cache = Path(a.cache) if a.cache else cache_root()
+    mine = ("--draft", a.draft, "--quant", a.quant)  # this checkout's model flags
     # convert (untimed) and make sure the kernel is built and the calibrations are cached
     if a.load_cpu_only:
         load_cpu(ROOT, cache, a.target)
     elif a.ready_only:
         with tempfile.TemporaryDirectory() as tmp:  # converts if needed, and writes the prompt tables
-            proc, _ = daemon_start(ROOT, cache, a.target, Path(tmp) / "d.sock", models=("--draft", a.draft, "--quant", a.quant))
+            proc, _ = daemon_start(ROOT, cache, a.target, Path(tmp) / "d.sock", models=mine)
             proc.terminate()
             proc.wait(30)
     else:
-        cli_complete(ROOT, cache, a.target, ["--no-daemon"], ("--draft", a.draft, "--quant", a.quant))
+        cli_complete(ROOT, cache, a.target, ["--no-daemon"], mine)
     load = os.getloadavg()
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
