@@ -180,3 +180,50 @@ def test_the_draft_grows_no_more_nodes_than_the_verify_pass_can_keep(code_ids):
         cands = draft.propose(context, Limits(max_len=8, min_value=0.0, max_nodes=cap))
         longest = max(len(c.tokens) for c in cands)
         assert len(passes) == passes_run and longest == depth
+
+
+def test_prompt_lookup_values_an_alternative_below_the_candidate_ranked_before_it():
+    """Only one token can follow a node, so a candidate's token beside an earlier-ranked candidate's
+    (a first token, or where it leaves a shared prefix) takes the alternatives' acceptance, not its
+    own match length's; each kind learns only from its own outcomes."""
+    from completiond.core.speculation.index import TokenIndex
+    from completiond.core.speculation.proposers import Outcome, PromptLookup
+
+    idx = TokenIndex()
+    idx.set_file("/w/a.py", [5, 10, 11, 12, 13, 14, 15])  # matches 4 tokens back: ranked first
+    idx.set_file("/w/b.py", [9, 10, 11, 12, 13, 20, 21])  # 3 back, shares 13, then 20
+    idx.set_file("/w/c.py", [8, 10, 11, 12, 40, 41])  # 3 back, 40 beside 13
+    pld = PromptLookup(idx)
+    first, nxt, alt = pld.first[4].value, pld.next.value, pld.alt.value
+    assert first > 3 * alt  # the priors already rank them apart
+    cands = {tuple(c.tokens): c.probs for c in pld.propose([7, 5, 10, 11, 12], Limits(max_len=3, min_value=0.0))}
+    assert cands == {(13, 14, 15): [first, nxt, nxt], (13, 20, 21): [first, alt, nxt], (40, 41): [alt, nxt]}
+    bucket3 = pld.first[2].value
+    pld.observe([Outcome(1, first, True, (13,)), Outcome(1, alt, False, (40,)),
+                 Outcome(2, nxt, True, (13, 14)), Outcome(2, alt, False, (13, 20))])
+    assert pld.first[4].value > first and pld.next.value > nxt and pld.alt.value < alt
+    assert pld.first[2].value == bucket3  # the alternatives' match length (3) learned nothing
+
+
+def test_the_engine_reports_each_tested_node_by_the_path_prompt_lookup_proposed(code_ids):
+    """Outcome.tokens is the node's path below the root, so prompt lookup learns of the very node
+    it valued (a leading token, a later one, an alternative); output stays the target's own."""
+    from completiond.core.engine import Engine, Request
+
+    target = tiny.loaded(tiny.gemma_config(window=16, layers=2), seed=1, scale=4.0)
+    prompt = code_ids[:120] + code_ids[40:70]  # repeats itself: prompt lookup has guesses
+    ar = Engine(target).complete(Request(prompt=prompt, mode="ar", max_tokens=16))
+    engine = Engine(target)
+    engine.calibrate(sizes=(1, 4, 16), context=8)
+    pld = engine.prompt_lookup
+    seen, observe = [], pld.observe
+
+    def check(outcomes):
+        for o in outcomes:
+            assert o.tokens in pld._kinds and len(o.tokens) == o.depth
+            seen.append(pld._kinds[o.tokens])
+        observe(outcomes)
+    pld.observe = check
+    res = engine.complete(Request(prompt=prompt, mode="pld", max_tokens=16))
+    assert res.token_ids == ar.token_ids
+    assert seen and any(k > 0 for k in seen)  # leading first tokens were tested

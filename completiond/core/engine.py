@@ -448,8 +448,10 @@ class Engine:
             parent = tree.parents[i]
             if parent in on_path:  # the target tested this node
                 cond = tree.value[i] / max(tree.value[parent], 1e-9)
+                below = tree.path_to(i)[1:]
                 by_source.setdefault(tree.source[i], []).append(
-                    Outcome(depth=len(tree.path_to(i)) - 1, predicted=cond, accepted=i in on_path))
+                    Outcome(depth=len(below), predicted=cond, accepted=i in on_path,
+                            tokens=tuple(tree.tokens[j] for j in below)))
         for p in proposers:
             if p.name in by_source:
                 p.observe(by_source[p.name])
