@@ -73,6 +73,7 @@ class PromptLookup:
 
     name = "pld"
     costly = False
+    NEXT, ALT = 0, -1  # kinds of node besides a leading first token (whose kind is its match bucket)
 
     def __init__(self, index: TokenIndex | None = None, max_candidates: int = 6,
                  fim: tuple[int, int, int] | None = None):
@@ -82,8 +83,8 @@ class PromptLookup:
         # Acceptance of a leading candidate's first token by backward-match length bucket, of later
         # tokens, and of an alternative: a token beside an earlier-ranked candidate's at the same
         # place. Only one of them can be the target's token, so the alternatives are worth far less
-        # (on toolz / boltons, 0.5B: 0.74-0.77 for the leading first token, 0.13-0.14 for the next
-        # distinct one, 0.05-0.07 after); valued by their own match length they filled the tree.
+        # (on toolz / boltons, 0.5B: 0.74-0.77 for the leading first token, 0.12-0.14 for the next
+        # distinct one, 0.05-0.10 after); valued by their own match length they filled the tree.
         self.first = {b: Ewma(p, 0.05) for b, p in ((2, 0.3), (4, 0.5), (8, 0.7), (16, 0.8))}
         self.next = Ewma(0.8, 0.05)
         self.alt = Ewma(0.1, 0.05)
@@ -141,8 +142,6 @@ class PromptLookup:
                 probs.append(probs_at[path])
             out.append(Candidate(tokens, probs, self.name))
         return out
-
-    NEXT, ALT = 0, -1
 
     def _ewma(self, kind: int) -> Ewma:
         return self.next if kind == self.NEXT else self.alt if kind == self.ALT else self.first[kind]
