@@ -24,7 +24,6 @@ from completiond.bench.cli import machine
 from completiond.bench.modes import index_repo, open_position, prepare, warm
 from completiond.bench.repo import resolve_repo, sample_positions
 from completiond.core.engine import Engine, Request
-from completiond.core.speculation.index import continuations
 from completiond.models import load
 
 PRIORS = {2: 0.3, 4: 0.5, 8: 0.7, 16: 0.8}  # PromptLookup.first's priors; later tokens 0.8
@@ -55,14 +54,10 @@ def collect(engine: Engine, repo: str, positions: int, max_tokens: int) -> list[
         warm(engine, pp.prompt)
         ids = engine.complete(Request(prompt=pp.prompt, mode="ar", max_tokens=max_tokens, stops=pp.stops,
                                       heal=pp.heal)).token_ids
-        segments, steps = engine.index.segments(), []
+        steps = []
         for i in range(1, len(ids)):
-            view, after = pld.document_view(pp.prompt + ids[:i])
-            found = continuations(view, segments, 16, pld.max_candidates + bool(after))
-            if after:
-                found = [(t, m) for t, m in found if t[:4] != after[:len(t[:4])]][:pld.max_candidates]
             cands = []
-            for t, m in found:
+            for t, m in pld.ranked(pp.prompt + ids[:i], 16):
                 a = 0
                 while a < len(t) and i + a < len(ids) and t[a] == ids[i + a]:
                     a += 1

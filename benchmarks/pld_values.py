@@ -20,8 +20,7 @@ from completiond.bench.cli import machine
 from completiond.bench.modes import index_repo, open_position, prepare, warm
 from completiond.bench.repo import resolve_repo, sample_positions
 from completiond.core.engine import Engine, Request
-from completiond.core.speculation.index import continuations
-from completiond.core.speculation.proposers import Candidate, Limits, Outcome, PromptLookup
+from completiond.core.speculation.proposers import Candidate, Outcome, PromptLookup
 from completiond.models import load
 
 
@@ -29,11 +28,7 @@ class ByMatchLength(PromptLookup):
     """Round 19's valuation: each candidate's first token by its own match length, later ones by one
     EWMA; an outcome's first-token bucket is the one whose value is closest to what was predicted."""
 
-    def propose(self, context: list[int], limits: Limits, ctx=None) -> list[Candidate]:
-        view, after = self.document_view(context)
-        found = continuations(view, self.index.segments(), limits.max_len, self.max_candidates + bool(after))
-        if after:
-            found = [(t, m) for t, m in found if t[:4] != after[:len(t[:4])]][:self.max_candidates]
+    def value(self, found: list[tuple[list[int], int]]) -> list[Candidate]:
         return [Candidate(t, [self.first[self._bucket(m)].value] + [self.next.value] * (len(t) - 1), self.name)
                 for t, m in found]
 
@@ -49,9 +44,8 @@ def first_tokens_by_rank(engine: Engine, prompt: list[int], ids: list[int], hits
     """At every position of `ar`'s output: is the r-th distinct first token of prompt lookup's
     candidates (in their rank order) the target's?"""
     pld = PromptLookup(engine.index, fim=engine.fim)
-    limits = Limits(max_len=engine.max_candidate_len, min_value=0.0)
     for i in range(1, len(ids)):
-        firsts = list(dict.fromkeys(c.tokens[0] for c in pld.propose(prompt + ids[:i], limits)))
+        firsts = list(dict.fromkeys(t[0] for t, _ in pld.ranked(prompt + ids[:i], engine.max_candidate_len)))
         for rank, t in enumerate(firsts[:3]):
             hits[(rank, "n")] += 1
             hits[(rank, "ok")] += t == ids[i]

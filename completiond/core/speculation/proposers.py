@@ -121,11 +121,19 @@ class PromptLookup:
         after = ids[s + 1:m]
         return np.concatenate([ids[:p], ids[s:m], ids[p:s], ids[m + 1:]]), after.tolist()
 
-    def propose(self, context: list[int], limits: Limits, ctx: PassContext = NO_CONTEXT) -> list[Candidate]:
+    def ranked(self, context: list[int], max_len: int) -> list[tuple[list[int], int]]:
+        """The continuations to propose after `context`, best first: (tokens, backward match length)."""
         view, after = self.document_view(context)
-        found = continuations(view, self.index.segments(), limits.max_len, self.max_candidates + bool(after))
+        found = continuations(view, self.index.segments(), max_len, self.max_candidates + bool(after))
         if after:
             found = [(t, m) for t, m in found if t[:4] != after[:len(t[:4])]][:self.max_candidates]
+        return found
+
+    def propose(self, context: list[int], limits: Limits, ctx: PassContext = NO_CONTEXT) -> list[Candidate]:
+        return self.value(self.ranked(context, limits.max_len))
+
+    def value(self, found: list[tuple[list[int], int]]) -> list[Candidate]:
+        """`ranked`'s continuations with each token's estimated acceptance (see __init__)."""
         out = []
         probs_at: dict[tuple[int, ...], float] = {}  # node path -> its probability, in rank order
         parents: set[tuple[int, ...]] = set()  # paths that have a child already
@@ -150,7 +158,8 @@ class PromptLookup:
         for o in outcomes:
             kind = self._kinds.get(o.tokens)
             if kind is None:  # not from the last proposal (a branch's): judged by depth and value
-                kind = self.NEXT if o.depth > 1 else min(self.first, key=lambda b: abs(self.first[b].value - o.predicted))
+                kind = (self.NEXT if o.depth > 1
+                        else min(self.first, key=lambda b: abs(self.first[b].value - o.predicted)))
             self._ewma(kind).add(float(o.accepted))
 
 

@@ -211,10 +211,11 @@ static void scores_in_place_bf16(const uint16_t *q, int64_t nq, const uint16_t *
 
 // Where a head has at most completiond_score_lanes dims (64: the 0.5B's), a block of KEY_BLOCK keys
 // is first laid across lanes, kt [d / 2, KEY_BLOCK] (a uint32 = one key's dims 2j, 2j + 1; keys past
-// the last are zero), once for all the job's queries; then a score is one lane of one accumulator: d / 2 vdpbf16ps in dim order, each adding that key's two exact bf16 products, times
-// scale. No horizontal sums: at 64 dims they cost about as much as the products, and the
-// transposition, once per block, costs less than they do from a few queries on (at 128 dims it
-// does not pay at one row: docs/kernels.md "Round 19"). d is the model's, so each model computes
+// the last are zero), once for all the job's queries; then a score is one lane of one accumulator:
+// d / 2 vdpbf16ps in dim order, each adding that key's two exact bf16 products, times scale. No
+// horizontal sums: at 64 dims they cost about as much as the products, and the transposition, once
+// per block, costs less than they do from a few queries on (at 128 dims it does not pay at one row:
+// docs/kernels.md "Round 19"). d is the model's, so each model computes
 // a (query, key) by one of the two ways in every pass (batch invariance).
 
 // 16 rows of 16 uint32 -> their transpose, in registers (4 stages of 16 shuffles).
