@@ -354,20 +354,3 @@ def test_useful_nodes_is_the_size_that_pays_when_every_node_is_accepted():
     steep.load_costs({1: 10.0, 2: 30.0, 8: 200.0})  # a second node costs two passes
     assert steep.useful_nodes() == 0
     assert TreeBudget(max_nodes=8, always=True).useful_nodes() == 8
-
-
-def test_a_first_pass_adds_the_nodes_whose_tokens_save_more_than_they_add_to_it():
-    """A completion's first pass runs the prompt's last tokens whatever the tree; a node below them is
-    worth its tokens at a one-node pass each against what it adds to that pass. Below one prompt
-    token (memory-bound) a weak guess pays; below eight (where each row costs its arithmetic) it
-    does not, a strong one does; no probe is spent on a first pass."""
-    b = budget(TRUE)
-    weak, strong = [1.0, 0.15, 0.15 * 0.15], [1.0, 0.8, 0.64, 0.51, 0.41]
-    assert b.best_size(weak, before=0) == 1  # 0.15 x 20 ms saved for the 1 ms node 2 adds
-    assert b.best_size(weak, before=7) == 0  # a ninth row adds ~7 ms: 3 ms of tokens do not pay
-    assert b.best_size(strong, before=7) >= 1
-    # the same tokens priced by what they add: never more nodes below 8 rows than below one
-    for values in (weak, strong, [1.0] + [0.5] * 12):
-        assert b.best_size(values, before=7) <= b.best_size(values, before=0)
-    b._credit = 1e9  # every probe affordable: still none on a first pass
-    assert b.best_size(weak, before=7) == 0 and b._probing is None

@@ -120,38 +120,3 @@ def test_identical_under_stop_rules(models, code_ids):
             outs = {m: engines[m].complete(Request(prompt=prompt, mode=m, max_tokens=32, stops=stops))
                     for m in MODES}
             assert len({(tuple(o.token_ids), o.text) for o in outs.values()}) == 1
-
-
-def test_first_pass_verifies_a_tree_below_a_keystrokes_tail(models, code_ids):
-    """The bench's and an editor's case: the cache holds all but the prompt's last 1-8 tokens. The
-    first pass runs those and prompt lookup's tree below them; every mode still gives ar's tokens,
-    the whole prompt is committed, and where the workspace holds the continuation (a file with the
-    prompt and what ar wrote after it) the first pass gives several tokens."""
-    target, draft = models["self-draft"]
-    engines = {m: Engine(target, draft, max_nodes=32) for m in MODES}
-    for e in engines.values():
-        e.index.set_file("textwrap.py", code_ids)
-        e.calibrate(sizes=(1, 4, 16, 32), context=8)
-    first_tokens = {m: [] for m in MODES}
-    rng = random.Random(11)
-    for i in range(32):
-        end = rng.randrange(60, len(code_ids))
-        prompt = code_ids[end - 48:end]
-        tail = 1 + i % 8
-        outs = {}
-        for m, e in engines.items():
-            if i % 2 and m != "ar":  # half the prompts: their continuation is in the workspace
-                e.index.set_file(f"seen{i}.py", prompt + outs["ar"].token_ids)
-            e.warm(prompt[:-tail])
-            steps = []
-            outs[m] = e.complete(Request(prompt=prompt, mode=m, max_tokens=16), on_step=steps.append)
-            assert e.runner.tokens[:len(prompt)] == prompt, (m, i)
-            first_tokens[m].append(len(steps[0].token_ids))
-        ar = outs.pop("ar")
-        assert ar.target_passes == len(ar.token_ids) - 1 or ar.stopped_by == "eos"
-        for m, res in outs.items():
-            assert res.token_ids == ar.token_ids, f"mode {m} prompt {i} (tail {tail}) diverged"
-    assert set(first_tokens["ar"]) == {1}
-    for m in ("pld", "combined"):
-        seen = first_tokens[m][1::2]
-        assert sum(n > 1 for n in seen) >= len(seen) // 2, (m, seen)

@@ -227,26 +227,3 @@ def test_the_engine_reports_each_tested_node_by_the_path_prompt_lookup_proposed(
     res = engine.complete(Request(prompt=prompt, mode="pld", max_tokens=16))
     assert res.token_ids == ar.token_ids
     assert seen and any(k > 0 for k in seen)  # leading first tokens were tested
-
-
-def test_prompt_lookup_values_a_tree_right_after_the_prompt_by_what_such_trees_got():
-    """A completion's first tree (Limits.opening) is found only in what the user wrote; its nodes take
-    one acceptance of their own (`opening`), learned from such trees alone."""
-    from completiond.core.speculation.index import TokenIndex
-    from completiond.core.speculation.proposers import Outcome, PromptLookup
-
-    idx = TokenIndex()
-    idx.set_file("/w/a.py", [5, 10, 11, 12, 13, 14, 15])
-    idx.set_file("/w/c.py", [8, 10, 11, 12, 40, 41])
-    pld = PromptLookup(idx)
-    before = (pld.first[4].value, pld.next.value, pld.alt.value)
-    o = pld.opening.value
-    cands = {tuple(c.tokens): c.probs
-             for c in pld.propose([7, 5, 10, 11, 12], Limits(max_len=3, min_value=0.0, opening=True))}
-    assert cands == {(13, 14, 15): [o, o, o], (40, 41): [o, o]}
-    pld.observe([Outcome(1, o, False, (13,)), Outcome(1, o, False, (40,))])
-    assert pld.opening.value < o
-    assert (pld.first[4].value, pld.next.value, pld.alt.value) == before
-    # the next tree (not an opening one) is valued as before
-    cands = {tuple(c.tokens): c.probs for c in pld.propose([7, 5, 10, 11, 12], Limits(max_len=3, min_value=0.0))}
-    assert cands[(13, 14, 15)] == [before[0], before[1], before[1]]

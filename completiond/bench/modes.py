@@ -71,9 +71,9 @@ def index_repo(engine: Engine, root: Path) -> dict[Path, list[int]]:
     return {f: tok.encode(read_text_file(f) or "", add_special_tokens=False) for f in source_files(root)}
 
 
-def warm(engine: Engine, prompt: list[int], gap: int = WARM_GAP) -> int:
-    """Caches hold prompt[:cut] (all but the last `gap` tokens); return cut."""
-    cut = max(1, len(prompt) - gap)
+def warm(engine: Engine, prompt: list[int]) -> int:
+    """Caches hold prompt[:cut]; return cut."""
+    cut = max(1, len(prompt) - WARM_GAP)
     engine.warm(prompt[:cut])
     return cut
 

@@ -1,8 +1,6 @@
 """The decode loop: prefill, propose, verify, accept; one completion from prompt ids to text.
 
     prefill   target.extend(prompt)            prefix reuse; logits of the last prompt token -> 1st token
-              (a few tokens left to prefill: they run in the first verify pass, prompt lookup's tree
-              below the last of them)
     propose   proposers -> candidates          prompt lookup and/or draft model, in target ids
     tree      build_tree + budget.best_size    one trie, cut to the size that pays on this device
     verify    target.forward(tree)             ONE pass: tree mask, positions = length + depth
@@ -45,17 +43,6 @@ from .speculation.verify import accept, sample
 from .alternatives import decode_alternatives
 
 MODES = ("ar", "pld", "draft", "combined")
-# The most prompt tokens the first verify pass runs ahead of its tree (Engine._first_step): a
-# keystroke's few. Longer tails are prefilled first (in chunks a scheduler can interleave; past
-# quant.BULK_ROWS rows on dense matmuls, whose rows are not batch invariant with the kernels').
-FIRST_TREE_TAIL = 8
-
-
-def heal_mask(logits: torch.Tensor, heal: Heal) -> torch.Tensor:
-    """The first token's logits [vocab] with only tokens that start with the healed text allowed."""
-    allowed = torch.full_like(logits, float("-inf"))
-    allowed[heal.allowed_ids()] = 0.0
-    return logits + allowed
 
 
 @dataclass
@@ -158,7 +145,6 @@ class Engine:
         self.draft_id = draft_id(draft)  # whose gates the calibration cache keeps
         self._gated: tuple[str, bool] | None = None  # this step's gate decision (_propose -> _step)
         self.max_candidate_len = max_candidate_len
-        self.first_tree_tail = FIRST_TREE_TAIL  # 0: prefill first (benchmarks/first_tree.py compares)
         self.eos = target.eos_ids()
         self.lock = threading.Lock()
         # stale work (issue 15): wall ms of requests that were cancelled, of warm-ups, of those preempted
@@ -326,7 +312,7 @@ class Engine:
             # a first step before any pass: the scheduler learns this request's size before its prefill
             # runs, so a long one can already give way inside its first chunk
             yield self._left(st, len(req.prompt) - st.reused)
-            yield from self._prefill(st, served, ctx, [] if branched else proposers)
+            yield from self._prefill(st, served, ctx)
             if branched and not st.out.done:
                 st.alternatives = yield from decode_alternatives(self, st, proposers, ctx)
             while not st.out.done:
@@ -356,12 +342,9 @@ class Engine:
         prefills look alternately shorter and run chunk by chunk."""
         return work.prompt * self.prefill_ms_per_token() + work.passes * self.budget.cost(1)
 
-    def _prefill(self, st: Decoding, served: list[int], ctx: PassContext,
-                 proposers: list[Proposer]) -> Generator[float, None, None]:
+    def _prefill(self, st: Decoding, served: list[int], ctx: PassContext) -> Generator[float, None, None]:
         """The first token(s): served from memory (then the cache is brought up to them), or one pass
-        over the prompt tokens the cache lacks, whose last logits give the first token. Where those
-        are a keystroke's few (FIRST_TREE_TAIL at most), the pass also verifies what the free
-        proposers (prompt lookup) guess after the prompt: the first pass may give several tokens."""
+        over the prompt tokens the cache lacks, whose last logits give the first token."""
         req = st.req
         if served:
             st.emit(served, first=True)
@@ -369,11 +352,6 @@ class Engine:
                 st.reused = min(self.runner.common_prefix(req.prompt + served), len(req.prompt))
                 for _ in self.runner.sync_chunks(req.prompt + served[:-1], ctx=ctx):
                     yield self._left(st, len(req.prompt) + len(served) - 1 - self.runner.length)
-            return
-        tail = req.prompt[min(self.runner.common_prefix(req.prompt), len(req.prompt) - 1):]
-        free = [p for p in proposers if not p.costly]
-        if free and len(tail) <= self.first_tree_tail:
-            self._first_step(st, tail, free, ctx)
             return
         chunks = self.runner.extend_chunks(req.prompt, ctx=ctx, whole_chunks=True)
         while True:
@@ -383,22 +361,12 @@ class Engine:
                 logits, st.feature = done.value  # [vocab], [H]
                 break
             yield self._left(st, len(req.prompt) - self.runner.length)
-        if req.heal is not None:
-            logits = heal_mask(logits, req.heal)
+        if req.heal is not None:  # only tokens that start with the healed text may come first
+            allowed = torch.full_like(logits, float("-inf"))
+            allowed[req.heal.allowed_ids()] = 0.0
+            logits = logits + allowed
         st.first_logits = logits
         st.emit([sample(logits, req.sampling, st.gen)], first=True)
-
-    def _first_step(self, st: Decoding, tail: list[int], proposers: list[Proposer], ctx: PassContext) -> None:
-        """The first pass as a step: the prompt's last tokens (tail, which the cache lacks; its last
-        is the tree's root) and a tree below them, in one pass. Each row's logits are those of the
-        same token in a prefill (the kernels are batch invariant up to BULK_ROWS rows, and a tail this
-        short is prefilled by them too), so the first token and all after it are `ar`'s."""
-        req = st.req
-        self.runner.rollback(len(req.prompt) - len(tail))
-        tree = self._propose(tail[-1], proposers, req.max_tokens, ctx, context=req.prompt, before=len(tail) - 1,
-                             opening=True)
-        path, bonus = self._verify(st, tree, proposers, ctx, tail=tail[:-1], first=True)
-        st.emit([tree.tokens[i] for i in path[1:]] + [bonus], first=True)
 
     def _step(self, st: Decoding, proposers: list[Proposer], ctx: PassContext) -> None:
         """propose -> tree -> verify (one target pass) -> accept -> keep the path, emit its tokens."""
@@ -413,29 +381,18 @@ class Engine:
             self.gates[name].record(ran, (time.perf_counter() - t0) * 1000, max(1, len(st.out.ids) - before))
 
     def _verify(self, st: Decoding, tree: TokenTree, proposers: list[Proposer], ctx: PassContext,
-                logits: torch.Tensor | None = None, at: int = 0, tail: list[int] | None = None,
-                first: bool = False) -> tuple[list[int], int]:
+                logits: torch.Tensor | None = None, at: int = 0) -> tuple[list[int], int]:
         """Verify the main tree, accept a path and count it (`_step`). alternatives.py passes the logits
         of a pass that held other branches too (the main tree's rows start at `at`); the path is then
-        left uncommitted, as that pass's other nodes are. tail: prompt tokens ahead of the root
-        that the same pass runs and commits (`_first_step`); first: the root's logits give the first token
-        (token healing's mask applies to them)."""
+        left uncommitted, as that pass's other nodes are."""
         own = logits is None
         if own:
-            tail = tail or []
-            at = len(tail)
-            ids = tail + tree.tokens  # rows: the tail as a chain, the tree below its last token
-            parents = list(range(-1, at - 1)) + [at - 1] + [p + at for p in tree.parents[1:]]
-            logits = self.runner.forward(ids, parents, range(at, at + len(tree)), ctx=ctx)  # [nodes, vocab]
-            self.budget.observe_pass(len(ids), self.runner.last_pass_ms)
-            at = 0
-        logits = logits[at:at + len(tree)]
-        if first and st.req.heal is not None:
-            logits = torch.cat([heal_mask(logits[0], st.req.heal)[None], logits[1:]])
-        path, bonus = accept(tree, logits, st.req.sampling, st.gen)
+            logits = self.runner.forward(tree.tokens, tree.parents, range(len(tree)), ctx=ctx)  # [nodes, vocab]
+            self.budget.observe_pass(len(tree), self.runner.last_pass_ms)
+        path, bonus = accept(tree, logits[at:at + len(tree)], st.req.sampling, st.gen)
         st.feature = self.runner.last_hidden[at + path[-1]]  # the state the bonus token came from
         if own:
-            self.runner.keep(list(range(len(tail))) + [len(tail) + i for i in path])
+            self.runner.keep(path)
         self._observe(tree, path, proposers)
         st.passes += 1
         st.accepted += len(path) - 1
@@ -454,13 +411,10 @@ class Engine:
             self.stats["cancelled_ms"] += st.elapsed_ms()
 
     def _propose(self, root: int, proposers: list[Proposer], remaining: int, ctx: PassContext,
-                 feature: torch.Tensor | None = None, context: list[int] | None = None,
-                 before: int | None = None, opening: bool = False) -> TokenTree:
+                 feature: torch.Tensor | None = None, context: list[int] | None = None) -> TokenTree:
         """Candidates from every proposer that says it pays, merged into one tree and cut to the
         size that pays. Prompt lookup runs first: whether the draft pays depends on what it found.
-        feature: the target's hidden state `root` came from (heads read it in the proposal's ctx).
-        before: a first pass's rows ahead of the root (budget.best_size); opening: the root is the
-        prompt's last token (Limits.opening)."""
+        feature: the target's hidden state `root` came from (heads read it in the proposal's ctx)."""
         max_len = min(self.max_candidate_len, remaining - 1)
         if max_len <= 0 or not proposers:
             return TokenTree.root_only(root)
@@ -482,11 +436,10 @@ class Engine:
             min_value = 0.0 if always else max(0.02, p.min_value(pass_ms) + max(node_ms, 0.0) / pass_ms)
             # and stop growing where even a certain tree would be cut (pld's lookups cost nothing)
             limits = Limits(max_len=max_len, min_value=min_value,
-                            max_nodes=self.budget.useful_nodes() if p.costly else self.budget.max_nodes,
-                            opening=opening)
+                            max_nodes=self.budget.useful_nodes() if p.costly else self.budget.max_nodes)
             candidates += p.propose(context, limits, ctx)
         tree = build_tree(root, candidates, self.budget.max_nodes)
-        return truncate(tree, self.budget.best_size(tree.value, before))
+        return truncate(tree, self.budget.best_size(tree.value))
 
     def _observe(self, tree: TokenTree, path: list[int], proposers: list[Proposer]) -> None:
         on_path = set(path)

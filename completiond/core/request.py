@@ -46,8 +46,8 @@ class Result:
     token_ids: list[int]
     tokens: list[str]
     mode: str
-    target_passes: int  # verify passes (a first pass that verified a tree too: Engine._first_step)
-    mean_accepted: float  # accepted tree tokens a verify pass
+    target_passes: int
+    mean_accepted: float
     ms_first_token: float
     ms_total: float
     stopped_by: str

@@ -235,11 +235,8 @@ class TreeBudget:
         """(size, ms) of the measured sizes, ascending."""
         return sorted((s, e.value) for s, e in self._cost.copy().items())
 
-    def best_size(self, values: list[float], before: int | None = None) -> int:
+    def best_size(self, values: list[float]) -> int:
         """How many nodes (beyond the root) of a best-first tree to verify; values[0] is the root.
-
-        before: a completion's first pass, which runs this many prompt tokens ahead of the root (the
-        prompt's last) whatever the tree: see `_added_n`.
 
         Now and then a tree is verified at a size the controller did not pick (a probe): the size
         of the table this tree reaches that has gone longest without a real pass, when the probe
@@ -249,8 +246,6 @@ class TreeBudget:
         if self.always:
             return min(len(values) - 1, self.max_nodes)
         known = self._known()  # once per tree: this runs before every verify pass
-        if before is not None:
-            return self._added_n(known, values, before)
         best_n = self._best_n(known, values)
         if len(values) > 1:
             probe = self._probe(known, min(len(values) - 1, self.max_nodes) + 1, best_n + 1)
@@ -266,21 +261,6 @@ class TreeBudget:
         if self.always:
             return self.max_nodes
         return self._best_n(self._known(), [1.0] * (self.max_nodes + 1))
-
-    def _added_n(self, known: list[tuple[int, float]], values: list[float], before: int) -> int:
-        """Nodes to add to a pass of before + 1 rows that runs anyway (a completion's first): the count
-        whose expected tokens, each worth a one-node pass (what `ar` pays for it), save the most ms
-        over what they add to that pass. Past the memory time a row costs its share of the
-        arithmetic: on a CPU a tree below 8 prompt tokens adds ~1.5 ms a node (0.5B) where it adds
-        ~0.5 below one token."""
-        one, base = _interpolate(known, 1), _interpolate(known, before + 1)
-        best_n, best_saved, gain = 0, 0.0, 0.0
-        for n in range(1, min(len(values), self.max_nodes + 1)):
-            gain += values[n]
-            saved = gain * one - (_interpolate(known, before + 1 + n) - base)
-            if saved > best_saved:
-                best_n, best_saved = n, saved
-        return best_n
 
     def _best_n(self, known: list[tuple[int, float]], values: list[float]) -> int:
         """The node count past the root whose expected tokens (1 + the values of the nodes kept) per

@@ -27,7 +27,6 @@ class Limits:
     max_len: int  # tokens per candidate
     min_value: float  # stop extending a candidate once P(whole path accepted) falls below this
     max_nodes: int = 64  # nodes worth growing in all: the verify pass would cut more (TreeBudget.useful_nodes)
-    opening: bool = False  # the first token after the prompt (Engine._first_step): nothing generated yet
 
 
 @dataclass
@@ -74,7 +73,7 @@ class PromptLookup:
 
     name = "pld"
     costly = False
-    NEXT, ALT, OPENING = 0, -1, -2  # kinds of node besides a leading first token (kind: its match bucket)
+    NEXT, ALT = 0, -1  # kinds of node besides a leading first token (whose kind is its match bucket)
 
     def __init__(self, index: TokenIndex | None = None, max_candidates: int = 6,
                  fim: tuple[int, int, int] | None = None):
@@ -89,10 +88,6 @@ class PromptLookup:
         self.first = {b: Ewma(p, 0.05) for b, p in ((2, 0.3), (4, 0.5), (8, 0.7), (16, 0.8))}
         self.next = Ewma(0.8, 0.05)
         self.alt = Ewma(0.1, 0.05)
-        # Every node of a tree right after the prompt (a completion's first pass): found only in what
-        # the user wrote, not in the completion's own tokens, they are right far less often (0.5B,
-        # 20 toolz positions: 7 tokens accepted in 20 first passes, 45 predicted at the values above).
-        self.opening = Ewma(0.3, 0.05)
         self._kinds: dict[tuple[int, ...], int] = {}  # proposed node path -> its bucket, NEXT or ALT
 
     def pays(self, found: list[Candidate], pass_ms: float, ctx: PassContext = NO_CONTEXT) -> bool:
@@ -135,11 +130,10 @@ class PromptLookup:
         return found
 
     def propose(self, context: list[int], limits: Limits, ctx: PassContext = NO_CONTEXT) -> list[Candidate]:
-        return self.value(self.ranked(context, limits.max_len), limits.opening)
+        return self.value(self.ranked(context, limits.max_len))
 
-    def value(self, found: list[tuple[list[int], int]], opening: bool = False) -> list[Candidate]:
-        """`ranked`'s continuations with each token's estimated acceptance (see __init__); opening:
-        they follow the prompt (every token valued by `self.opening`)."""
+    def value(self, found: list[tuple[list[int], int]]) -> list[Candidate]:
+        """`ranked`'s continuations with each token's estimated acceptance (see __init__)."""
         out = []
         probs_at: dict[tuple[int, ...], float] = {}  # node path -> its probability, in rank order
         parents: set[tuple[int, ...]] = set()  # paths that have a child already
@@ -149,8 +143,7 @@ class PromptLookup:
             for i in range(len(tokens)):
                 path = tuple(tokens[:i + 1])
                 if path not in probs_at:  # new here: beside an earlier candidate's token, or not
-                    kind = (self.OPENING if opening else self.ALT if path[:i] in parents
-                            else self._bucket(match) if i == 0 else self.NEXT)
+                    kind = self.ALT if path[:i] in parents else self._bucket(match) if i == 0 else self.NEXT
                     probs_at[path] = self._ewma(kind).value
                     kinds[path] = kind
                     parents.add(path[:i])
@@ -159,8 +152,7 @@ class PromptLookup:
         return out
 
     def _ewma(self, kind: int) -> Ewma:
-        return (self.next if kind == self.NEXT else self.alt if kind == self.ALT
-                else self.opening if kind == self.OPENING else self.first[kind])
+        return self.next if kind == self.NEXT else self.alt if kind == self.ALT else self.first[kind]
 
     def observe(self, outcomes: list[Outcome]) -> None:
         for o in outcomes:
