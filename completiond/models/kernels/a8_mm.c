@@ -126,6 +126,7 @@ static inline __attribute__((always_inline)) void block_avx2(int R, int C, const
 #define C3 1
 #define C2 1
 #define C1 1
+#define CR 1  // 16 registers: the rest stays one channel a tile
 #include "a8_tiles.h"  // tile_avx2, rows_avx2, mm_avx2
 
 // ---- AVX512-VNNI: 512-bit vpdpbusd ----
@@ -169,6 +170,7 @@ static inline __attribute__((always_inline)) void block_vnni512(int R, int C, co
 #define C3 1
 #define C2 1
 #define C1 1
+#define CR 3  // 9 sums + 9 accumulators + 3 weight vectors
 #include "a8_tiles.h"  // tile_vnni512, rows_vnni512, mm_vnni512
 
 // The same sums from 256-bit vpdpbusd (AVX512-VL): each lane already holds bytes 4i..4i+3 of every
@@ -281,6 +283,7 @@ static inline __attribute__((always_inline)) void tile43_vnni256(const A8Rows *a
 #define C3 1
 #define C2 1
 #define C1 1
+#define CR 3  // 9 sums + 9 accumulators + 3 weight vectors
 #include "a8_tiles.h"  // tile_vnni256, rows_vnni256, mm_vnni256
 #pragma GCC pop_options
 
@@ -326,6 +329,7 @@ static inline __attribute__((always_inline)) void block_avxvnni(int R, int C, co
 #define C3 1
 #define C2 1
 #define C1 1
+#define CR 2  // 16 registers: 6 sums + 6 accumulators + 2 weight vectors
 #include "a8_tiles.h"  // tile_avxvnni, rows_avxvnni, mm_avxvnni
 #pragma GCC pop_options
 

@@ -1,8 +1,9 @@
 // a8_mm.c's tiling around one block kind, included once per kind. The includer defines BLOCK (the
 // block function: int32 sums of one block, folded to 8 lanes), optionally TILE43 (its 4 x 3 tile
 // written out), SUFFIX (appended to the names defined here: tile, rows, mm), the tile shapes (RB x
-// CB for runs of RB rows; C3, C2, C1 channels for the 3, 2 or 1 rows left) and the target (AVX2,
-// AVX512 or AVX-VNNI) the code here is compiled for.
+// CB for runs of RB rows; C3, C2, C1 channels for a matmul of 3, 2 or 1 rows; CR channels for the
+// 1-3 rows left after runs of RB) and the target (AVX2, AVX512 or AVX-VNNI) the code here is
+// compiled for.
 #define A8_CAT_(a, b) a##b
 #define A8_CAT(a, b) A8_CAT_(a, b)
 #define TILE A8_CAT(tile, SUFFIX)
@@ -53,13 +54,15 @@ static inline __attribute__((always_inline)) void ROWS(int R, int C, const A8Row
 // Tiles one row block of R rows runs over NB channels with C at a time.
 static inline int64_t A8_CAT(tiles, SUFFIX)(int64_t R, int64_t C) { return R ? NB / C + NB % C : 0; }
 
-// y [M, N] from the quantized rows a.
+// y [M, N] from the quantized rows a. The 1-3 rows left after runs of RB read the weights from
+// cache (the runs streamed them): there a tile of one channel is bound by its one chain of
+// dependent vpdpbusd, not by memory, so they take CR channels a tile (R x CR chains).
 static void MM(const A8Rows *a, const int8_t *w, const float *scale, float *y, int64_t M, int64_t K, int64_t N,
                int threads) {
-    int64_t blocks = (N + NB - 1) / NB, rest = M % RB;
+    int64_t blocks = (N + NB - 1) / NB, rest = M % RB, runs = M / RB;
     // tiles per 64 bytes of K over a whole block -> lines of the next block to fetch per tile step
-    int64_t steps = (M / RB) * A8_CAT(tiles, SUFFIX)(1, CB) + A8_CAT(tiles, SUFFIX)(rest == 3, C3) +
-                    A8_CAT(tiles, SUFFIX)(rest == 2, C2) + A8_CAT(tiles, SUFFIX)(rest == 1, C1);
+    int64_t steps = runs * A8_CAT(tiles, SUFFIX)(1, CB) + A8_CAT(tiles, SUFFIX)(rest == 3, runs ? CR : C3) +
+                    A8_CAT(tiles, SUFFIX)(rest == 2, runs ? CR : C2) + A8_CAT(tiles, SUFFIX)(rest == 1, runs ? CR : C1);
     int per = (int)((NB + steps - 1) / (steps ? steps : 1));
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t b = 0; b < blocks; b++) {
@@ -68,6 +71,12 @@ static void MM(const A8Rows *a, const int8_t *w, const float *scale, float *y, i
         int64_t m = 0;
         // the block's weights (NB x K bytes) stay in cache while every row block reads them
         for (; m + RB <= M; m += RB) ROWS(RB, CB, a, w, scale, K, N, y, m, n0, n1, &pf);
+        if (m) {  // the weights are in cache: one R x CR tile run (R = the rest, under RB rows)
+            if (M - m == 3) ROWS(3, CR, a, w, scale, K, N, y, m, n0, n1, &pf);
+            if (M - m == 2) ROWS(2, CR, a, w, scale, K, N, y, m, n0, n1, &pf);
+            if (M - m == 1) ROWS(1, CR, a, w, scale, K, N, y, m, n0, n1, &pf);
+            continue;
+        }
         for (; m + 3 <= M; m += 3) ROWS(3, C3, a, w, scale, K, N, y, m, n0, n1, &pf);
         for (; m + 2 <= M; m += 2) ROWS(2, C2, a, w, scale, K, N, y, m, n0, n1, &pf);
         for (; m < M; m++) ROWS(1, C1, a, w, scale, K, N, y, m, n0, n1, &pf);
@@ -88,3 +97,4 @@ static void MM(const A8Rows *a, const int8_t *w, const float *scale, float *y, i
 #undef C3
 #undef C2
 #undef C1
+#undef CR
