@@ -354,3 +354,21 @@ def test_useful_nodes_is_the_size_that_pays_when_every_node_is_accepted():
     steep.load_costs({1: 10.0, 2: 30.0, 8: 200.0})  # a second node costs two passes
     assert steep.useful_nodes() == 0
     assert TreeBudget(max_nodes=8, always=True).useful_nodes() == 8
+
+
+def test_a_kernel_change_starts_a_new_calibration_table(monkeypatch):
+    """A table is worth what its kernel made the passes cost: a changed kernel build (the same kind's
+    name) reads and writes another file, so a daemon after an upgrade measures afresh."""
+    import types
+
+    import torch
+    from completiond.models.kernels import cpu_kernel
+
+    target = types.SimpleNamespace(device=torch.device("cpu"), name="qwen2.5-coder-0.5b", dtype=torch.bfloat16,
+                                   meta={"quant": "int8"})
+    monkeypatch.setattr(cpu_kernel, "build_id", lambda: "aaaa")
+    first = B.calibration_path(target)
+    assert B.calibration_path(target) == first
+    monkeypatch.setattr(cpu_kernel, "build_id", lambda: "bbbb")
+    assert B.calibration_path(target) != first
+    assert B.gates_path(target).stem.startswith(B.calibration_path(target).stem)

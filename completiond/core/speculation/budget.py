@@ -344,13 +344,14 @@ def measure_costs(runner: Runner, sizes: tuple[int, ...], context: int = 64, rou
 
 
 def calibration_path(target: LoadedModel) -> Path:
-    """One calibration file per (CPU or GPU, model, dtype, threads): costs differ on each."""
+    """One calibration file per (CPU or GPU, model, dtype, threads, and the CPU kernel's kind and
+    build): costs differ on each."""
     cpu = cpu_key()
     if target.device.type == "cuda":
         cpu = torch.cuda.get_device_name(target.device)
     key = f"{cpu}|{target.name}|{target.dtype}|{target.device}|{torch.get_num_threads()}|{target.meta.get('quant', '')}"
     if target.device.type == "cpu" and target.meta.get("quant") in ("int8", "int4"):
-        key += f"|{cpu_kernel.name()}"  # a pass costs what its kernel makes it
+        key += f"|{cpu_kernel.name()}|{cpu_kernel.build_id()}"  # a pass costs what its kernel makes it
     digest = hashlib.sha1(key.encode()).hexdigest()[:16]
     return cache_root() / "calibration" / f"{digest}.json"
 

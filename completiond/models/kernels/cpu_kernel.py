@@ -145,6 +145,13 @@ def library() -> ctypes.CDLL | None:
         return None
 
 
+def build_id() -> str:
+    """The loaded library's build key (its sources, flags and compiler), "" without one: a change to
+    the kernels changes what a pass costs even where name() stays the same."""
+    lib = library()
+    return Path(lib._name).stem.removeprefix("int8_mm-") if lib is not None else ""
+
+
 def _library() -> ctypes.CDLL | None:
     if not wanted():
         return None
