@@ -135,19 +135,16 @@ class PromptLookup:
     def value(self, found: list[tuple[list[int], int]]) -> list[Candidate]:
         """`ranked`'s continuations with each token's estimated acceptance (see __init__)."""
         out = []
-        probs_at: dict[tuple[int, ...], float] = {}  # node path -> its probability, in rank order
         parents: set[tuple[int, ...]] = set()  # paths that have a child already
-        kinds = self._kinds = {}
+        kinds = self._kinds = {}  # node path -> its kind, set by the best-ranked candidate through it
         for tokens, match in found:
             probs = []
             for i in range(len(tokens)):
                 path = tuple(tokens[:i + 1])
-                if path not in probs_at:  # new here: beside an earlier candidate's token, or not
-                    kind = self.ALT if path[:i] in parents else self._bucket(match) if i == 0 else self.NEXT
-                    probs_at[path] = self._ewma(kind).value
-                    kinds[path] = kind
+                if path not in kinds:  # new here: beside an earlier candidate's token, or not
+                    kinds[path] = self.ALT if path[:i] in parents else self._bucket(match) if i == 0 else self.NEXT
                     parents.add(path[:i])
-                probs.append(probs_at[path])
+                probs.append(self._ewma(kinds[path]).value)
             out.append(Candidate(tokens, probs, self.name))
         return out
 
