@@ -303,22 +303,22 @@ def test_the_transformers_backend_and_self_drafts_run_on_the_mapped_skeleton(ggu
 
 
 def test_int4_forms_of_older_layouts_are_deleted_when_the_new_one_is_written(gguf):
-    """The w4 forms of round 9 (one channel per packed row), round 10 (an int8 output layer) and round
-    11 (vectors one after the other) have the same tensor names as today's (pairs of vectors of 8
-    channels interleaved, a w4 output layer), so they live under other names; writing today's
-    removes them (1.3 GB each for a 1.5B)."""
+    """The w4 forms of round 9 (one channel per packed row), round 10 (an int8 output layer), round
+    11 (vectors one after the other) and round 16 (groups of 32) have the same tensor names as
+    today's (groups of 64, pairs of vectors of 8 channels interleaved, a w4 output layer), so they
+    live under other names; writing today's removes them (1.3 GB each for a 1.5B)."""
     from completiond.models import quant
 
     if not quant.w4_native():
         pytest.skip("int4 is torch's here: no w4 form")
     folder = folder_of(gguf)
     folder.mkdir(parents=True, exist_ok=True)
-    olds = [folder / f"weights.bfloat16-int4-{form}.safetensors" for form in ("w4", "w4x8", "w4x8-w4head")]
+    olds = [folder / f"weights.bfloat16-int4-{form}.safetensors" for form in ("w4", "w4x8", "w4x8-w4head", "w4x16-w4head")]
     for old in olds:
         old.write_bytes(b"an older layout")
     assert runtime.superseded_files(torch.bfloat16, "int4") == [old.name for old in olds]
     lm = load(str(gguf), "target", "cpu", "bfloat16", "int4")
-    assert lm.meta["runtime"].endswith("weights.bfloat16-int4-w4x16-w4head.safetensors")
+    assert lm.meta["runtime"].endswith("weights.bfloat16-int4-w4g64x16-w4head.safetensors")
     assert not any(old.exists() for old in olds)
     assert lm.model.get_output_embeddings().scheme == "w4"
     assert runtime.superseded_files(torch.bfloat16, "int8") == []

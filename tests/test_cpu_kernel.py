@@ -142,7 +142,7 @@ def test_the_header_states_every_exported_function_and_ctypes_agrees():
     declared = {}
     for ret, fname, params in re.findall(r"^(\w+)\s+(completiond_\w+)\(([^)]*)\);", public, re.M | re.S):
         types = []
-        for p in (p.strip() for p in params.split(",")):
+        for p in (p.strip() for p in params.split(",") if p.strip() not in ("", "void")):
             t = ctypes.c_void_p if "*" in p else ctype[p.replace("const ", "").split()[0]]
             types.append(t)
         declared[fname] = (types, ctype[ret])
@@ -352,22 +352,23 @@ def w4_operands(m: int, k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, to
 
 def test_pack_w4_rounds_each_weight_to_its_group_grid():
     """Each weight lands on its group's grid q * scale + zero (q in [0, 15], min / max per group of
-    32, bf16 scale and zero) within about half a step; values already on a grid come back exactly;
+    W4_GROUP, bf16 scale and zero) within about half a step; values already on a grid come back exactly;
     K off the blocks is padded and cut, N padded to whole vectors of 8 channels with zero weights."""
+    G = quant.W4_GROUP
     g = torch.Generator().manual_seed(1)
     w = torch.randn(37, 300, generator=g)
     packed, scales = quant.pack_w4(w, rows=16)  # chunks of rows, the last one padded
     assert packed.shape == (40, 3 * 64) and packed.dtype == torch.uint8
-    assert scales.shape == (40, 2, 12) and scales.dtype == torch.bfloat16
+    assert scales.shape == (40, 2, 384 // G) and scales.dtype == torch.bfloat16
     assert torch.equal(quant.pack_w4(w)[0], packed) and torch.equal(quant.pack_w4(w)[1], scales)
     back = quant.unpack_w4(packed, scales, 300, 37)
     assert back.shape == (37, 300) and not quant.unpack_w4(packed, scales, 300)[37:].any()
-    step = quant.w4_scale_zero(scales)[:37, 0].repeat_interleave(32, 1)[:, :300]
+    step = quant.w4_scale_zero(scales)[:37, 0].repeat_interleave(G, 1)[:, :300]
     assert ((back - w).abs() <= 0.6 * step).all()  # half a step, and bf16's rounding of the zero
-    assert float(((back - w).norm() / w.norm())) < 0.1  # 4 bits, groups of 32, on Gaussian weights
+    assert float(((back - w).norm() / w.norm())) < 0.1  # 4 bits, groups of G, on Gaussian weights
     grid = torch.randint(0, 16, (8, 256), generator=g).float() * 0.25 - 2
-    grid[:, ::32] = -2.0  # every group spans [-2, 1.75]: scale 0.25, zero -2, exact in bf16
-    grid[:, 1::32] = 1.75
+    grid[:, ::G] = -2.0  # every group spans [-2, 1.75]: scale 0.25, zero -2, exact in bf16
+    grid[:, 1::G] = 1.75
     p2, s2 = quant.pack_w4(grid)
     assert torch.equal(quant.unpack_w4(p2, s2, 256), grid)
     # the layout w4_mm.c reads: channel 8 v + l's weights 8 p .. 8 p + 3 in the low nibbles of bytes
@@ -375,7 +376,7 @@ def test_pack_w4_rounds_each_weight_to_its_group_grid():
     # pair, their 32-byte pieces alternating, and so their 8 scales of a group; vector 2 alone
     step = 2.0 ** -(torch.arange(24) % 5)  # a scale per channel (exact in bf16), zero 0
     ref = torch.randint(0, 16, (24, 128), generator=g).float()
-    ref[:, ::32], ref[:, 1::32] = 0.0, 15.0  # every group spans [0, 15] steps
+    ref[:, ::G], ref[:, 1::G] = 0.0, 15.0  # every group spans [0, 15] steps
     pq, sq = quant.pack_w4(ref * step[:, None])
     assert torch.equal(quant.unpack_w4(pq, sq, 128), ref * step[:, None])
     for v, p, lane in ((0, 3, 5), (1, 3, 5), (1, 0, 7), (2, 3, 5)):
@@ -384,8 +385,9 @@ def test_pack_w4_rounds_each_weight_to_its_group_grid():
         piece = pq[:16].reshape(-1)[at:at + 32] if v < 2 else pq[16:24].reshape(-1)[at:at + 32]
         assert torch.equal((piece[4 * lane:4 * lane + 4] & 15).float(), ref[ch, 8 * p:8 * p + 4]), (v, p, lane)
         assert torch.equal((piece[4 * lane:4 * lane + 4] >> 4).float(), ref[ch, 8 * p + 4:8 * p + 8]), (v, p, lane)
-        group = p // 4
-        scale = (sq[:16].reshape(2, 4, 2, 8)[0, group, v, lane] if v < 2 else sq[16:].reshape(2, 4, 8)[0, group, lane])
+        group = p // (G // 8)  # a piece holds 8 weights of a channel
+        scale = (sq[:16].reshape(2, 128 // G, 2, 8)[0, group, v, lane] if v < 2
+                 else sq[16:].reshape(2, 128 // G, 8)[0, group, lane])
         assert float(scale) == step[ch], (v, lane)
 
 

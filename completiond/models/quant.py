@@ -5,7 +5,7 @@ Schemes (weights only; activations keep the model's dtype, embeddings stay as th
   run by completiond's own kernel (`cpu_kernel.int8_mm`: batch-invariant, AVX2 / AVX512-VNNI)
   where it builds, else by `aten._weight_int8pack_mm(x [M, K], q [N, K] int8, s [N])` (s in x's dtype).
 - w4 (what `quantize(..., "int4")` gives the MLP layers where completiond's kernel runs it,
-  cpu_kernel.w4_kind): asymmetric int4 with a bf16 scale and zero per group of 32 along K (`pack_w4`),
+  cpu_kernel.w4_kind): asymmetric int4 with a bf16 scale and zero per group of 64 along K (`pack_w4`),
   run by `cpu_kernel.w4_mm` with int8 activations, and by the native Qwen2 layer: 0.625 bytes a
   weight (with its scales) against int8's 1, for a one-token pass that is bound by reading them.
   Under int4 the output layer is w4 too (`quantize`); attention stays int8.
@@ -104,14 +104,14 @@ class QuantLinear(nn.Module):
             raise ValueError("int8 weights must lie in [-127, 127] (quantize with quant._int8)")
         groups = (in_features + W4_PAD - 1) // W4_PAD * W4_PAD // W4_GROUP
         rows = w4_rows(out_features)
-        if scheme == "w4" and (packed.shape != (rows, groups * 16) or packed.dtype != torch.uint8
+        if scheme == "w4" and (packed.shape != (rows, groups * W4_GROUP // 2) or packed.dtype != torch.uint8
                                or scales.shape != (rows, 2, groups) or scales.dtype != torch.bfloat16):
             # the C kernel reads by these shapes: a file of another layout must not reach it
             raise ValueError(f"w4 weights {tuple(packed.shape)} {packed.dtype} / scales {tuple(scales.shape)} "
                              f"{scales.dtype} are not pack_w4's for [{out_features}, {in_features}]")
         # int8 [N, K] / int4: uint8 [N_pad, K / 2] / w4: uint8 [N8, kp / 2]
         self.register_buffer("packed", packed, persistent=False)
-        self.register_buffer("scales", scales, persistent=False)  # [N] / [K / group, N_pad, 2] / bf16 [N8, 2, kp / 32]
+        self.register_buffer("scales", scales, persistent=False)  # [N] / [K / group, N_pad, 2] / bf16 [N8, 2, kp / 64]
         self.bias = bias
         self.full_weight: torch.Tensor | None = None  # the output layer's full-precision weight
         self.residual: tuple[torch.Tensor, torch.Tensor] | None = None  # untied output layer: int8 [N, K], scales [N]
@@ -300,7 +300,7 @@ def _int4(w: torch.Tensor, group: int, deq: bool = True) -> tuple[torch.Tensor, 
     return q.to(torch.int32).view(n, k), sz, dq
 
 
-W4_GROUP = 32  # weights per int4 scale and zero along K (cpu_kernel.w4_mm)
+W4_GROUP = cpu_kernel.W4_GROUP  # weights per int4 scale and zero along K
 W4_PAD = 128  # K is padded to the int8 activations' block
 W4_LANES = 8  # channels per vector (one per int32 lane of w4_mm.c): N is padded to a multiple
 W4_PAIR = 2 * W4_LANES  # two vectors whose 32-byte pieces alternate (w4_mm.c's 512-bit tiles: one stream)
@@ -318,8 +318,8 @@ def w4_rows(n: int) -> int:
 
 
 def pack_w4(w: torch.Tensor, rows: int = _ROWS) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] -> (packed uint8 [N8, kp / 2], scales bfloat16 [N8, 2, kp / 32]) for cpu_kernel.w4_mm:
-    w ~ q * scale + zero per group of 32 along K, q in [0, 15] (asymmetric min / max, as the torch
+    """w [N, K] -> (packed uint8 [N8, kp / 2], scales bfloat16 [N8, 2, kp / 64]) for cpu_kernel.w4_mm:
+    w ~ q * scale + zero per group of W4_GROUP (64) along K, q in [0, 15] (asymmetric min / max, as the torch
     int4 scheme's groups; scale and zero rounded to bf16 first, q from the rounded pair); K
     zero-padded to kp (a multiple of 128), N to N8 (a multiple of 8). In w4_mm.c's order: vectors of
     8 channels, each a nibble stream (per 32-byte piece p, lane l's 4 bytes: channel 8 v + l's

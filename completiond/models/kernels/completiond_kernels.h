@@ -22,7 +22,7 @@ enum completiond_mm_kind {
     COMPLETIOND_MM_A8_VNNI512 = 4,   // the same bits as A8, vpdpbusd on AVX512-VNNI
     COMPLETIOND_MM_A8_AVXVNNI = 5,   // the same bits as A8, vpdpbusd on AVX-VNNI (256-bit)
     // int4 weights (w4_mm.c): w is uint8 [N8, kp / 2] of packed nibbles q in [0, 15] in vectors of 8
-    // channels, `scale` bf16 [N8, 2, kp / 32]: a scale and a zero per group of 32 along K (kp: K
+    // channels, `scale` bf16 [N8, 2, kp / 64]: a scale and a zero per group of 64 along K (kp: K
     // rounded up to 128, N8: N up to 8); activations as A8
     COMPLETIOND_MM_W4 = 6,           // vpmaddubsw (AVX2)
     COMPLETIOND_MM_W4_VNNI512 = 7,   // the same bits as W4, vpdpbusd on AVX512-VNNI (256-bit, AVX512-VL)
@@ -49,6 +49,10 @@ int completiond_zmm(int on);
 // 256-bit ones; the default 4, cpu_kernel.py times it per CPU). rows < 1 changes nothing. Returns the
 // value in force. Same bits either way.
 int completiond_w4_zmm_rows(int rows);
+
+// int4 weights per scale and zero along K (quant.pack_w4 packs with cpu_kernel.W4_GROUP; the loader
+// checks that the two agree).
+int completiond_w4_group(void);
 
 // With bf16 attention scores (kv_bf16 == 2), heads of at most `max_d` dims lay a block of keys across
 // lanes first (no horizontal sums); larger heads read the keys in place (the default 64: the 0.5B's

@@ -11,7 +11,7 @@ completiond_kernels.h declares the C side):
 - `a8_mm.c`: activations rounded to int8 per block (u8 x s8 dot products: vpmaddubsw on AVX2,
   vpdpbusd on AVX512-VNNI or AVX-VNNI, the same bits on all three), the densest arithmetic a CPU
   has: what keeps a tree pass near a one-token pass's cost.
-- `w4_mm.c` (kinds `w4*`): int4 weights with a scale and zero per group of 32 (quant.pack_w4)
+- `w4_mm.c` (kinds `w4*`): int4 weights with a scale and zero per group of 64 (quant.pack_w4)
   times a8's int8 activations: 0.625 bytes a weight against int8's 1, for the layers of a large target whose
   one-token pass is bound by reading them (`w4_mm`, `w4_kind`).
 
@@ -68,6 +68,8 @@ SIGNATURES: dict[str, tuple[list, type | None]] = {
     "completiond_zmm": ([_C], _C),
     # (rows) -> rows from which int4 matmuls run the 512-bit tiles (rows < 1: only read it)
     "completiond_w4_zmm_rows": ([_C], _C),
+    # () -> int4 weights per scale and zero along K (W4_GROUP)
+    "completiond_w4_group": ([], _C),
     # (kind, x, w, scale, y, M, K, N, threads)
     "completiond_mm": ([_C, _P, _P, _P, _P, _I, _I, _I, _C], _C),
     # (max_d) -> the largest head size whose bf16 attention scores lay keys across lanes (max_d < 0: only read it)
@@ -85,6 +87,9 @@ SIGNATURES: dict[str, tuple[list, type | None]] = {
 KINDS = {"float32": 0, "int16": 1, "int16+avx512-vnni": 2, "int8": 3, "int8+avx512-vnni": 4, "int8+avx-vnni": 5,
          "w4": 6, "w4+avx512-vnni": 7, "w4+avx-vnni": 8}  # w4: int4 weights (w4_mm.c), int8 activations
 ACTIVATIONS = ("float32", "int16", "int8")
+# int4 weights per scale and zero along K: w4_mm.c's W4_G (quant.pack_w4 writes them). Groups of 64
+# read 0.5625 bytes a weight (32: 0.625) and halve the float steps; docs/kernels.md "Round 22".
+W4_GROUP = 64
 NAME = "completiond-avx2"  # what status / --json report as the int8 kernel
 SUFFIX = {"float32": "", "int16": "+int16-activations", "int8": "+int8-activations"}  # appended to NAME
 AVX512_VNNI = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # /proc/cpuinfo flags the 512-bit VNNI kernels need
@@ -163,6 +168,10 @@ def _library() -> ctypes.CDLL | None:
     for name_, (args, res) in SIGNATURES.items():
         fn = getattr(lib, name_)
         fn.argtypes, fn.restype = args, res
+    if lib.completiond_w4_group() != W4_GROUP:  # a stale build beside newer Python
+        log.warning("completiond's int8 kernel groups int4 weights by %d, not %d; using torch's",
+                    lib.completiond_w4_group(), W4_GROUP)
+        return None
     global _zmm_rows
     _zmm_rows = _zmm_choice(lib)
     lib.completiond_zmm(int(_zmm_rows > 0))
@@ -357,7 +366,7 @@ def _zmm_ms(lib: ctypes.CDLL, layers: int = 2, reps: int = 5) -> dict[str, dict[
         for n, k in ((17920, 1536), (1536, 8960)):
             kp = (k + 127) // 128 * 128
             mats.append((torch.randint(0, 256, (n, kp // 2), dtype=torch.uint8, generator=g),
-                         torch.rand(n, 2, kp // 32, generator=g).to(torch.bfloat16), n, k))
+                         torch.rand(n, 2, kp // W4_GROUP, generator=g).to(torch.bfloat16), n, k))
     xs = {(m, k): torch.randn(m, k, generator=g) for m in ZMM_ROWS for k in (1536, 8960)}
     ys = {(m, n): torch.empty(m, n) for m in ZMM_ROWS for n in (17920, 1536)}
     best = {str(m): {"zmm": float("inf"), "ymm": float("inf")} for m in ZMM_ROWS}
@@ -414,7 +423,7 @@ def int8_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, kind: str = 
 def w4_mm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, kind: str | None = None,
           n: int | None = None) -> torch.Tensor:
     """x [M, K] (any float dtype) @ W^T for int4 weights packed by quant.pack_w4 (packed uint8 [N8,
-    kp / 2], scales bfloat16 [N8, 2, kp / 32]: scales, zeros; N8 = n up to a multiple of 8) -> [M, n]
+    kp / 2], scales bfloat16 [N8, 2, kp / W4_GROUP]: scales, zeros; N8 = n up to a multiple of 8) -> [M, n]
     in x's dtype; `n` defaults to N8, `kind` to w4_kind()."""
     lib = library()
     assert lib is not None, "w4_mm needs library()"
@@ -425,8 +434,8 @@ def w4_mm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, kind: str
     m, k = xf.shape
     n8, g = scales.shape[0], scales.shape[-1]
     n = n8 if n is None else n
-    if (packed.shape != (n8, g * 16) or packed.dtype != torch.uint8 or scales.shape != (n8, 2, g)
-            or scales.dtype != torch.bfloat16 or (k + 127) // 128 * 4 != g or n8 % 8 or not n8 - 8 < n <= n8):
+    if (packed.shape != (n8, g * W4_GROUP // 2) or packed.dtype != torch.uint8 or scales.shape != (n8, 2, g)
+            or scales.dtype != torch.bfloat16 or (k + 127) // 128 * (128 // W4_GROUP) != g or n8 % 8 or not n8 - 8 < n <= n8):
         raise ValueError(f"w4 weights {tuple(packed.shape)} / scales {tuple(scales.shape)} do not fit K = {k}, "
                          f"N = {n}")
     packed, scales = packed.contiguous(), scales.contiguous()

@@ -2,14 +2,14 @@
 // pass reads every weight once, so a one-token pass of a large model is bound by its bytes; int4
 // with its scales reads 0.625 of int8's.
 //
-// Weights: w = q * scale + zero per group of 32 along K, q in [0, 15] (asymmetric, as torch's int4
-// and llama.cpp's Q4_1), scale and zero bf16. Channels go in vectors of 8 (N padded to a multiple of
+// Weights: w = q * scale + zero per group of 64 along K, q in [0, 15] (asymmetric min / max; groups
+// of 32 until round 22, docs/kernels.md), scale and zero bf16. Channels go in vectors of 8 (N padded to a multiple of
 // 8 with zero weights), one channel per int32 lane, so the products of many rows run on the integer
-// units and a float step comes once per 32 products of a lane, not once per 4. Vector v's piece p
+// units and a float step comes once per 64 products of a lane, not once per 4. Vector v's piece p
 // (32 bytes) holds, in lane l's 4 bytes, channel 8 v + l's weights 8 p .. 8 p + 3 (low nibbles) and
 // 8 p + 4 .. 8 p + 7 (high); a group's 8 scales and 8 zeros are bf16. Vectors go in pairs, 2 u and
 // 2 u + 1 one stream (rows 16 u .. 16 u + 15 of the uint8 [N8, kp / 2] tensor): piece p of the first,
-// piece p of the second, piece p + 1 ...; its scales [2, G, 2 x 8] (G = kp / 32; rows 16 u .. of the
+// piece p of the second, piece p + 1 ...; its scales [2, G, 2 x 8] (G = kp / 64; rows 16 u .. of the
 // bf16 [N8, 2, G] tensor): group g's 8 of the first vector, then the second's, then the zeros alike.
 // So a 512-bit tile reads a pair as one stream of aligned 64-byte loads (docs/kernels.md "Round 16").
 // A last odd vector is a stream of its own (32-byte pieces, [2, G, 8]). quant.pack_w4 writes this;
@@ -30,7 +30,7 @@
 #error "w4_mm.c: the weights' scale blocks are the activations' blocks of 128"
 #endif
 #define KB 128
-#define W4_G 32   // weights per scale and zero along K
+#define W4_G 64   // weights per scale and zero along K (quant.W4_GROUP)
 #define W4_ZRB 8   // rows a 512-bit tile
 #define W4_NB 48  // output channels per thread work item (whole vectors of 8)
 
@@ -156,6 +156,8 @@ static inline __attribute__((always_inline)) void w4_tile_zmm(int R, const Compl
 // 512-bit tile read two streams, from 5). The rest of a larger matmul (12 rows: 8 + 4) stays in
 // 512-bit tiles: it reads the weights from cache, where the arithmetic bounds it.
 static int w4_zmm_rows = 4;
+
+int completiond_w4_group(void) { return W4_G; }
 
 int completiond_w4_zmm_rows(int rows) {
     if (rows >= 1) w4_zmm_rows = rows;
