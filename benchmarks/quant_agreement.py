@@ -50,13 +50,15 @@ def logits(scheme: str, keep: tuple[str, ...] | None, texts: list[str], tokens: 
         return [t.model(torch.tensor([i])).logits[0].float() for i in ids if len(i) >= 64]
 
 
-def refined_argmax(scheme: str, full_head: bool, texts: list[str], tokens: int) -> list[torch.Tensor]:
+def refined_argmax(scheme: str, full_head: bool, texts: list[str], tokens: int, target: str = "default",
+                   form: bool = False) -> list[torch.Tensor]:
     """The daemon's next-token choice, teacher-forced: the runner's output layer with its float32
-    refinement of the top rows (full-precision rows, or with full_head=False int8 + residual rows)."""
+    refinement of the top rows (full-precision rows, or with full_head=False int8 + residual rows).
+    form: the runtime form `scheme` loads as (the daemon's weights), not quantized here."""
     from completiond.core.forward.runner import Runner
 
-    t = load("default", "target", "cpu", "bfloat16", "none")
-    if scheme != "none":
+    t = load(target, "target", "cpu", "bfloat16", scheme if form else "none")
+    if scheme != "none" and not form:
         quant.quantize(t.model, scheme, full_head=full_head)
     r = Runner(t, backend="transformers", refine=True)
     with torch.inference_mode():
@@ -74,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default="default", help="the model (default: the CPU default target)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS))
     ap.add_argument("--no-picks", action="store_true", help="skip the refined-picks rows")
+    ap.add_argument("--picks-int4", action="store_true",
+                    help="only the refined picks of --target's int4 runtime form against its unquantized "
+                         "picks and against each file's next token (no logits rows)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     files = sorted((cache_root() / "bench-repos").glob("*[!l]/*/*.py"))[: a.files]
@@ -81,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         print("quant_agreement: no bench repositories in the cache (see the docstring)", file=sys.stderr)
         return 2
     texts = [f.read_text(errors="replace") for f in files]
+    if a.picks_int4:
+        return picks_int4(a, files, texts)
     ref = logits("none", None, texts, a.tokens, a.target)
     n = sum(len(x) for x in ref)
     rows = {}
@@ -109,6 +116,29 @@ def main(argv: list[str] | None = None) -> int:
             "tokens": n, "reference": f"{a.target} (default: qwen2.5-coder-0.5b), GGUF dequantized to bf16",
             "variants": rows,
             "refined_picks": picks}, indent=1) + "\n")
+    return 0
+
+
+def picks_int4(a: argparse.Namespace, files: list[Path], texts: list[str]) -> int:
+    """The int4 form's greedy picks (as the daemon loads it: the w4 group of this checkout) against
+    the unquantized target's and against the text's next token: is int4 less often right, or only
+    different?"""
+    ref = refined_argmax("none", False, texts, a.tokens, a.target)
+    got = refined_argmax("int4", False, texts, a.tokens, a.target, form=True)
+    tok = load(a.target, "target", "cpu", "bfloat16", "none").tokenizer
+    ids = [i for i in (tok.encode(x)[:a.tokens] for x in texts) if len(i) >= 64]
+    nxt = torch.cat([torch.tensor(i[1:]) for i in ids])
+    r, g = torch.cat([x[:-1] for x in ref]), torch.cat([x[:-1] for x in got])
+    row = {"w4_group": quant.W4_GROUP, "tokens": len(nxt), "agreement": round((r == g).float().mean().item(), 4),
+           "next_token_top1": round((g == nxt).float().mean().item(), 4),
+           "next_token_top1_unquantized": round((r == nxt).float().mean().item(), 4)}
+    print(json.dumps(row))
+    if a.json:
+        a.json.write_text(json.dumps({
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(["python", *sys.argv]), "cpu": cpu_name(), "files": [f.name for f in files],
+            "reference": f"{a.target}, GGUF dequantized to bf16, refined picks", "int4_refined_picks": row},
+            indent=1) + "\n")
     return 0
 
 

@@ -140,6 +140,12 @@ def test_one_noisy_run_does_not_flip_the_default(monkeypatch):
     # a run of other weights is another measurement: it starts the package afresh
     assert bench(280.0, quant="int4") == SMALLER
     assert [m["larger_quant"] for m in choice._runs()["toolz"]] == ["int4"]
+    assert bench(270.0, quant="int4") == SMALLER  # 1.40, 1.35
+    # and so is another form of the same weights (round 22: int4 groups of 64 instead of 32)
+    g64 = "weights.bfloat16-int4-w4g64x16-w4head.safetensors"
+    larger = {**run(f"{LARGER}@int4", "combined", 240.0), "weights_file": g64}
+    assert record_default({f"{LARGER}@int4": larger, SMALLER: run(SMALLER, "ar", 200.0)})["target"] == LARGER
+    assert [(m["larger_quant"], m["larger_weights"]) for m in choice._runs()["toolz"]] == [("int4", g64)]
 
 
 def test_a_record_of_the_older_form_is_read(cache):

@@ -230,7 +230,10 @@ def finish_target(r: TargetRun, root: Path, label: str, positions: list, modes: 
         "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
         "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
         "prefill_dtype": prefill_dtype(target), "int8_kernel": target.meta.get("int8_kernel"),
-        "weights": target.meta.get("weights"), "max_tokens": a.max_tokens, "repo_context": a.repo_context,
+        "weights": target.meta.get("weights"),
+        # the runtime form's file (its name says the format: int4 groups, layout), None for other loads
+        "weights_file": Path(target.meta["runtime"]).name if target.meta.get("runtime") else None,
+        "max_tokens": a.max_tokens, "repo_context": a.repo_context,
         "pass_cost_ms": {str(k): round(v, 2) for k, v in r.costs.items()},
         # the tree budget's table at the start and after the modes ran (per size: ms, source, passes,
         # probes; the daemon's estimator), so a run says which tree sizes it priced how
@@ -291,7 +294,8 @@ def record_default(runs: dict[str, dict]) -> dict | None:
     record_choice({"larger_combined_p50_ms": larger["modes"]["combined"]["p50_ms"],
                    "smaller_ar_p50_ms": smaller["modes"]["ar"]["p50_ms"],
                    "positions": larger["positions"], "repo": larger["repo"], "date": larger["date"],
-                   "command": larger["command"], "larger_quant": key.partition("@")[2] or "auto"})
+                   "command": larger["command"], "larger_quant": key.partition("@")[2] or "auto",
+                   "larger_weights": larger.get("weights_file")})
     target, why = default_target("cpu")
     return {"target": target, "why": why}
 

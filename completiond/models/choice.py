@@ -47,13 +47,18 @@ def _median_ratio(kept: list[dict]) -> float:
 
 def record_choice(measured: dict) -> None:
     """Keep a side-by-side bench's run for this CPU: `measured` has larger_combined_p50_ms,
-    smaller_ar_p50_ms, positions, repo, date, command, and larger_quant (the larger target's weights
-    as measured, e.g. "int4" for `qwen2.5-coder-1.5b@int4`; "auto" for the default's). The package
-    keeps its last KEPT_RUNS runs of the same weights (a run of other weights starts afresh); the
-    other packages are kept (`_cpu_choice` picks the one that decides)."""
+    smaller_ar_p50_ms, positions, repo, date, command, larger_quant (the larger target's weights
+    as measured, e.g. "int4" for `qwen2.5-coder-1.5b@int4`; "auto" for the default's) and
+    larger_weights (its runtime form's file, whose name says the format, e.g. the int4 groups). The
+    package keeps its last KEPT_RUNS runs of the same weights (a run of other weights, or of another
+    form of them, is another model and starts afresh); the other packages are kept (`_cpu_choice`
+    picks the one that decides)."""
     runs = _runs()
-    quant = measured.get("larger_quant") or "auto"
-    kept = [m for m in runs.get(measured["repo"], []) if (m.get("larger_quant") or "auto") == quant]
+
+    def weights(m: dict) -> tuple[str, str | None]:
+        return m.get("larger_quant") or "auto", m.get("larger_weights")
+
+    kept = [m for m in runs.get(measured["repo"], []) if weights(m) == weights(measured)]
     runs[measured["repo"]] = [*kept, measured][-KEPT_RUNS:]
     write_cpu_file(KIND, {"by_repo": runs})
 
