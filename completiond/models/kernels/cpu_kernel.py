@@ -12,7 +12,7 @@ completiond_kernels.h declares the C side):
   vpdpbusd on AVX512-VNNI or AVX-VNNI, the same bits on all three), the densest arithmetic a CPU
   has: what keeps a tree pass near a one-token pass's cost.
 - `w4_mm.c` (kinds `w4*`): int4 weights with a scale and zero per group of 64 (quant.pack_w4)
-  times a8's int8 activations: 0.625 bytes a weight against int8's 1, for the layers of a large target whose
+  times a8's int8 activations: 0.5625 bytes a weight against int8's 1, for the layers of a large target whose
   one-token pass is bound by reading them (`w4_mm`, `w4_kind`).
 
 `activations()` picks float32, int16 or int8 by measurement once per CPU; `kind()` adds the widest

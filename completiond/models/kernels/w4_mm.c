@@ -1,6 +1,6 @@
 // y [M, N] = x [M, K] . w [N, K]^T with int4 weights and int8 activations (kinds W4*): a decode
 // pass reads every weight once, so a one-token pass of a large model is bound by its bytes; int4
-// with its scales reads 0.625 of int8's.
+// with its scales reads 0.5625 of int8's.
 //
 // Weights: w = q * scale + zero per group of 64 along K, q in [0, 15] (asymmetric min / max; groups
 // of 32 until round 22, docs/kernels.md), scale and zero bf16. Channels go in vectors of 8 (N padded to a multiple of

@@ -10,7 +10,7 @@
 // R rows from m0 x P vectors of 8 channels (lane l of vector j: channel 8 j + l): vector j's 32-byte
 // pieces from w + 32 j, ws bytes apart, its group's 8 scales from sz + 8 j, ss apart, then its zeros
 // likewise (a pair: ws 64, ss 16; a lone vector: 32, 8). Per group of W4_G along K and vector: int32
-// lane sums of nibble x xq (8 DOTs, an activation quad broadcast to every lane), then acc +=
+// lane sums of nibble x xq (W4_G / 4 DOTs, an activation quad broadcast to every lane), then acc +=
 // float(sums) x (group scale x the row's block scale); after the last group the zeros' part, acc +=
 // zero x xsum over the groups in order. A pair is read in one sweep, one stream. `valid`: channels
 // to store from the first (the tail).
