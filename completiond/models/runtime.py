@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from . import pages
+from .kernels.cpu_kernel import W4_GROUP
 
 FORMAT = "completiond-runtime-1"
 ALIGN = 64
@@ -47,20 +48,24 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+# completiond's int4 form: its group size, vectors of 8 channels in interleaved pairs, a w4 output layer
+W4_FORM = f"int4-w4g{W4_GROUP}x16-w4head"
+
+
 def weights_file(dtype: torch.dtype, scheme: str) -> str:
     """int4 forms name their format: "-w4g64x16-w4head" (completiond's int4 kernel for the MLP and the
     output layer, quant.w4_native; groups of 64, vectors of 8 channels in interleaved pairs) or torch's."""
     if scheme == "int4":
         from .quant import w4_native
 
-        scheme = "int4-w4g64x16-w4head" if w4_native() else "int4"
+        scheme = W4_FORM if w4_native() else "int4"
     return f"weights.{dtype_name(dtype)}-{scheme}.safetensors"
 
 
 # forms of an older layout that a new form replaces: deleted when it is written (1.3 GB for a 1.5B):
 # w4 channels in vectors of 8 (round 10) replaced one per row; a w4 output layer (round 11) an int8 one;
 # pairs of vectors interleaved (round 16) vectors one after the other; groups of 64 (round 22) of 32
-_SUPERSEDED = {"int4-w4g64x16-w4head": ("int4-w4", "int4-w4x8", "int4-w4x8-w4head", "int4-w4x16-w4head")}
+_SUPERSEDED = {W4_FORM: ("int4-w4", "int4-w4x8", "int4-w4x8-w4head", "int4-w4x16-w4head")}
 
 
 def superseded_files(dtype: torch.dtype, scheme: str) -> list[str]:

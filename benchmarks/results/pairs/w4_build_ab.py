@@ -8,18 +8,27 @@ tiles from 5 rows old, from 3 new). Build and run:
     (cd /tmp/ab/old && gcc -O3 -mavx2 -mfma -fopenmp -ffp-contract=off -shared -fPIC -o lib.so \
         int8_mm.c a16_mm.c a8_mm.c w4_mm.c mm.c qwen2_layer.c)                  # the same in /tmp/ab/new
     python w4_build_ab.py 1,2,3,4,5,8 out.json [w4 | w4+avx-vnni | w4+avx512-vnni]
+
+Environment: ZMM_ROWS=OLD,NEW (the 512-bit tiles' first row count of each build, default 5,3),
+LAYERS (6), SHAPES=mlp (only the MLP's two shapes, as int4 runs them in the model). Round 22 (int4
+groups of 32 / 64): `ZMM_ROWS=3,3 python w4_build_ab.py 1,2,4,8 -` and with `LAYERS=28 SHAPES=mlp`.
 """
+import os
 import ctypes, time, torch, sys, json
 torch.set_num_threads(2)
 from completiond.models.kernels import cpu_kernel as ck
 libs = {n: ctypes.CDLL(f'/tmp/ab/{n}/lib.so') for n in ('old', 'new')}
 for name, lib in libs.items():
     for name_, (args, res) in ck.SIGNATURES.items():
-        fn = getattr(lib, name_); fn.argtypes, fn.restype = args, res
-    lib.completiond_zmm(1); lib.completiond_w4_zmm_rows({'old': 5, 'new': 3}[name])
+        if hasattr(lib, name_):  # an older build may lack a newer export
+            fn = getattr(lib, name_); fn.argtypes, fn.restype = args, res
+    zmm_rows = dict(zip(('old', 'new'), map(int, os.environ.get('ZMM_ROWS', '5,3').split(','))))
+    lib.completiond_zmm(1); lib.completiond_w4_zmm_rows(zmm_rows[name])
 SHAPES = [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)]
+if os.environ.get('SHAPES') == 'mlp':
+    SHAPES = SHAPES[2:]
 g = torch.Generator().manual_seed(0)
-L = 6
+L = int(os.environ.get('LAYERS', 6))
 mats = []
 for _ in range(L):
     for n, k in SHAPES:
