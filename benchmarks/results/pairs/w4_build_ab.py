@@ -10,7 +10,8 @@ tiles from 5 rows old, from 3 new). Build and run:
     python w4_build_ab.py 1,2,3,4,5,8 out.json [w4 | w4+avx-vnni | w4+avx512-vnni]
 
 Environment: ZMM_ROWS=OLD,NEW (the 512-bit tiles' first row count of each build, default 5,3),
-LAYERS (6), SHAPES=mlp (only the MLP's two shapes, as int4 runs them in the model). Round 22 (int4
+LAYERS (6), SHAPES=mlp (only the MLP's two shapes, as int4 runs them in the model), OLD / NEW (what
+each build is, for the JSON). Round 22 (int4
 groups of 32 / 64): `ZMM_ROWS=3,3 python w4_build_ab.py 1,2,4,8 -` and with `LAYERS=28 SHAPES=mlp`.
 """
 import os
@@ -51,4 +52,6 @@ for m in [int(r) for r in sys.argv[1].split(',')]:
     print(m, table[str(m)], flush=True)
 if len(sys.argv) > 2 and sys.argv[2] != "-":
     json.dump({'command': 'python ' + ' '.join(sys.argv), 'ms_per_layer_fastest_of_9': table,
-               'old': 'vectors of 8 one after another (f23fbc7)', 'new': 'pairs of vectors interleaved'}, open(sys.argv[2], 'w'), indent=2)
+               'old': os.environ.get('OLD', 'vectors of 8 one after another (f23fbc7)'),
+               'new': os.environ.get('NEW', 'pairs of vectors interleaved'),
+               'env': {k: os.environ[k] for k in ('ZMM_ROWS', 'LAYERS', 'SHAPES') if k in os.environ}}, open(sys.argv[2], 'w'), indent=2)

@@ -76,11 +76,28 @@ static inline W4Prefetch w4_item(const uint8_t *w, int64_t half, int64_t b, int6
     return (W4Prefetch){(const char *)(w + *n1 * half), (const char *)(w + (n2 + 7) / 8 * 8 * half), per};
 }
 
+// acc + u x (4 activation bytes at p, broadcast to every lane). The AVX512 forms take the broadcast
+// from memory within vpdpbusd ({1toN}, written out: GCC 12 loads each quad into a register of its
+// own and copies the sums between registers, ~3 instructions a vpdpbusd at 8 rows; the products and
+// sums are the same). Where the tile is bound by its instructions, 5-10 % off (docs/kernels.md
+// "Round 23").
+#define W4_DOTQ_SET1(dot, acc, u, p) dot(acc, u, _mm256_set1_epi32(w4_quad(p)))
+static inline __attribute__((always_inline, target("avx512f,avx512vl,avx512vnni"))) __m256i
+w4_dot_ymm_bcst(__m256i acc, __m256i u, const int8_t *p) {
+    __asm__("vpdpbusd %1%{1to8%}, %2, %0" : "+v"(acc) : "m"(*(const int32_t *)p), "v"(u));
+    return acc;
+}
+static inline __attribute__((always_inline, target("avx512f,avx512vnni"))) __m512i
+w4_dot_zmm_bcst(__m512i acc, __m512i u, const int8_t *p) {
+    __asm__("vpdpbusd %1%{1to16%}, %2, %0" : "+v"(acc) : "m"(*(const int32_t *)p), "v"(u));
+    return acc;
+}
+
 // ---- AVX2 ----
 static inline __attribute__((always_inline)) __m256i dot_avx2(__m256i acc, __m256i u, __m256i s) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
-#define DOT dot_avx2
+#define DOTQ(acc, u, p) W4_DOTQ_SET1(dot_avx2, acc, u, p)
 #define SUFFIX _avx2
 // 16 registers: a pair of vectors' 8 sums and 8 accumulators spill (2-16 rows run up to 20 % slower
 // than with vectors one after the other, one row 8-10 % faster: docs/kernels.md "Round 16")
@@ -90,7 +107,7 @@ static inline __attribute__((always_inline)) __m256i dot_avx2(__m256i acc, __m25
 // ---- AVX512-VNNI (256-bit vpdpbusd, AVX512-VL) ----
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
-#define DOT _mm256_dpbusd_epi32
+#define DOTQ w4_dot_ymm_bcst
 #define SUFFIX _vnni512
 #define RB 4  // 8 rows a tile was no faster at 8-16 rows
 #include "w4_tiles.h"
@@ -127,11 +144,7 @@ static inline __attribute__((always_inline)) void w4_tile_zmm(int R, const Compl
             for (int64_t k = g * W4_G; k < (g + 1) * W4_G; k += 8) {
                 __m512i v = _mm512_loadu_si512((const void *)(w + 8 * k));  // piece k / 8 of both vectors
                 __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                for (int r = 0; r < R; r++) {
-                    __m512i x0 = _mm512_set1_epi32(w4_quad(q + r * kp + k));
-                    __m512i x1 = _mm512_set1_epi32(w4_quad(q + r * kp + k + 4));
-                    d[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(d[r], lo, x0), hi, x1);
-                }
+                for (int r = 0; r < R; r++) d[r] = w4_dot_zmm_bcst(w4_dot_zmm_bcst(d[r], lo, q + r * kp + k), hi, q + r * kp + k + 4);
             }
             __m512 sw = w4_bf16x16(sz + g * 16);
             for (int r = 0; r < R; r++) {
@@ -201,7 +214,7 @@ static void w4_mm_zmm(const CompletiondA8Rows *a, const uint8_t *w, const uint16
 // ---- AVX-VNNI ----
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,avxvnni")
-#define DOT _mm256_dpbusd_avx_epi32
+#define DOTQ(acc, u, p) W4_DOTQ_SET1(_mm256_dpbusd_avx_epi32, acc, u, p)
 #define SUFFIX _avxvnni
 #define RB 4  // as AVX2's: 16 registers
 #include "w4_tiles.h"
