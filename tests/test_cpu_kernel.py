@@ -296,7 +296,7 @@ def test_a_library_of_another_int4_group_is_not_used(monkeypatch, caplog):
 
 def test_zmm_is_measured_once_per_cpu(tmp_path, monkeypatch):
     """The 512-bit code runs where a timing of both widths on int4 matmuls of 2 to 8 rows (taken
-    once per CPU, cached) finds it clearly faster at 8 rows, from the fewest rows where it stays so;
+    once per CPU and kernel build, cached) finds it clearly faster at 8 rows, from the fewest rows where it stays so;
     COMPLETIOND_ZMM=0 / 1 skips the timing."""
     import json
     if not cpu_kernel.AVX512_VNNI <= cpu_flags():
@@ -310,6 +310,7 @@ def test_zmm_is_measured_once_per_cpu(tmp_path, monkeypatch):
     try:
         rows = cpu_kernel._zmm_choice(lib)  # 0: off
         [path] = (tmp_path / "calibration").glob("zmm-*.json")
+        assert cpu_kernel.build_id() in path.name  # a kernel change is timed afresh
         saved = json.loads(path.read_text())
         gains = {int(r): ms["zmm"] <= cpu_kernel.ZMM_GAIN * ms["ymm"] for r, ms in saved["ms"].items()}
         assert sorted(gains) == list(cpu_kernel.ZMM_ROWS)

@@ -154,7 +154,11 @@ def build_id() -> str:
     """The loaded library's build key (its sources, flags and compiler), "" without one: a change to
     the kernels changes what a pass costs even where name() stays the same."""
     lib = library()
-    return Path(lib._name).stem.removeprefix("int8_mm-") if lib is not None else ""
+    return _build_of(lib) if lib is not None else ""
+
+
+def _build_of(lib: ctypes.CDLL) -> str:
+    return Path(lib._name).stem.removeprefix("int8_mm-")
 
 
 def _library() -> ctypes.CDLL | None:
@@ -321,7 +325,7 @@ def zmm() -> bool:
     """Whether the kernels run 512-bit code in this process: int4-weight matmuls of enough rows (tree
     passes, prefill chunks: `vpdpbusd` over two vectors of 8 channels at once, w4_mm.c) and the
     native layer's attention value sums. Same bits either way; only the time differs, so it is
-    measured once per CPU (`_zmm_choice`): on Zen 5 a 512-bit instruction does twice a 256-bit
+    measured once per CPU and build (`_zmm_choice`): on Zen 5 a 512-bit instruction does twice a 256-bit
     one's work in the same time (an 8-row int4 matmul of the 1.5B's shapes: 0.77x, docs/kernels.md
     "Round 13"), where Zen 4 splits it in two halves and some Intel CPUs lower their clock for it.
     COMPLETIOND_ZMM=0 / 1 skips the measurement (1: only where the CPU has AVX512-VNNI)."""
@@ -335,9 +339,10 @@ def zmm_rows() -> int:
 
 def _zmm_choice(lib: ctypes.CDLL) -> int:
     """The fewest rows of an int4 matmul that run the 512-bit code on this CPU, 0 where it is off:
-    forced by COMPLETIOND_ZMM (1: from 3 rows), else timed once and cached. It is on where 8 rows gain
-    at least ZMM_GAIN; it runs from the smallest timed row count from which every timed count gains
-    that (docs/kernels.md "Round 16": on this Zen 5 from 3 rows; one row reads as fast either way)."""
+    forced by COMPLETIOND_ZMM (1: from 3 rows), else timed once per CPU and kernel build and cached.
+    It is on where 8 rows gain at least ZMM_GAIN; it runs from the smallest timed row count from which
+    every timed count gains that (docs/kernels.md "Round 16": on this Zen 5 from 3 rows; one row reads
+    as fast either way)."""
     if not AVX512_VNNI <= cpu_flags():
         return 0
     forced = os.environ.get("COMPLETIOND_ZMM", "auto")
@@ -351,7 +356,9 @@ def _zmm_choice(lib: ctypes.CDLL) -> int:
         log.info("512-bit kernels on this CPU (%s): %s (%s)", cpu_key(), f"from {rows} rows" if rows else "off", ms)
         return {"zmm_rows": rows, "ms": ms}
 
-    return calibrated("zmm-v2", measure, ("zmm_rows",))["zmm_rows"]  # v2: pairs of vectors interleaved (round 16)
+    # per build too: a kernel change moves the two widths' times apart (round 23's broadcasts: the
+    # 256-bit tiles' 2 rows 0.88x, the 512-bit tiles' 8 rows 0.97x)
+    return calibrated(f"zmm-v2-{_build_of(lib)}", measure, ("zmm_rows",))["zmm_rows"]
 
 
 def _zmm_ms(lib: ctypes.CDLL, layers: int = 2, reps: int = 5) -> dict[str, dict[str, float]]:
