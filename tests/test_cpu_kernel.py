@@ -296,8 +296,8 @@ def test_a_library_of_another_int4_group_is_not_used(monkeypatch, caplog):
 
 def test_zmm_is_measured_once_per_cpu(tmp_path, monkeypatch):
     """The 512-bit code runs where a timing of both widths on int4 matmuls of 2 to 8 rows (taken
-    once per CPU and kernel build, cached) finds it clearly faster at 8 rows, from the fewest rows where it stays so;
-    COMPLETIOND_ZMM=0 / 1 skips the timing."""
+    once per CPU and kernel build, cached) finds it clearly faster at 8 rows, from the fewest rows
+    where it stays so; COMPLETIOND_ZMM=0 / 1 skips the timing."""
     import json
     if not cpu_kernel.AVX512_VNNI <= cpu_flags():
         assert not cpu_kernel.zmm() and cpu_kernel.zmm_rows() == 0  # no 512-bit VNNI: never on, nothing timed

@@ -325,9 +325,10 @@ def zmm() -> bool:
     """Whether the kernels run 512-bit code in this process: int4-weight matmuls of enough rows (tree
     passes, prefill chunks: `vpdpbusd` over two vectors of 8 channels at once, w4_mm.c) and the
     native layer's attention value sums. Same bits either way; only the time differs, so it is
-    measured once per CPU and build (`_zmm_choice`): on Zen 5 a 512-bit instruction does twice a 256-bit
-    one's work in the same time (an 8-row int4 matmul of the 1.5B's shapes: 0.77x, docs/kernels.md
-    "Round 13"), where Zen 4 splits it in two halves and some Intel CPUs lower their clock for it.
+    measured once per CPU and kernel build (`_zmm_choice`): on Zen 5 a 512-bit instruction does
+    twice a 256-bit one's work in the same time (an 8-row int4 matmul of the 1.5B's shapes: 0.77x,
+    docs/kernels.md "Round 13"), where Zen 4 splits it in two halves and some Intel CPUs lower their
+    clock for it.
     COMPLETIOND_ZMM=0 / 1 skips the measurement (1: only where the CPU has AVX512-VNNI)."""
     return library() is not None and _zmm_rows > 0
 

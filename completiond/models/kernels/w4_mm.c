@@ -78,18 +78,21 @@ static inline W4Prefetch w4_item(const uint8_t *w, int64_t half, int64_t b, int6
 
 // acc + u x (4 activation bytes at p, broadcast to every lane). The AVX512 forms take the broadcast
 // from memory within vpdpbusd ({1toN}, written out: GCC 12 loads each quad into a register of its
-// own and copies the sums between registers, ~3 instructions a vpdpbusd at 8 rows; the products and
-// sums are the same). Where the tile is bound by its instructions, 5-10 % off (docs/kernels.md
-// "Round 23").
+// own and, in the 512-bit tile, copies the sums between registers, ~3 instructions a vpdpbusd at 8
+// rows; the products and sums are the same). Matmuls of 2 rows 0.88x the time, 5 rows 0.93x, 8-16
+// rows 0.96-0.98x on Zen 4 (docs/kernels.md "Round 23").
+typedef struct {
+    int8_t b[4];
+} W4Quad;  // the asm's memory operand: 4 int8 (a char type may alias the activations)
 #define W4_DOTQ_SET1(dot, acc, u, p) dot(acc, u, _mm256_set1_epi32(w4_quad(p)))
 static inline __attribute__((always_inline, target("avx512f,avx512vl,avx512vnni"))) __m256i
 w4_dot_ymm_bcst(__m256i acc, __m256i u, const int8_t *p) {
-    __asm__("vpdpbusd %1%{1to8%}, %2, %0" : "+v"(acc) : "m"(*(const int32_t *)p), "v"(u));
+    __asm__("vpdpbusd %1%{1to8%}, %2, %0" : "+v"(acc) : "m"(*(const W4Quad *)p), "v"(u));
     return acc;
 }
 static inline __attribute__((always_inline, target("avx512f,avx512vnni"))) __m512i
 w4_dot_zmm_bcst(__m512i acc, __m512i u, const int8_t *p) {
-    __asm__("vpdpbusd %1%{1to16%}, %2, %0" : "+v"(acc) : "m"(*(const int32_t *)p), "v"(u));
+    __asm__("vpdpbusd %1%{1to16%}, %2, %0" : "+v"(acc) : "m"(*(const W4Quad *)p), "v"(u));
     return acc;
 }
 
@@ -144,7 +147,8 @@ static inline __attribute__((always_inline)) void w4_tile_zmm(int R, const Compl
             for (int64_t k = g * W4_G; k < (g + 1) * W4_G; k += 8) {
                 __m512i v = _mm512_loadu_si512((const void *)(w + 8 * k));  // piece k / 8 of both vectors
                 __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                for (int r = 0; r < R; r++) d[r] = w4_dot_zmm_bcst(w4_dot_zmm_bcst(d[r], lo, q + r * kp + k), hi, q + r * kp + k + 4);
+                for (int r = 0; r < R; r++)
+                    d[r] = w4_dot_zmm_bcst(w4_dot_zmm_bcst(d[r], lo, q + r * kp + k), hi, q + r * kp + k + 4);
             }
             __m512 sw = w4_bf16x16(sz + g * 16);
             for (int r = 0; r < R; r++) {

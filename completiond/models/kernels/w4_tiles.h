@@ -1,7 +1,7 @@
 // w4_mm.c's tiling around one way of summing, included once per way. The includer defines DOTQ
 // (acc, u, p: acc + the u8 x s8 products of u's 4 bytes per int32 lane and the 4 activation bytes at
-// p, the same in every lane), SUFFIX (appended to tile / rows / mm), RB
-// (rows a tile; runs of 3, 2, 1 take the rest) and the target the code is compiled for.
+// p, the same in every lane), SUFFIX (appended to tile / rows / mm), RB (rows a tile; runs of 3, 2,
+// 1 take the rest) and the target the code is compiled for.
 #define W4_CAT_(a, b) a##b
 #define W4_CAT(a, b) W4_CAT_(a, b)
 #define TILE W4_CAT(w4_tile, SUFFIX)
@@ -37,7 +37,8 @@ static inline __attribute__((always_inline)) void TILE(int R, int P, const Compl
                 for (int j = 0; j < P; j++) {
                     __m256i v = _mm256_loadu_si256((const __m256i *)(w + k / 8 * ws + 32 * j));
                     __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                    for (int r = 0; r < R; r++) d[r][j] = DOTQ(DOTQ(d[r][j], lo, q + r * kp + k), hi, q + r * kp + k + 4);
+                    for (int r = 0; r < R; r++)
+                        d[r][j] = DOTQ(DOTQ(d[r][j], lo, q + r * kp + k), hi, q + r * kp + k + 4);
                 }
             }
             for (int j = 0; j < P; j++) {
