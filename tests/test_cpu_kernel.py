@@ -2,6 +2,7 @@
 
 import ctypes
 import itertools
+import logging
 import os
 import shutil
 import subprocess
@@ -242,6 +243,28 @@ def test_no_compiler_falls_back(tmp_path):
                          timeout=120, env={**env, "PATH": str(tmp_path)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["no C compiler (gcc or cc) on PATH", "torch"]
+
+
+def test_a_compiler_that_fails_hands_over_to_gcc(tmp_path, monkeypatch, caplog):
+    """CC naming a compiler that cannot build the sources (clang 14 rejects the `#pragma GCC target`
+    regions) costs one warning, not the kernel: gcc builds it."""
+    if shutil.which("gcc") is None or not cpu_kernel.wanted():
+        pytest.skip("needs gcc on an x86 CPU with AVX2 + FMA")
+    fake = tmp_path / "failing-cc"
+    fake.write_text("#!/bin/sh\necho 'fake-cc 1.0'\n[ \"$1\" = --version ] && exit 0\necho 'error: no' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    with caplog.at_level(logging.WARNING, logger=cpu_kernel.log.name):
+        so = cpu_kernel.build(tmp_path / "kernels")
+    assert so.exists() and ctypes.CDLL(str(so)).completiond_w4_group() == cpu_kernel.W4_GROUP
+    assert any("failing-cc failed" in r.getMessage() and "trying" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=cpu_kernel.log.name):
+        assert cpu_kernel.build(tmp_path / "kernels") == so  # the next start: gcc's library, no compile tried
+    assert not caplog.records
+    monkeypatch.setenv("PATH", str(tmp_path))  # the failing one alone: its error, no library
+    with pytest.raises(RuntimeError, match="failing-cc failed"):
+        cpu_kernel.build(tmp_path / "kernels2")
 
 
 @needs_kernel

@@ -103,24 +103,52 @@ def wanted() -> bool:
             and platform.machine().lower() in ("x86_64", "amd64") and {"avx2", "fma"} <= cpu_flags())
 
 
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+def _compilers() -> list[str]:
+    """$CC, then gcc, then cc (those that exist, each once). The sources need GCC's `#pragma GCC
+    target` regions: clang 14 rejects them, so a user's CC=clang must not cost them the kernel."""
+    found = [os.environ.get("CC"), shutil.which("gcc"), shutil.which("cc")]
+    return list(dict.fromkeys(c for c in found if c))
 
 
 def build(out_dir: Path | None = None) -> Path:
     """Compile int8_mm.c and qwen2_layer.c into one library (once per sources, flags and compiler)
-    and return its path: one this user's process built (cache_dir.verified), in a private folder."""
-    cc = _compiler()
-    if cc is None:
+    and return its path: one this user's process built (cache_dir.verified), in a private folder.
+    A compiler that fails on the sources hands over to the next of _compilers(); a library one of
+    them built before is used without compiling (a failing $CC is not retried at every start)."""
+    compilers = _compilers()
+    if not compilers:
         raise RuntimeError("no C compiler (gcc or cc) on PATH")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    texts = (src.read_text() for src in SOURCES + HEADERS)
-    key = hashlib.sha1("\0".join([*texts, *FLAGS, version]).encode()).hexdigest()[:16]
     try:
         folder = private_dir(out_dir, "kernel folder") if out_dir else cache_dir.checked("kernels")
     except cache_dir.UnsafeDirError as e:
         raise RuntimeError(str(e)) from None
-    so = folder / f"int8_mm-{key}.so"
+    built = []
+    for cc in compilers:  # in order: one --version where the first compiler's library is there
+        so = folder / f"int8_mm-{_key(cc)}.so"
+        if cache_dir.verified(so) is None:
+            return so
+        built.append((cc, so))
+    for (cc, so), then in zip(built, compilers[1:]):
+        try:
+            return _compile(cc, so)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            log.warning("%s; trying %s", (str(e).splitlines() or [repr(e)])[0][:200], then)
+    return _compile(*built[-1])
+
+
+def _key(cc: str) -> str:
+    """The library's name key: its sources, flags and compiler version (none for a compiler that
+    does not run: its build then fails and says why)."""
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    texts = (src.read_text() for src in SOURCES + HEADERS)
+    return hashlib.sha1("\0".join([*texts, *FLAGS, version]).encode()).hexdigest()[:16]
+
+
+def _compile(cc: str, so: Path) -> Path:
+    folder = so.parent
     with cache_dir.locked(folder):  # one build at a time; the second finds the first's, recorded
         if (why := cache_dir.verified(so)) is None:
             return so
