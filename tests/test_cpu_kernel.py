@@ -304,7 +304,6 @@ def test_override_forces_completiond_kernel(tmp_path):
 
 
 @needs_kernel
-@needs_kernel
 def test_a_library_of_another_int4_group_is_not_used(monkeypatch, caplog):
     """pack_w4 groups weights by cpu_kernel.W4_GROUP and w4_mm.c reads them by its W4_G: where the
     two differ (a build of other sources) the kernel would read the scales at the wrong places, so
@@ -317,6 +316,7 @@ def test_a_library_of_another_int4_group_is_not_used(monkeypatch, caplog):
     assert f"groups int4 weights by {lib.completiond_w4_group()}" in caplog.text
 
 
+@needs_kernel
 def test_zmm_is_measured_once_per_cpu(tmp_path, monkeypatch):
     """The 512-bit code runs where a timing of both widths on int4 matmuls of 2 to 8 rows (taken
     once per CPU and kernel build, cached) finds it clearly faster at 8 rows, from the fewest rows
