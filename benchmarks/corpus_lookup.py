@@ -1,0 +1,229 @@
+"""Would a code corpus beyond the workspace add guesses prompt lookup lacks? (REST-style, measured)
+
+Issue 37 asks for 2x the 1.5B's own `ar` tokens/s; prompt lookup over the buffers and the workspace
+cannot give it even when its best continuation is chosen after the fact (docs/drafts.md, "What
+prompt lookup could give at most"). Retrieval from a large code corpus (REST, He et al. 2024) is
+the other cheap proposer: the most frequent continuation of the context's longest suffix found in
+the corpus. The corpus here is what every machine with Python has: the standard library's sources
+(tests left out), tokenized by the target's tokenizer.
+
+For every position of the target's `ar` output this keeps prompt lookup's ranked continuations and
+the corpus's (how many of their tokens the target wrote next), then replays decoding with the best
+candidate chosen after the fact (an upper bound no proposer reaches), once from prompt lookup's
+candidates and once with the corpus's added, each node count priced by a bench JSON's pass costs.
+
+    python benchmarks/corpus_lookup.py --target qwen2.5-coder-1.5b --quant int4 --repo pypi:toolz==1.0.0 \
+        --costs benchmarks/results/zen4/round23/targets-toolz.json \
+        --json benchmarks/results/zen4/round24/corpus-lookup-toolz.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from pld_replay import interpolate, replay  # noqa: E402
+
+from completiond.bench.cli import machine  # noqa: E402
+from completiond.bench.modes import index_repo, open_position, prepare, warm  # noqa: E402
+from completiond.bench.repo import resolve_repo, sample_positions  # noqa: E402
+from completiond.core.engine import Engine, Request  # noqa: E402
+from completiond.models import load  # noqa: E402
+from completiond.paths import cache_root  # noqa: E402
+
+BITS = 20  # bits per token in a key (Qwen's ids are below 2**18)
+NONE = (1 << BITS) - 1  # a file boundary, and the tokens before the corpus's start
+MAX_SUFFIX = 6  # tokens of the context's suffix matched (two keys of 3)
+SAMPLE = 4096  # occurrences read to count continuations
+
+
+def stdlib_files() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
+    return sorted(f for f in root.rglob("*.py") if not skip & set(f.relative_to(root).parts))
+
+
+def corpus_tokens(tokenizer, files: list[Path], name: str) -> np.ndarray:
+    """The files' token ids, each file followed by -1; cached under the cache root."""
+    path = cache_root() / "bench-corpus" / f"{name}-{len(files)}.npy"
+    if path.exists():
+        return np.load(path)
+    enc = tokenizer.backend_tokenizer.encode_batch([f.read_text(errors="replace") for f in files],
+                                                   add_special_tokens=False)
+    arr = np.concatenate([x for e in enc for x in (np.asarray(e.ids, np.int32), np.array([-1], np.int32))])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, arr)
+    return arr
+
+
+class SuffixIndex:
+    """Every corpus position p keyed by the tokens before it, nearest first (p-1, p-2, p-3 in the
+    first key, p-4 .. p-6 in the second) and sorted: the positions whose preceding tokens equal the
+    context's last L tokens are one range, found by binary search for L = 1, 2, ... 6."""
+
+    def __init__(self, tokens: np.ndarray):
+        self.tokens = tokens
+        t = np.where(tokens < 0, NONE, tokens).astype(np.int64)
+        pad = np.concatenate([np.full(MAX_SUFFIX, NONE, np.int64), t])
+        before = [pad[MAX_SUFFIX - j: MAX_SUFFIX - j + len(t)] for j in range(1, MAX_SUFFIX + 1)]  # t[p - j]
+        k1 = (before[0] << 2 * BITS) | (before[1] << BITS) | before[2]
+        k2 = (before[3] << 2 * BITS) | (before[4] << BITS) | before[5]
+        self.order = np.lexsort((k2, k1))
+        self.k1, self.k2 = k1[self.order], k2[self.order]
+
+    def lookup(self, context: list[int], max_len: int, min_match: int = 2,
+               min_share: float = 0.5) -> tuple[list[int], int, int]:
+        """(the most frequent continuation, extended while its next token's share stays >= min_share;
+        the suffix length matched; the occurrences of that suffix)."""
+        last = [int(x) for x in context[-MAX_SUFFIX:]][::-1]  # nearest first
+        lo, hi, match = 0, len(self.order), 0
+        for n in range(1, len(last) + 1):
+            keys, start = (self.k1, 0) if n <= 3 else (self.k2, 3)
+            key = sum(last[start + j] << (2 - j) * BITS for j in range(n - start))
+            span = 1 << (2 - (n - start - 1)) * BITS
+            a, b = np.searchsorted(keys[lo:hi], [key, key + span]) + lo
+            if b <= a:
+                break
+            lo, hi, match = int(a), int(b), n
+        if match < min_match:
+            return [], match, 0
+        pos = self.order[lo:hi]
+        if len(pos) > SAMPLE:
+            pos = pos[np.linspace(0, len(pos) - 1, SAMPLE).astype(np.int64)]
+        out: list[int] = []
+        for d in range(max_len):
+            nxt = self.tokens[np.minimum(pos + d, len(self.tokens) - 1)]
+            ids, counts = np.unique(nxt[nxt >= 0], return_counts=True)
+            if not len(ids) or (d > 0 and counts.max() < min_share * len(pos)):
+                break
+            out.append(int(ids[counts.argmax()]))
+            pos = pos[nxt == out[-1]]
+        return out, match, hi - lo
+
+
+def agreed(tokens: list[int], ids: list[int], i: int) -> int:
+    a = 0
+    while a < len(tokens) and i + a < len(ids) and tokens[a] == ids[i + a]:
+        a += 1
+    return a
+
+
+def collect(engine: Engine, corpus: SuffixIndex, repo: str, positions: int, max_tokens: int) -> tuple[list, list]:
+    """Per position: `ar`'s token count and per offset prompt lookup's candidates (match, tokens,
+    agreed), the same with the corpus's candidate last; and one row of counts per offset."""
+    root, _ = resolve_repo(repo)
+    files = index_repo(engine, root)
+    pld = engine.prompt_lookup
+    data, steps, current = [], [], None
+    for pp in sorted(prepare(engine, root, sample_positions(root, positions, "both", 0), True, 2048),
+                     key=lambda p: str(p.file)):
+        current = open_position(engine, files, pp, current)
+        warm(engine, pp.prompt)
+        ids = engine.complete(Request(prompt=pp.prompt, mode="ar", max_tokens=max_tokens, stops=pp.stops,
+                                      heal=pp.heal)).token_ids
+        plain, more = [], []
+        for i in range(1, len(ids)):
+            cands = [(m, t, agreed(t, ids, i)) for t, m in pld.ranked(pp.prompt + ids[:i], 16)]
+            view, _ = pld.document_view(pp.prompt + ids[:i])
+            t0 = time.perf_counter()
+            ct, match, support = corpus.lookup(view.tolist(), 16)
+            us = (time.perf_counter() - t0) * 1e6
+            plain.append(cands)
+            more.append(cands + ([(match, ct, agreed(ct, ids, i))] if ct else []))
+            steps.append({"pld": len(cands), "pld_first_right": bool(cands and cands[0][2]),
+                          "pld_any_right": any(c[2] for c in cands), "corpus_match": match,
+                          "corpus_support": support, "corpus_agreed": agreed(ct, ids, i), "lookup_us": us})
+        data.append(({"tokens": len(ids), "steps": plain}, {"tokens": len(ids), "steps": more}))
+    return data, steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--quant", default="auto")
+    ap.add_argument("--repo", default="pypi:toolz==1.0.0")
+    ap.add_argument("--positions", type=int, default=40)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--costs", required=True, help="a bench JSON whose target's pass_cost_ms prices the replay")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    target = load(a.target, "target", "cpu", "auto", a.quant)
+    files = stdlib_files()
+    t0 = time.perf_counter()
+    tokens = corpus_tokens(target.tokenizer, files, f"stdlib-{sys.version_info[0]}.{sys.version_info[1]}-{a.target}")
+    corpus = SuffixIndex(tokens)
+    built_s = time.perf_counter() - t0
+    engine = Engine(target, None)
+    engine.calibrate_cached()
+    data, steps = collect(engine, corpus, a.repo, a.positions, a.max_tokens)
+
+    bench = json.load(open(a.costs))
+    info = next(v for k, v in bench["by_target"].items() if k.split("@")[0] == a.target)
+    costs = {int(k): v for k, v in info["pass_cost_ms"].items()}
+    best = lambda c: [max(((k, x[2]) for k, x in enumerate(c)), key=lambda kn: kn[1])] if c else []  # noqa: E731
+    decode = sum(p[0]["tokens"] - 1 for p in data)
+    ar_ms = decode * costs[1]
+    first_ms = info["modes"]["ar"]["p50_first_token_ms"]
+    rows = {}
+    for name, which in (("prompt lookup", 0), ("prompt lookup + stdlib", 1)):
+        r = replay([p[which] for p in data], best, costs)
+        r["decode_speedup"] = round(ar_ms / r["ms"], 3)
+        r["with_first_token_speedup"] = round((ar_ms + first_ms * len(data)) / (r["ms"] + first_ms * len(data)), 3)
+        rows[name] = r
+        print(f"after the fact, {name:24s} passes {r['passes']:4d} tokens/pass {r['tokens_per_pass']:.2f} "
+              f"decoding {r['decode_speedup']:.2f}x, with the first token {r['with_first_token_speedup']:.2f}x")
+    n = len(steps)
+    counts = {
+        "offsets": n,
+        "pld_has_candidates": sum(s["pld"] > 0 for s in steps),
+        "pld_leading_first_token_right": sum(s["pld_first_right"] for s in steps),
+        "pld_some_candidate_right": sum(s["pld_any_right"] for s in steps),
+        "corpus_first_token_right": sum(s["corpus_agreed"] > 0 for s in steps),
+        "corpus_right_where_no_pld_candidate_is": sum(s["corpus_agreed"] > 0 and not s["pld_any_right"] for s in steps),
+        "corpus_tokens_agreed_there": sum(s["corpus_agreed"] for s in steps if not s["pld_any_right"]),
+        "corpus_match_length_histogram": {str(m): sum(s["corpus_match"] == m for s in steps) for m in range(MAX_SUFFIX + 1)},
+        "lookup_us_median": round(float(np.median([s["lookup_us"] for s in steps])), 1),
+    }
+    for k, v in counts.items():
+        print(f"{k:42s} {v}")
+    out = {"command": "python benchmarks/corpus_lookup.py " + " ".join(
+               f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if v is not None),
+           "machine": machine(target), "repo": a.repo, "target": a.target, "quant": a.quant,
+           "positions": len(data), "decode_tokens": decode, "pass_cost_ms": costs, "first_token_ms": first_ms,
+           "corpus": {"what": "the standard library's .py files, tests left out", "files": len(files),
+                      "tokens": int((tokens >= 0).sum()), "tokenize_and_index_s": round(built_s, 1)},
+           "after_the_fact": rows, "offsets": counts}
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+    if a.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        labels = ["prompt lookup's\nleading token right", "some prompt lookup\ncandidate right",
+                  "stdlib's token\nright", "stdlib right where\nno prompt lookup is"]
+        vals = [counts["pld_leading_first_token_right"], counts["pld_some_candidate_right"],
+                counts["corpus_first_token_right"], counts["corpus_right_where_no_pld_candidate_is"]]
+        ax.bar(labels, [v / n for v in vals], color=["C0", "C0", "C1", "C1"])
+        ax.set_ylabel(f"share of {n} offsets")
+        ax.set_title(f"{a.target} `ar` on {a.repo}: whose next token is right", fontsize=9)
+        ax.tick_params(axis="x", labelsize=7)
+        fig.tight_layout()
+        fig.savefig(a.plot, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
