@@ -30,12 +30,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from pld_replay import interpolate, replay  # noqa: E402
+from pld_replay import collect, replay  # noqa: E402
 
 from completiond.bench.cli import machine  # noqa: E402
-from completiond.bench.modes import index_repo, open_position, prepare, warm  # noqa: E402
-from completiond.bench.repo import resolve_repo, sample_positions  # noqa: E402
-from completiond.core.engine import Engine, Request  # noqa: E402
+from completiond.core.engine import Engine  # noqa: E402
 from completiond.models import load  # noqa: E402
 from completiond.paths import cache_root  # noqa: E402
 
@@ -109,40 +107,18 @@ class SuffixIndex:
         return out, match, hi - lo
 
 
-def agreed(tokens: list[int], ids: list[int], i: int) -> int:
-    a = 0
-    while a < len(tokens) and i + a < len(ids) and tokens[a] == ids[i + a]:
-        a += 1
-    return a
+class Timed:
+    """`SuffixIndex.lookup` for pld_replay.collect's `extra`, each call's µs and suffix kept."""
 
+    def __init__(self, corpus: SuffixIndex):
+        self.corpus, self.us, self.match = corpus, [], []
 
-def collect(engine: Engine, corpus: SuffixIndex, repo: str, positions: int, max_tokens: int) -> tuple[list, list]:
-    """Per position: `ar`'s token count and per offset prompt lookup's candidates (match, tokens,
-    agreed), the same with the corpus's candidate last; and one row of counts per offset."""
-    root, _ = resolve_repo(repo)
-    files = index_repo(engine, root)
-    pld = engine.prompt_lookup
-    data, steps, current = [], [], None
-    for pp in sorted(prepare(engine, root, sample_positions(root, positions, "both", 0), True, 2048),
-                     key=lambda p: str(p.file)):
-        current = open_position(engine, files, pp, current)
-        warm(engine, pp.prompt)
-        ids = engine.complete(Request(prompt=pp.prompt, mode="ar", max_tokens=max_tokens, stops=pp.stops,
-                                      heal=pp.heal)).token_ids
-        plain, more = [], []
-        for i in range(1, len(ids)):
-            cands = [(m, t, agreed(t, ids, i)) for t, m in pld.ranked(pp.prompt + ids[:i], 16)]
-            view, _ = pld.document_view(pp.prompt + ids[:i])
-            t0 = time.perf_counter()
-            ct, match, support = corpus.lookup(view.tolist(), 16)
-            us = (time.perf_counter() - t0) * 1e6
-            plain.append(cands)
-            more.append(cands + ([(match, ct, agreed(ct, ids, i))] if ct else []))
-            steps.append({"pld": len(cands), "pld_first_right": bool(cands and cands[0][2]),
-                          "pld_any_right": any(c[2] for c in cands), "corpus_match": match,
-                          "corpus_support": support, "corpus_agreed": agreed(ct, ids, i), "lookup_us": us})
-        data.append(({"tokens": len(ids), "steps": plain}, {"tokens": len(ids), "steps": more}))
-    return data, steps
+    def __call__(self, view: list[int]) -> tuple[list[int], int]:
+        t0 = time.perf_counter()
+        tokens, match, _ = self.corpus.lookup(view, 16)
+        self.us.append((time.perf_counter() - t0) * 1e6)
+        self.match.append(match)
+        return tokens, match
 
 
 def main() -> None:
@@ -166,34 +142,40 @@ def main() -> None:
     built_s = time.perf_counter() - t0
     engine = Engine(target, None)
     engine.calibrate_cached()
-    data, steps = collect(engine, corpus, a.repo, a.positions, a.max_tokens)
+    timed = Timed(corpus)
+    data = collect(engine, a.repo, a.positions, a.max_tokens, extra=timed)
+    plain = [{"tokens": p["tokens"], "steps": p["steps"]} for p in data]
+    more = [{"tokens": p["tokens"], "steps": [c + ([x] if x[1] else []) for c, x in zip(p["steps"], p["extra"])]}
+            for p in data]
+    steps = [(c, x) for p in data for c, x in zip(p["steps"], p["extra"])]  # (pld's candidates, the corpus's)
 
     bench = json.load(open(a.costs))
     info = next(v for k, v in bench["by_target"].items() if k.split("@")[0] == a.target)
     costs = {int(k): v for k, v in info["pass_cost_ms"].items()}
     best = lambda c: [max(((k, x[2]) for k, x in enumerate(c)), key=lambda kn: kn[1])] if c else []  # noqa: E731
-    decode = sum(p[0]["tokens"] - 1 for p in data)
+    decode = sum(p["tokens"] - 1 for p in data)
     ar_ms = decode * costs[1]
     first_ms = info["modes"]["ar"]["p50_first_token_ms"]
     rows = {}
-    for name, which in (("prompt lookup", 0), ("prompt lookup + stdlib", 1)):
-        r = replay([p[which] for p in data], best, costs)
+    for name, runs in (("prompt lookup", plain), ("prompt lookup + stdlib", more)):
+        r = replay(runs, best, costs)
         r["decode_speedup"] = round(ar_ms / r["ms"], 3)
         r["with_first_token_speedup"] = round((ar_ms + first_ms * len(data)) / (r["ms"] + first_ms * len(data)), 3)
         rows[name] = r
         print(f"after the fact, {name:24s} passes {r['passes']:4d} tokens/pass {r['tokens_per_pass']:.2f} "
               f"decoding {r['decode_speedup']:.2f}x, with the first token {r['with_first_token_speedup']:.2f}x")
     n = len(steps)
+    right = [any(c[2] for c in cands) for cands, _ in steps]
     counts = {
         "offsets": n,
-        "pld_has_candidates": sum(s["pld"] > 0 for s in steps),
-        "pld_leading_first_token_right": sum(s["pld_first_right"] for s in steps),
-        "pld_some_candidate_right": sum(s["pld_any_right"] for s in steps),
-        "corpus_first_token_right": sum(s["corpus_agreed"] > 0 for s in steps),
-        "corpus_right_where_no_pld_candidate_is": sum(s["corpus_agreed"] > 0 and not s["pld_any_right"] for s in steps),
-        "corpus_tokens_agreed_there": sum(s["corpus_agreed"] for s in steps if not s["pld_any_right"]),
-        "corpus_match_length_histogram": {str(m): sum(s["corpus_match"] == m for s in steps) for m in range(MAX_SUFFIX + 1)},
-        "lookup_us_median": round(float(np.median([s["lookup_us"] for s in steps])), 1),
+        "pld_has_candidates": sum(bool(cands) for cands, _ in steps),
+        "pld_leading_first_token_right": sum(bool(cands and cands[0][2]) for cands, _ in steps),
+        "pld_some_candidate_right": sum(right),
+        "corpus_first_token_right": sum(x[2] > 0 for _, x in steps),
+        "corpus_right_where_no_pld_candidate_is": sum(x[2] > 0 and not r for (_, x), r in zip(steps, right)),
+        "corpus_tokens_agreed_there": sum(x[2] for (_, x), r in zip(steps, right) if not r),
+        "corpus_match_length_histogram": {str(m): timed.match.count(m) for m in range(MAX_SUFFIX + 1)},
+        "lookup_us_median": round(float(np.median(timed.us)), 1),
     }
     for k, v in counts.items():
         print(f"{k:42s} {v}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Callable
 
 import torch
 
@@ -41,9 +42,19 @@ def interpolate(table: dict[int, float], n: int) -> float:
     return table[sizes[-1]] * n / sizes[-1]
 
 
-def collect(engine: Engine, repo: str, positions: int, max_tokens: int) -> list[dict]:
+def agreed(tokens: list[int], ids: list[int], i: int) -> int:
+    """How many of `tokens` `ar` wrote from its offset i on."""
+    a = 0
+    while a < len(tokens) and i + a < len(ids) and tokens[a] == ids[i + a]:
+        a += 1
+    return a
+
+
+def collect(engine: Engine, repo: str, positions: int, max_tokens: int,
+            extra: Callable[[list[int]], tuple[list[int], int]] | None = None) -> list[dict]:
     """Per position: `ar`'s tokens and, at each of their offsets, the ranked continuations as
-    (match length, tokens, how many of them `ar` wrote next)."""
+    (match length, tokens, how many of them `ar` wrote next). extra: another proposer's
+    (tokens, match) for the context as prompt lookup reads it, kept as `extra` in the same form."""
     root, _ = resolve_repo(repo)
     files = index_repo(engine, root)
     pld = engine.prompt_lookup
@@ -54,16 +65,13 @@ def collect(engine: Engine, repo: str, positions: int, max_tokens: int) -> list[
         warm(engine, pp.prompt)
         ids = engine.complete(Request(prompt=pp.prompt, mode="ar", max_tokens=max_tokens, stops=pp.stops,
                                       heal=pp.heal)).token_ids
-        steps = []
+        steps, more = [], []
         for i in range(1, len(ids)):
-            cands = []
-            for t, m in pld.ranked(pp.prompt + ids[:i], 16):
-                a = 0
-                while a < len(t) and i + a < len(ids) and t[a] == ids[i + a]:
-                    a += 1
-                cands.append((m, t, a))
-            steps.append(cands)
-        out.append({"tokens": len(ids), "steps": steps})
+            steps.append([(m, t, agreed(t, ids, i)) for t, m in pld.ranked(pp.prompt + ids[:i], 16)])
+            if extra is not None:
+                t, m = extra(pld.document_view(pp.prompt + ids[:i])[0].tolist())
+                more.append((m, t, agreed(t, ids, i)))
+        out.append({"tokens": len(ids), "steps": steps} | ({"extra": more} if extra is not None else {}))
     return out
 
 
