@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from pld_replay import collect, replay  # noqa: E402
+from pld_replay import after_the_fact, collect, scored  # noqa: E402
 
 from completiond.bench.cli import machine  # noqa: E402
 from completiond.core.engine import Engine  # noqa: E402
@@ -78,9 +78,9 @@ class SuffixIndex:
         self.k1, self.k2 = k1[self.order], k2[self.order]
 
     def lookup(self, context: list[int], max_len: int, min_match: int = 2,
-               min_share: float = 0.5) -> tuple[list[int], int, int]:
+               min_share: float = 0.5) -> tuple[list[int], int]:
         """(the most frequent continuation, extended while its next token's share stays >= min_share;
-        the suffix length matched; the occurrences of that suffix)."""
+        the suffix length matched)."""
         last = [int(x) for x in context[-MAX_SUFFIX:]][::-1]  # nearest first
         lo, hi, match = 0, len(self.order), 0
         for n in range(1, len(last) + 1):
@@ -92,7 +92,7 @@ class SuffixIndex:
                 break
             lo, hi, match = int(a), int(b), n
         if match < min_match:
-            return [], match, 0
+            return [], match
         pos = self.order[lo:hi]
         if len(pos) > SAMPLE:
             pos = pos[np.linspace(0, len(pos) - 1, SAMPLE).astype(np.int64)]
@@ -104,7 +104,7 @@ class SuffixIndex:
                 break
             out.append(int(ids[counts.argmax()]))
             pos = pos[nxt == out[-1]]
-        return out, match, hi - lo
+        return out, match
 
 
 class Timed:
@@ -115,7 +115,7 @@ class Timed:
 
     def __call__(self, view: list[int]) -> tuple[list[int], int]:
         t0 = time.perf_counter()
-        tokens, match, _ = self.corpus.lookup(view, 16)
+        tokens, match = self.corpus.lookup(view, 16)
         self.us.append((time.perf_counter() - t0) * 1e6)
         self.match.append(match)
         return tokens, match
@@ -152,16 +152,11 @@ def main() -> None:
     bench = json.load(open(a.costs))
     info = next(v for k, v in bench["by_target"].items() if k.split("@")[0] == a.target)
     costs = {int(k): v for k, v in info["pass_cost_ms"].items()}
-    best = lambda c: [max(((k, x[2]) for k, x in enumerate(c)), key=lambda kn: kn[1])] if c else []  # noqa: E731
     decode = sum(p["tokens"] - 1 for p in data)
-    ar_ms = decode * costs[1]
     first_ms = info["modes"]["ar"]["p50_first_token_ms"]
     rows = {}
     for name, runs in (("prompt lookup", plain), ("prompt lookup + stdlib", more)):
-        r = replay(runs, best, costs)
-        r["decode_speedup"] = round(ar_ms / r["ms"], 3)
-        r["with_first_token_speedup"] = round((ar_ms + first_ms * len(data)) / (r["ms"] + first_ms * len(data)), 3)
-        rows[name] = r
+        r = rows[name] = scored(runs, after_the_fact, costs, first_ms)
         print(f"after the fact, {name:24s} passes {r['passes']:4d} tokens/pass {r['tokens_per_pass']:.2f} "
               f"decoding {r['decode_speedup']:.2f}x, with the first token {r['with_first_token_speedup']:.2f}x")
     n = len(steps)
