@@ -5,7 +5,7 @@ last keystroke of each line (what a user waits for when they pause). With --acce
 accepts the suggestion and the editor asks again (ms to that first token). Each run also reports
 the daemon's CPU time per keystroke and the stale work `status` counted (cancelled passes, warm-ups).
 
-    python benchmarks/keystroke.py --repo pypi:toolz==1.0.0 --lines 8 --baseline /tmp/old-checkout \\
+    python -m benchmarks.keystroke --repo pypi:toolz==1.0.0 --lines 8 --baseline /tmp/old-checkout \\
         --json benchmarks/results/keystroke-toolz.json --plot benchmarks/results/keystroke-toolz.png
 
 --baseline is a checkout of an older completiond (its package dir is put first on PYTHONPATH of
@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from completiond.bench.replay import _type_line  # noqa: E402
 from completiond.bench.repo import read_text_file, resolve_repo, sample_positions  # noqa: E402

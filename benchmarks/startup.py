@@ -2,7 +2,7 @@
 when ready and after its first completion, the cache's size, a second `completiond complete` with
 no daemon, and one answered by a running daemon.
 
-    python benchmarks/startup.py [--target qwen2.5-coder-0.5b] [--cache DIR] [--repeat 3]
+    python -m benchmarks.startup [--target qwen2.5-coder-0.5b] [--cache DIR] [--repeat 3]
         [--baseline /work/main --baseline-cache ~/.cache/completiond] [--ready-only | --load-cpu-only]
         [--draft none --baseline-draft SPEC]
 
@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 FILE = ROOT / "completiond" / "paths.py"  # a short real file: the prompt's prefill stays small
 LINE, COL = 14, 5

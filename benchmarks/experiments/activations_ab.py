@@ -1,7 +1,7 @@
 """A/B of the int8 kernel's activations, float32 (int8_mm.c) vs rounded to int16 (a16_mm.c), on
 the real default target: what the rounding changes in completions, and what it saves in time.
 
-    python benchmarks/activations_ab.py pypi:toolz==1.0.0 [--positions 24] [--json OUT]
+    python -m benchmarks.experiments activations_ab pypi:toolz==1.0.0 [--positions 24] [--json OUT]
 
 Same positions as the bench (seed 0, line-start and mid-line cursors), `ar` only, each from the
 bench's warm cache (the prompt minus its last 8 tokens cached once and shared by both variants; each

@@ -14,7 +14,7 @@ Both keep the int8 kernel's tiles and batch-invariant arithmetic. This script bu
 int8_mm.c, times all three on the same matrices, repeats the whole timing --runs times (the machine
 is shared: the median ratio per row count is the result) and writes JSON and a plot.
 
-    python benchmarks/kernel_probe.py --runs 5 --json benchmarks/results/kernel-probe-avx2.json --plot benchmarks/results/kernel-probe-avx2.png
+    python -m benchmarks.experiments kernel_probe --runs 5 --json benchmarks/results/kernel-probe-avx2.json --plot benchmarks/results/kernel-probe-avx2.png
 
 (`benchmarks/results/q5-probe-avx2.*` came from this script before the int16 probe, as
 `benchmarks/q5_probe.py`, at commit 3ff12ee.)
@@ -36,11 +36,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+import completiond  # noqa: E402
 from completiond.models.device import cpu_features, cpu_name  # noqa: E402
 
 HERE = Path(__file__).parent
+KERNELS = Path(completiond.__file__).parent / "models" / "kernels"  # the installed package's kernel sources
 SOURCES = [HERE / "kernel_probe" / n for n in ("bench.c", "q5_mm.c")] + [
-    HERE.parent / "completiond" / "models" / "kernels" / n for n in ("int8_mm.c", "a16_mm.c", "a8_mm.c", "mm.c")]
+    KERNELS / n for n in ("int8_mm.c", "a16_mm.c", "a8_mm.c", "mm.c")]
 
 
 def cpu_family_model() -> str:
@@ -64,7 +66,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "kernel_probe"
         subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off",
-                        "-I", str(HERE.parent / "completiond" / "models" / "kernels"), "-o", str(exe),
+                        "-I", str(KERNELS), "-o", str(exe),
                         *map(str, SOURCES), "-lm"], check=True)
         for _ in tqdm(range(a.runs), desc="kernel probe", unit="run"):
             lines = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()

@@ -3,9 +3,9 @@ target loaded twice in one process, whole passes of the daemon's runner at each 
 context, the two interleaved rep by rep (this VM's memory speed drifts over minutes), median ms.
 Also the load time of each and how long the move took (docs/kernels.md "Round 15").
 
-    python benchmarks/huge_pages.py --target qwen2.5-coder-1.5b --quant int4 \
+    python -m benchmarks.experiments huge_pages --target qwen2.5-coder-1.5b --quant int4 \
         --json benchmarks/results/pages/huge-pages-1.5b-int4.json --plot benchmarks/results/pages/huge-pages-1.5b-int4.png
-    python benchmarks/huge_pages.py --target qwen2.5-coder-0.5b ...
+    python -m benchmarks.experiments huge_pages --target qwen2.5-coder-0.5b ...
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 
 from completiond.core.forward.runner import Runner
 from completiond.models import load, pages
-from pass_cost import cpu_info, fill_cache, tree
+from benchmarks.pass_cost import cpu_info, fill_cache, tree
 
 
 def anon_huge_mb() -> int:

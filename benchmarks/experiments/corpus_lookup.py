@@ -12,7 +12,7 @@ the corpus's (how many of their tokens the target wrote next), then replays deco
 candidate chosen after the fact (an upper bound no proposer reaches), once from prompt lookup's
 candidates and once with the corpus's added, each node count priced by a bench JSON's pass costs.
 
-    python benchmarks/corpus_lookup.py --target qwen2.5-coder-1.5b --quant int4 --repo pypi:toolz==1.0.0 \
+    python -m benchmarks.experiments corpus_lookup --target qwen2.5-coder-1.5b --quant int4 --repo pypi:toolz==1.0.0 \
         --costs benchmarks/results/zen4/round23/targets-toolz.json \
         --json benchmarks/results/zen4/round24/corpus-lookup-toolz.json
 """
@@ -29,8 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from pld_replay import after_the_fact, collect, scored  # noqa: E402
+from benchmarks.experiments.pld_replay import after_the_fact, collect, scored  # noqa: E402
 
 from completiond.bench.cli import machine  # noqa: E402
 from completiond.core.engine import Engine  # noqa: E402
@@ -174,7 +173,7 @@ def main() -> None:
     }
     for k, v in counts.items():
         print(f"{k:42s} {v}")
-    out = {"command": "python benchmarks/corpus_lookup.py " + " ".join(
+    out = {"command": "python -m benchmarks.experiments corpus_lookup " + " ".join(
                f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if v is not None),
            "machine": machine(target), "repo": a.repo, "target": a.target, "quant": a.quant,
            "positions": len(data), "decode_tokens": decode, "pass_cost_ms": costs, "first_token_ms": first_ms,

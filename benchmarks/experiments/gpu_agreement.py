@@ -7,7 +7,7 @@ verify pass does), and the same 8 ids run one pass each (what `ar` does). A node
 (after the float32 refinement of the top rows) differs between the two is a disagreement: there,
 speculative output could differ from `ar`. fp32 is run too, as the control. Graphs on (the default).
 
-    python benchmarks/gpu_agreement.py --json benchmarks/results/gpu-agreement.json
+    python -m benchmarks.experiments gpu_agreement --json benchmarks/results/gpu-agreement.json
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from gpu_pass_cost import SHAPES, model  # noqa: E402
+from benchmarks.gpu_pass_cost import SHAPES, model  # noqa: E402
 
 from completiond.core.forward.runner import Runner  # noqa: E402
 from completiond.models import LoadedModel  # noqa: E402

@@ -6,7 +6,7 @@ fastest rep per cell, process CPU clock; and whether their outputs are bit-ident
 Build a library from a source folder (the flags cpu_kernel.py uses):
     (cd SRC && gcc -O3 -mavx2 -mfma -fopenmp -ffp-contract=off -shared -fPIC \
         int8_mm.c a16_mm.c a8_mm.c mm.c qwen2_layer.c -o OUT.so -lm)
-    python benchmarks/kernel_ab.py OLD.so NEW.so     # env: SIZES=1,8 REPS=5 T=1 KIND=int8+avx512-vnni
+    python -m benchmarks.experiments kernel_ab OLD.so NEW.so     # env: SIZES=1,8 REPS=5 T=1 KIND=int8+avx512-vnni
     SHAPE=1536,8960,28,151936 ...                     # the 1.5B's shapes (H, intermediate, layers, vocab)
 """
 import ctypes, sys, time, os, torch

@@ -4,7 +4,7 @@ kernels, the top kernels), the replay alone against the whole `Runner.forward`, 
 experiment, the same fixed-shape pass compiled by torch.compile (elementwise ops fused) before its
 graph is captured. Run by hand on a lent GPU:
 
-    python benchmarks/gpu_profile.py --json benchmarks/results/gpu/profile.json [--compile]
+    python -m benchmarks.experiments gpu_profile --json benchmarks/results/gpu/profile.json [--compile]
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from gpu_pass_cost import SHAPES, model, pass_ms  # noqa: E402
-from pass_cost import fill_cache, tree  # noqa: E402
+from benchmarks.gpu_pass_cost import SHAPES, model, pass_ms  # noqa: E402
+from benchmarks.pass_cost import fill_cache, tree  # noqa: E402
 
 from completiond.core.forward import graphs  # noqa: E402
 from completiond.core.forward.runner import Runner  # noqa: E402

@@ -2,7 +2,7 @@
 dequantized per layout, teacher-forced over toolz files against the unquantized model (top-1
 agreement, mean KL). Needs the bench repositories in the cache and the 1.5B's bf16 form.
 
-    python benchmarks/int4_layouts.py sym128,sym64,sym32,asym128,asym64,asym32
+    python -m benchmarks.experiments int4_layouts sym128,sym64,sym32,asym128,asym64,asym32
 """
 import sys
 import time

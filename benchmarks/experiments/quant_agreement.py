@@ -1,7 +1,7 @@
 """What weight quantization does to the model: top-1 agreement and mean KL against the unquantized
 target (the GGUF dequantized to bf16), teacher-forced over real code (the bench repositories' files).
 
-    python benchmarks/quant_agreement.py --json benchmarks/results/quant-agreement.json
+    python -m benchmarks.experiments quant_agreement --json benchmarks/results/quant-agreement.json
 
 Variants: int8; int4 as shipped (MLP int4, attention and output layer int8); int4 in every layer;
 int4 with down_proj also int8; then the daemon's own picks (the runner's output layer with its

@@ -18,7 +18,7 @@ reaches the quiet table.
    1.0 inside the span, else over the nearer end), and whether trees above 2 nodes were chosen
    (passes minus probes) after the last checkpoint.
 
-    python benchmarks/heal.py --target qwen2.5-coder-0.5b --completions 100 \\
+    python -m benchmarks.experiments heal --target qwen2.5-coder-0.5b --completions 100 \\
         --json benchmarks/results/heal-qwen2.5-coder-0.5b.json
 
 Time-based: the machine this ran on may be shared; the JSON says what its load average was.
@@ -39,8 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 from completiond.bench.repo import read_text_file, resolve_repo, sample_positions  # noqa: E402
 from completiond.core.speculation import budget as B  # noqa: E402

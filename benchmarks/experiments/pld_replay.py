@@ -8,7 +8,7 @@ the engine's value rule (nodes by P(path accepted), the size with the most expec
 with every first token valued by its own match length (round 19) or alternatives at 0.1 (round 20).
 Replays count decoding only; `first_token_ms` adds the prefill the bench counts too.
 
-    python benchmarks/pld_replay.py --repo pypi:toolz==1.0.0 --positions 40 \
+    python -m benchmarks.experiments pld_replay --repo pypi:toolz==1.0.0 --positions 40 \
         --costs benchmarks/results/zen4/round20/targets-toolz.json \
         --json benchmarks/results/zen4/round20/pld-replay-toolz.json
 """
@@ -169,7 +169,7 @@ def main() -> None:
             print(f"{name:26s} {rule:32s} passes {r['passes']:4d} tokens/pass {r['tokens_per_pass']:.2f} "
                   f"decoding {r['decode_speedup']:.2f}x, with the first token {r['with_first_token_speedup']:.2f}x", flush=True)
         results[name] = {"pass_cost_ms": costs, "first_token_ms": first_ms, "policies": rows}
-    out = {"command": "python benchmarks/pld_replay.py " + " ".join(
+    out = {"command": "python -m benchmarks.experiments pld_replay " + " ".join(
                f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if v is not None),
            "machine": machine(target), "repo": a.repo, "tokens_of": a.target, "positions": len(data),
            "decode_tokens": sum(p["tokens"] - 1 for p in data), "by_cost_table": results}

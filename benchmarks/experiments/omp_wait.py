@@ -7,7 +7,7 @@ through its whole time slice. Each setting runs in its own process (libgomp read
 torch loads it), settings interleaved round by round; each cell is the fastest round's mean pass.
 The competitor is a busy loop per core (`--load N` of them, plain Python: no OpenMP of its own).
 
-    python benchmarks/omp_wait.py --target qwen2.5-coder-1.5b --threads 2 \
+    python -m benchmarks.experiments omp_wait --target qwen2.5-coder-1.5b --threads 2 \
         --json benchmarks/results/omp-wait-1.5b.json
 """
 
@@ -31,9 +31,10 @@ SETTINGS = {"libgomp default": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}
             "spin 200 then sleep": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "200"}}
 
 CHILD = r"""
-import json, sys, time, torch
-sys.path.insert(0, {bench!r})
-from pass_cost import fill_cache, tree
+import importlib.util, json, sys, time, torch
+spec = importlib.util.spec_from_file_location("pass_cost", {pass_cost!r})  # by path: PYTHONPATH picks completiond
+pass_cost = importlib.util.module_from_spec(spec); spec.loader.exec_module(pass_cost)
+fill_cache, tree = pass_cost.fill_cache, pass_cost.tree
 from completiond import models
 from completiond.models import LoadedModel
 from completiond.core.forward.runner import Runner
@@ -57,11 +58,12 @@ print(json.dumps(out))
 
 
 def run(env_extra: dict[str, str | None], args) -> dict[int, float]:
-    code = CHILD.format(bench=str(Path(__file__).parent), threads=args.threads, target=args.target,
+    code = CHILD.format(pass_cost=str(Path(__file__).resolve().parents[1] / "pass_cost.py"), threads=args.threads, target=args.target,
                         context=args.context, sizes=args.sizes, passes=args.passes,
                         quant=getattr(args, "quant", "int8"), settle=getattr(args, "settle", False))
     env = {k: v for k, v in {**os.environ, **env_extra}.items() if v is not None}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    # -P: no working directory on sys.path, so PYTHONPATH decides which completiond runs
+    done = subprocess.run([sys.executable, "-P", "-c", code], env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     return {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}

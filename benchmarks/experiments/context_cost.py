@@ -4,11 +4,11 @@ in one process (this machine's noise hits them alike), ms per pass (fastest and 
 The difference between two contexts at one size is attention over the extra keys (the weights are
 the same); at n nodes every node attends to every key, so it grows with n.
 
-    python benchmarks/context_cost.py --target qwen2.5-coder-1.5b --quant int4 \
+    python -m benchmarks.experiments context_cost --target qwen2.5-coder-1.5b --quant int4 \
         --json benchmarks/results/w4head/context-cost-1.5b-int4.json --plot benchmarks/results/w4head/context-cost-1.5b-int4.png
-    python benchmarks/context_cost.py --target qwen2.5-coder-0.5b --contexts 64,2048 --attention float32,bf16 ...
-    python benchmarks/context_cost.py --target qwen2.5-coder-1.5b --quant int4 --w4-zmm on,off ...
-    python benchmarks/context_cost.py --target qwen2.5-coder-0.5b --contexts 64,1536 --value-pairs on,off ...
+    python -m benchmarks.experiments context_cost --target qwen2.5-coder-0.5b --contexts 64,2048 --attention float32,bf16 ...
+    python -m benchmarks.experiments context_cost --target qwen2.5-coder-1.5b --quant int4 --w4-zmm on,off ...
+    python -m benchmarks.experiments context_cost --target qwen2.5-coder-0.5b --contexts 64,1536 --value-pairs on,off ...
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from completiond.core.forward.runner import Runner
 from completiond.models import load, pages
 from completiond.models.kernels import cpu_kernel
-from pass_cost import cpu_info, fill_cache, tree
+from benchmarks.pass_cost import cpu_info, fill_cache, tree
 
 
 def main() -> int:

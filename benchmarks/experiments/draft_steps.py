@@ -6,9 +6,9 @@ emitted token with and without the draft.
 Prompts are cut to --prompt-tokens (512: short prefills, so that a run takes minutes); each mode
 starts from the same warm caches as `completiond bench` (the prompt minus its last 8 tokens).
 
-    python benchmarks/draft_steps.py --positions 16 --modes ar,pld,combined \
+    python -m benchmarks.experiments draft_steps --positions 16 --modes ar,pld,combined \
         --json benchmarks/results/draft-steps-1.5b.json --plot benchmarks/results/draft-steps-1.5b.png
-    python benchmarks/draft_steps.py --positions 16 --modes ar,pld,combined --no-gate \
+    python -m benchmarks.experiments draft_steps --positions 16 --modes ar,pld,combined --no-gate \
         --json benchmarks/results/draft-steps-1.5b-no-gate.json --plot ...   # the draft's own `pays` only
 """
 
@@ -87,7 +87,7 @@ def main() -> None:
             rows.append({"position": i, "mode": mode, "ms": round(ms, 1), "tokens": len(res.token_ids),
                          "steps": list(steps) if mode != "ar" else []})
             print(f"{i:3d} {mode:9s} {ms:7.1f} ms  {len(res.token_ids):3d} tokens", flush=True)
-    out = {"command": "python benchmarks/" + Path(__file__).name + " " + " ".join(
+    out = {"command": "python -m benchmarks.experiments draft_steps " + " ".join(
                f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if v not in (None, False)),
            "machine": machine(target), "target": target.name, "draft": getattr(draft, "name", None),
            "draft_quant": draft.meta.get("quant") if draft is not None and hasattr(draft, "meta") else None,

@@ -13,7 +13,7 @@ completiond's typed-through memory locally, llama-server's prompt cache remotely
 Quality: each completion's first line against the file's real rest of the line (exact match, and the
 characters matched from the start), and the paths' texts against each other.
 
-    python benchmarks/remote_latency.py --server-bin /path/to/llama-server --positions 8 \\
+    python -m benchmarks.experiments remote_latency --server-bin /path/to/llama-server --positions 8 \\
         --out benchmarks/results/remote-latency.json
 """
 
@@ -31,10 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from daemon_util import stop_daemon, wait_for_socket, wait_ready  # noqa: E402
-from http_latency import free_port, positions, wire  # noqa: E402
+from tests.daemon_util import stop_daemon, wait_for_socket, wait_ready  # noqa: E402
+from benchmarks.http_latency import free_port, positions, wire  # noqa: E402
 
 from completiond.service.client import Client  # noqa: E402
 
@@ -171,7 +169,7 @@ async def main() -> None:
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), "?")
     version = subprocess.run([a.server_bin, "--version"], capture_output=True, text=True).stderr.strip()
-    out = {"command": " ".join(["python", "benchmarks/remote_latency.py", *sys.argv[1:]]),
+    out = {"command": " ".join(["python", "-m", "benchmarks.experiments", "remote_latency", *sys.argv[1:]]),
            "cpu": f"{cpu}, {os.cpu_count()} cores, shared with other agents", "gguf": Path(a.gguf).name,
            "llama_server": version.splitlines()[-1] if version else "?", "llama_server_threads": a.threads,
            "local": {k: infos["local"].get(k) for k in ("target", "device", "dtype", "quant")} if "local" in infos

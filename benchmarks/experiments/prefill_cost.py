@@ -2,7 +2,7 @@
 prompt's cost: README, Daemon, "Quick prompt"). Each length is prefilled from an empty cache the way
 a completion does (256-token chunks, int8 weights dequantized per chunk), twice; the faster counts.
 
-    python benchmarks/prefill_cost.py --threads 2 --json benchmarks/results/prefill-cost.json
+    python -m benchmarks.experiments prefill_cost --threads 2 --json benchmarks/results/prefill-cost.json
 
 --bulk-dtypes model,float32 measures, side by side (interleaved per length), prefill chunks
 multiplied in the model's dtype and widened to float32 (`LoadedModel.bulk_dtype`: what a CPU
@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 from completiond.core.engine import Engine  # noqa: E402
 from completiond.models import load  # noqa: E402

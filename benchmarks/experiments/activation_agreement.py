@@ -7,9 +7,9 @@ layer, the output layer refined in float32 on its top rows), teacher-forced over
 sees the same weights and positions; the result is the share of positions whose argmax differs
 from the float32-activation kernel's, and each kind's top-1 agreement with the file's next token.
 
-    python benchmarks/activation_agreement.py --json benchmarks/results/activation-agreement-0.5b.json
-    python benchmarks/activation_agreement.py --attention ...   # float32 vs bf16 attention scores
-    python benchmarks/activation_agreement.py --value-pairs ...  # bf16 attention's value sums: float32, pairs
+    python -m benchmarks.experiments activation_agreement --json benchmarks/results/activation-agreement-0.5b.json
+    python -m benchmarks.experiments activation_agreement --attention ...   # float32 vs bf16 attention scores
+    python -m benchmarks.experiments activation_agreement --value-pairs ...  # bf16 attention's value sums: float32, pairs
 """
 
 from __future__ import annotations

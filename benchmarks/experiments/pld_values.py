@@ -3,7 +3,7 @@ valuation and with round 19's (every candidate's first token valued by its own b
 length), the two `pld` arms taking turns first position by position; plus, on `ar`'s own tokens,
 how often the candidates' distinct first tokens are the target's, by rank.
 
-    python benchmarks/pld_values.py --target qwen2.5-coder-0.5b --repo pypi:toolz==1.0.0 --positions 40 \
+    python -m benchmarks.experiments pld_values --target qwen2.5-coder-0.5b --repo pypi:toolz==1.0.0 --positions 40 \
         --json benchmarks/results/zen4/round20/pld-values-0.5b-toolz.json
 """
 
@@ -103,7 +103,7 @@ def main() -> None:
         row["decode_speedup_vs_ar"] = round(totals["ar"]["decode_ms"] / row["decode_ms"], 3)
     by_rank = {r: {"positions": hits[(r, "n")], "accepted": round(hits[(r, "ok")] / max(1, hits[(r, "n")]), 3)}
                for r in range(3)}
-    out = {"command": "python benchmarks/pld_values.py " + " ".join(
+    out = {"command": "python -m benchmarks.experiments pld_values " + " ".join(
                f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if v is not None),
            "machine": machine(target), "repo": label, "target": a.target, "quant": a.quant,
            "calibration": calibration, "positions": len(prepared), "totals": totals,

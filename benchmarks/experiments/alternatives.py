@@ -6,7 +6,7 @@ daemon builds) the caches are warmed to the prompt's last 8 tokens (an editor se
 keystrokes), then n=1 and n=3 run in turn, their order alternating by position so drift in the
 machine's load falls on both. The main suggestion of n=3 must be token-identical to n=1.
 
-    python benchmarks/alternatives.py --target qwen2.5-coder-0.5b --repo pypi:toolz==1.0.0 \\
+    python -m benchmarks.experiments alternatives --target qwen2.5-coder-0.5b --repo pypi:toolz==1.0.0 \\
         --positions 40 --json benchmarks/results/alternatives-0.5b.json
 
 Time-based: the JSON names the CPU and the load average before and after; ratios are per position.
@@ -23,8 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 from completiond.bench.modes import index_repo, open_position, prepare, warm  # noqa: E402
 from completiond.bench.repo import resolve_repo, sample_positions  # noqa: E402
@@ -95,7 +94,7 @@ def write(a, label, target, engine, calibration, load_before, rows) -> None:
                                       / max(1, sum(r["passes_single"] for r in rows)), 3),
     }
     out = {
-        "command": "python benchmarks/alternatives.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.experiments alternatives " + " ".join(sys.argv[1:]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": cpu_name(), "threads": __import__("torch").get_num_threads(),
         "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in os.getloadavg()],

@@ -6,7 +6,7 @@ pass at each tree size (fastest and median of the reps). Quality: the refined ar
 on the same final hidden states, teacher-forced over --files (held-out code), in chunks of 64 tokens:
 how often it moves, and the int8 head's top-2 gap there.
 
-    python benchmarks/w4_head.py --files /usr/lib/python3.11/{json/decoder.py,argparse.py,csv.py} \
+    python -m benchmarks.experiments w4_head --files /usr/lib/python3.11/{json/decoder.py,argparse.py,csv.py} \
         --json benchmarks/results/w4head/head-ab-1.5b.json --plot benchmarks/results/w4head/head-ab-1.5b.png
 """
 
@@ -23,7 +23,7 @@ import torch
 
 from completiond.core.forward.runner import Runner
 from completiond.models import load
-from pass_cost import cpu_info, fill_cache, tree
+from benchmarks.pass_cost import cpu_info, fill_cache, tree
 
 
 def speed(lm, heads: dict, context: int, sizes: list[int], reps: int) -> dict:

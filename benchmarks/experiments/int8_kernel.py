@@ -6,7 +6,7 @@ as the daemon runs them, at 1..64 rows (a tree's nodes). Every matrix is read on
 a real pass: 494 MB does not fit any cache, so this measures streaming the weights from memory.
 The two kernels alternate pass by pass (this machine is shared); each cell is the fastest of --reps.
 
-    python benchmarks/int8_kernel.py --threads 2 --json benchmarks/results/int8-kernel-avx2.json \
+    python -m benchmarks.experiments int8_kernel --threads 2 --json benchmarks/results/int8-kernel-avx2.json \
         --plot benchmarks/results/int8-kernel-avx2.png
 """
 

@@ -2,8 +2,8 @@
 layers of distinct random weights read from memory, ms per layer at each row count, fastest of 5,
 kernels interleaved rep by rep (docs/kernels.md "Round 9", the matmul table).
 
-    python benchmarks/w4_matmul.py --layers 6 --threads 2
-    python benchmarks/w4_matmul.py --kinds w4+avx512-vnni --zmm on,off --rows 3,4,5,8,16 --json OUT.json
+    python -m benchmarks.experiments w4_matmul --layers 6 --threads 2
+    python -m benchmarks.experiments w4_matmul --kinds w4+avx512-vnni --zmm on,off --rows 3,4,5,8,16 --json OUT.json
         (the 512-bit code, cpu_kernel.zmm(), against the 256-bit code: docs/kernels.md "Round 13";
         on:N runs the 512-bit tiles from N rows, on alone from this CPU's timed choice: "Round 16")
 """
@@ -20,7 +20,7 @@ import torch
 
 from completiond.models import quant
 from completiond.models.kernels import cpu_kernel as ck
-from pass_cost import cpu_info
+from benchmarks.pass_cost import cpu_info
 
 SHAPES = [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)]  # qkv, o, gate + up, down
 
