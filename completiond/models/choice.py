@@ -1,4 +1,4 @@
-"""Which target `--target default` means (issue 37): by device, and on a CPU by this CPU's own
+"""Which target `--target default` means: by device, and on a CPU by this CPU's own
 side-by-side measurement, kept by `completiond bench --targets` in the calibration cache."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ LARGER_DEFAULT_WITHIN = 1.25
 MEASURED_PAIR = (CODER_15B.name, CODER_05B.name)  # (larger, smaller): the pair the measurement compares
 MIN_POSITIONS = 16  # a bench run on fewer positions does not decide the default
 # A package's ratio is the median of its last runs: runs of the same code on one package spread by
-# ±0.07 around the 1.25x line (round 16: 1.21-1.35x on boltons), and one run must not flip the default.
+# ±0.07 around the 1.25x line (1.21-1.35x on boltons in three runs), and one run must not flip it.
 KEPT_RUNS = 3
 KIND = "default-target"  # calibration/default-target-<cpu>.json
 
@@ -93,8 +93,8 @@ def default_target(device: str) -> tuple[str, str]:
 def _cpu_choice() -> tuple[str, str, dict]:
     """default_target on a CPU, and the latest run of the package that decided ({} where none did).
     That package is the one where the larger target is slowest against the smaller, by the median of
-    its kept runs: packages disagree (round 13: 1.24x on toolz, 1.33x on boltons), and the order they
-    were benched in must not choose the default."""
+    its kept runs: packages disagree (1.24x on toolz, 1.33x on boltons in one pair of runs), and the
+    order they were benched in must not choose the default."""
     larger, smaller = MEASURED_PAIR
     bench = f"`completiond bench --targets {larger}@int4,{smaller}`"
     runs = _runs()
