@@ -2,14 +2,14 @@
 (the 0.5B's or the 1.5B's shapes, random int8 weights, a bf16 cache with bf16 scores as on an
 AVX512-BF16 CPU), n rows attending over `keys` cache slots (a causal chain at the end), 2 threads.
 Prints each build's fastest ms and the median of its per-rep ratio to the first build (the order
-alternates rep by rep). docs/kernels.md "Round 19" measured attention's parts with it: builds that
+alternates rep by rep). docs/kernels.md "Attention" measured attention's parts with it: builds that
 skip one part each (wrong outputs, timing only) against the whole.
 
     for c in old new; do mkdir -p /tmp/ab/$c; cp completiond/models/kernels/*.[ch] /tmp/ab/$c/; done
     # edit /tmp/ab/new, then in each:
     (cd /tmp/ab/$c && gcc -O3 -mavx2 -mfma -fopenmp -ffp-contract=off -shared -fPIC -o lib.so \
         int8_mm.c a16_mm.c a8_mm.c w4_mm.c mm.c qwen2_layer.c)
-    REPS=60 LIBS=old,new python benchmarks/results/pairs/layer_build_ab.py 0.5b 1,4,8 1536
+    REPS=60 LIBS=old,new python -m benchmarks.experiments layer_build_ab 0.5b 1,4,8 1536
 """
 import ctypes
 import os

@@ -1,6 +1,6 @@
 """Two side-by-side bench runs on the same positions, paired: each position's `combined` time over
 its own `ar` time (ar runs no code either change touches, so it carries the machine's drift), by
-target. Usage: python paired.py BEFORE.json AFTER.json"""
+target. Usage: python -m benchmarks.experiments paired BEFORE.json AFTER.json"""
 
 import json
 import statistics as S

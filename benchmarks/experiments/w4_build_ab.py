@@ -1,5 +1,5 @@
-"""Two builds of the kernel library side by side in one process, rep by rep (docs/kernels.md "Round
-16": vectors of 8 one after another, f23fbc7, against pairs of vectors interleaved): the 1.5B's four
+"""Two builds of the kernel library side by side in one process, rep by rep (docs/kernels.md
+"int4 weights": vectors of 8 one after another, f23fbc7, against pairs of vectors interleaved): the 1.5B's four
 layer shapes, 6 layers of random bytes (only the time means anything: each build reads them in its
 own order), ms a layer, fastest of 9, each build with its choice of tiles on this CPU (the 512-bit
 tiles from 5 rows old, from 3 new). Build and run:
@@ -7,12 +7,12 @@ tiles from 5 rows old, from 3 new). Build and run:
     for c in old new; do mkdir -p /tmp/ab/$c; done   # old: git show f23fbc7:completiond/models/kernels/<file>
     (cd /tmp/ab/old && gcc -O3 -mavx2 -mfma -fopenmp -ffp-contract=off -shared -fPIC -o lib.so \
         int8_mm.c a16_mm.c a8_mm.c w4_mm.c mm.c qwen2_layer.c)                  # the same in /tmp/ab/new
-    python w4_build_ab.py 1,2,3,4,5,8 out.json [w4 | w4+avx-vnni | w4+avx512-vnni]
+    python -m benchmarks.experiments w4_build_ab 1,2,3,4,5,8 out.json [w4 | w4+avx-vnni | w4+avx512-vnni]
 
 Environment: ZMM_ROWS=OLD,NEW (the 512-bit tiles' first row count of each build, default 5,3),
 LAYERS (6), SHAPES=mlp (only the MLP's two shapes, as int4 runs them in the model), OLD / NEW (what
-each build is, for the JSON). Round 22 (int4
-groups of 32 / 64): `ZMM_ROWS=3,3 python w4_build_ab.py 1,2,4,8 -` and with `LAYERS=28 SHAPES=mlp`.
+each build is, for the JSON). Int4
+groups of 32 / 64: `ZMM_ROWS=3,3 python -m benchmarks.experiments w4_build_ab 1,2,4,8 -` and with `LAYERS=28 SHAPES=mlp`.
 """
 import os
 import ctypes, time, torch, sys, json
