@@ -1,4 +1,4 @@
-"""Target pass cost by tree size on CUDA (issue 14 point 5, issue 37), Qwen2.5-Coder 0.5B and 1.5B
+"""Target pass cost by tree size on CUDA, Qwen2.5-Coder 0.5B and 1.5B
 shapes with random weights (a pass costs the same whatever the values, and the device machine cannot
 fetch the real files), bf16, 1,536 tokens of context: the lean forward replayed from CUDA graphs
 (graphs.py, the default on CUDA), the lean forward launched op by op, and transformers' forward.

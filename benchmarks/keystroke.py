@@ -1,4 +1,4 @@
-"""Keystroke latency, side by side in one run (issue 15): the same lines typed character by
+"""Keystroke latency, side by side in one run: the same lines typed character by
 character (120 ms/char) through real `completiond serve` daemons, one per code version, one after
 the other on this machine; time from each keystroke to its first streamed token, and after the
 last keystroke of each line (what a user waits for when they pause). With --accept the user then
@@ -168,7 +168,7 @@ def main() -> int:
     ap.add_argument("--accept", action="store_true", help="accept each line's last suggestion and ask again")
     ap.add_argument("--cold", action="store_true", help="also a run that types as soon as the file is open")
     ap.add_argument("--no-quick", action="store_true",
-                    help="also run the current daemon (with the cursor) without the quick prompt (issue 15)")
+                    help="also run the current daemon (with the cursor) without the quick prompt")
     ap.add_argument("--cursor-only", action="store_true", help="only the run with the cursor sent")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)

@@ -1,4 +1,4 @@
-"""Fuzz the real `completiond-lsp` (issue 38): thousands of malformed and out-of-order LSP messages
+"""Fuzz the real `completiond-lsp`: thousands of malformed and out-of-order LSP messages
 through its stdio, against a real `completiond serve`; every request must be answered (result or
 error), the server must stay up and still complete afterwards.
 

@@ -1,4 +1,4 @@
-"""Next-edit benchmark (issue 41): is the predicted next edit right, how long does it take, and what
+"""Next-edit benchmark: is the predicted next edit right, how long does it take, and what
 does copy speculation (the window in the prompt as the draft) save over plain decoding?
 
 Cases, all from real code:

@@ -1,4 +1,4 @@
-"""Soak a real `completiond serve` (issue 13): keystroke storm, concurrent clients, a 4M-character
+"""Soak a real `completiond serve`: keystroke storm, concurrent clients, a 4M-character
 document and a 2,000-line rewrite, against one daemon on a temporary socket.
 
     python -m benchmarks.soak [--target qwen2.5-coder-0.5b] [--draft none] [--threads 1] [--storm-s 10]
@@ -287,7 +287,7 @@ async def big_rewrite(sock: Path, max_tokens: int, fit_lines: int) -> dict:
 
 
 async def cancelled(sock: Path, pid: int, settle_s: float) -> dict:
-    """RSS before and after each kind of cancelled request (issue 13: within 10 % of its start).
+    """RSS before and after each kind of cancelled request (the goal: within 10 % of its start).
     "before" is read before the request's document is opened, so the document, its warm-up and the
     cancelled request's own cache and activations all count against it."""
     c = await connect(sock)

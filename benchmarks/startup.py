@@ -1,4 +1,4 @@
-"""Start-up cost of a converted model (issue 39): daemon start -> `state: ready`, the daemon's RSS
+"""Start-up cost of a converted model: daemon start -> `state: ready`, the daemon's RSS
 when ready and after its first completion, the cache's size, a second `completiond complete` with
 no daemon, and one answered by a running daemon.
 
@@ -9,7 +9,7 @@ no daemon, and one answered by a running daemon.
 --draft: the daemons' and completions' --draft (default none); --baseline-draft: the baseline's
 (default --draft); --quant: every daemon's and completion's. `--target qwen2.5-coder-1.5b --quant int4
 --baseline . --draft default --baseline-draft qwen2.5-coder-0.5b` compares, in this checkout, a
-default draft left unloaded because this machine measured it slower (docs/drafts.md "Round 18")
+default draft left unloaded because this machine measured it slower (docs/drafts.md "The gate")
 with the same draft loaded.
 
 --ready-only: only daemon starts -> `ready` (wall, the daemon's CPU seconds, RSS, load average).

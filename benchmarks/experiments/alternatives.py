@@ -1,4 +1,4 @@
-"""Alternatives (issue 41): how often `complete n=3` has two or more distinct suggestions, and what
+"""Alternatives: how often `complete n=3` has two or more distinct suggestions, and what
 it costs against the single suggestion, side by side on one engine at the same positions.
 
 At every position (sampled from a repository as `completiond bench` samples them, the prompt the

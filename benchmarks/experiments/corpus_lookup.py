@@ -1,6 +1,6 @@
 """Would a code corpus beyond the workspace add guesses prompt lookup lacks? (REST-style, measured)
 
-Issue 37 asks for 2x the 1.5B's own `ar` tokens/s; prompt lookup over the buffers and the workspace
+The goal was 2x the 1.5B's own `ar` tokens/s; prompt lookup over the buffers and the workspace
 cannot give it even when its best continuation is chosen after the fact (docs/drafts.md, "What
 prompt lookup could give at most"). Retrieval from a large code corpus (REST, He et al. 2024) is
 the other cheap proposer: the most frequent continuation of the context's longest suffix found in

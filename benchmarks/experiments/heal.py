@@ -1,4 +1,4 @@
-"""Pass costs that heal on a real model (issue 44): a daemon started from a table measured under load
+"""Pass costs that heal on a real model: a daemon started from a table measured under load
 reaches the quiet table.
 
 1. In this process, the target is loaded as the daemon loads it and its pass costs are measured

@@ -1,7 +1,7 @@
 """Weights in 4 KB pages (the file mapped) against 2 MB pages (moved by models.pages): the same
 target loaded twice in one process, whole passes of the daemon's runner at each tree size and
 context, the two interleaved rep by rep (this VM's memory speed drifts over minutes), median ms.
-Also the load time of each and how long the move took (docs/kernels.md "Round 15").
+Also the load time of each and how long the move took (docs/kernels.md "The weights in 2 MB pages").
 
     python -m benchmarks.experiments huge_pages --target qwen2.5-coder-1.5b --quant int4 \
         --json benchmarks/results/pages/huge-pages-1.5b-int4.json --plot benchmarks/results/pages/huge-pages-1.5b-int4.png

@@ -1,4 +1,4 @@
-"""int4 layouts compared in float (docs/kernels.md "Round 9"): the 1.5B's MLP weights quantized and
+"""int4 layouts compared in float (docs/decisions.md, "int4 formats"): the 1.5B's MLP weights quantized and
 dequantized per layout, teacher-forced over toolz files against the unquantized model (top-1
 agreement, mean KL). Needs the bench repositories in the cache and the 1.5B's bf16 form.
 

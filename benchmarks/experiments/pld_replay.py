@@ -5,7 +5,7 @@ are kept with how many of their tokens the target wrote next; then decoding is r
 under tree policies, each node count priced by a pass-cost table: the best continuation chosen after
 the fact (an upper bound no proposer reaches), the leading continuation cut at a fixed length, and
 the engine's value rule (nodes by P(path accepted), the size with the most expected tokens per ms)
-with every first token valued by its own match length (round 19) or alternatives at 0.1 (round 20).
+with every first token valued by its own match length (the earlier rule) or alternatives at 0.1 (the engine's rule).
 Replays count decoding only; `first_token_ms` adds the prefill the bench counts too.
 
     python -m benchmarks.experiments pld_replay --repo pypi:toolz==1.0.0 --positions 40 \
@@ -77,7 +77,7 @@ def collect(engine: Engine, repo: str, positions: int, max_tokens: int,
 
 def valued(cands: list, alt: float | None, costs: dict[int, float]) -> list[tuple[int, int]]:
     """The engine's rule: node values down each candidate, the best-first nodes with the most expected
-    tokens per ms; alt=None values every first token by its own match length (round 19)."""
+    tokens per ms; alt=None values every first token by its own match length (the earlier rule)."""
     values: dict[tuple, float] = {}
     for m, t, _ in cands:
         v = 1.0

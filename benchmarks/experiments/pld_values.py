@@ -1,5 +1,5 @@
 """How prompt lookup values its candidates, measured: one engine, `ar` and `pld` with the shipped
-valuation and with round 19's (every candidate's first token valued by its own backward-match
+valuation and with the earlier one (every candidate's first token valued by its own backward-match
 length), the two `pld` arms taking turns first position by position; plus, on `ar`'s own tokens,
 how often the candidates' distinct first tokens are the target's, by rank.
 
@@ -25,7 +25,7 @@ from completiond.models import load
 
 
 class ByMatchLength(PromptLookup):
-    """Round 19's valuation: each candidate's first token by its own match length, later ones by one
+    """The earlier valuation: each candidate's first token by its own match length, later ones by one
     EWMA; an outcome's first-token bucket is the one whose value is closest to what was predicted."""
 
     def value(self, found: list[tuple[list[int], int]]) -> list[Candidate]:

@@ -62,7 +62,7 @@ def verify_loop(ev):
         if ev.is_set(): raise Cancelled()
     kw = {"ctx": PassContext(ev)} if PassContext else {}
     if PassContext is None:
-        r.check = check  # the runner of issue 15 checks between layers; the one before ignores it
+        r.check = check  # a runner that checks between layers; an older one ignores it
     try:
         while True:
             check()

@@ -1,5 +1,5 @@
 // The bare vpdpbusd rate of this CPU at 256 and 512 bits, on 1 and 2 threads: 12 independent chains
-// a thread, nothing else in the loop (docs/kernels.md "Round 13": on Zen 5 both widths run 8.2 G
+// a thread, nothing else in the loop (docs/kernels.md "512-bit tiles": on Zen 5 both widths run 8.2 G
 // instructions/s a thread, so 512 bits do twice the multiply-adds).
 //
 //     gcc -O2 -fopenmp -o /tmp/vnni_peak benchmarks/vnni_peak.c && /tmp/vnni_peak

@@ -1,4 +1,4 @@
-"""The int4 target's output layer in w4 (round 11) against int8 (round 10), side by side in one process.
+"""The int4 target's output layer in w4 against the int8 one it replaced, side by side in one process.
 
 Speed: whole verify passes of the int4 target with either head, swapped rep by rep (the int8 one is
 the int8 form's: the head the int4 form held before), on a KV cache of --context random slots, ms per

@@ -1,11 +1,11 @@
 """int4 (w4_mm.c) against int8 weights (a8 / a16 kernels): the 1.5B's four layer shapes, `--layers`
 layers of distinct random weights read from memory, ms per layer at each row count, fastest of 5,
-kernels interleaved rep by rep (docs/kernels.md "Round 9", the matmul table).
+kernels interleaved rep by rep (docs/kernels.md "int4 weights").
 
     python -m benchmarks.experiments w4_matmul --layers 6 --threads 2
     python -m benchmarks.experiments w4_matmul --kinds w4+avx512-vnni --zmm on,off --rows 3,4,5,8,16 --json OUT.json
-        (the 512-bit code, cpu_kernel.zmm(), against the 256-bit code: docs/kernels.md "Round 13";
-        on:N runs the 512-bit tiles from N rows, on alone from this CPU's timed choice: "Round 16")
+        (the 512-bit code, cpu_kernel.zmm(), against the 256-bit code: docs/kernels.md "512-bit tiles";
+        on:N runs the 512-bit tiles from N rows, on alone from this CPU's timed choice)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 // (completiond_mm_kind), the 1.5B's four layer shapes ([2048|1536|17920 x 1536], [1536 x 8960]) over
 // 8 layers of distinct random weights (streamed from memory as in a pass) at 1, 4, 8, 16 rows,
 // variants interleaved round by round, fastest round per cell (ms a layer); outputs of every
-// variant compared bit for bit with the first (MISMATCH lines). Round 5's prefetch and tile numbers
+// variant compared bit for bit with the first (MISMATCH lines). The a8 kernel's prefetch and tile numbers
 // (docs/kernels.md) came from it. Build each library as cpu_kernel.py does, from a copy of
 // completiond/models/kernels with COMPLETIOND_HIDDEN emptied in completiond_kernels.h:
 //   gcc -O3 -mavx2 -mfma -fopenmp -ffp-contract=off -shared -fPIC -o DIR/lib.so DIR/*.c -lm

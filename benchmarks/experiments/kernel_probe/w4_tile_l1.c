@@ -1,6 +1,6 @@
 // The 512-bit int4 tile (w4_mm.c's w4_tile_zmm) alone, its weights and activations in L1: one pair of
 // vectors (16 channels), K = 1024, R = 1..8 rows, one thread; vpdpbusd instructions a second.
-// docs/kernels.md "Round 19": 2.6 G/s at 5-8 rows on Zen 4 (72 % of vnni_peak.c's 3.66 G/s), 3.2 G/s
+// docs/kernels.md "int4 weights": 2.6 G/s at 5-8 rows on Zen 4 (72 % of vnni_peak.c's 3.66 G/s), 3.2 G/s
 // with the per-group float step replaced by an integer add (wrong sums, timing only).
 //
 //     gcc -O3 -mavx2 -mfma -ffp-contract=off -fopenmp -Icompletiond/models/kernels \
