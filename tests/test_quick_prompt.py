@@ -92,17 +92,17 @@ def test_pick_lane_weighs_what_each_cache_lacks():
     full, quick = Lane(list(range(1000)), None, "f"), Lane(list(range(200)), None, "q")
     cached = {"f": 0, "q": 0}
     engine = SimpleNamespace(cached_prefix_len=lambda ids, slot: cached[slot], prefill_ms_per_token=lambda: 3.0)
-    d = SimpleNamespace(engine=engine, quick_prompt_ms=300.0)
-    assert pick_lane(d, full, quick) is quick  # 1000 tokens lacking: 3 s
-    assert pick_lane(d, full, None) is full
+    allowance_ms = 300.0
+    assert pick_lane(engine, allowance_ms, full, quick) is quick  # 1000 tokens lacking: 3 s
+    assert pick_lane(engine, allowance_ms, full, None) is full
     cached["f"] = 900  # 100 lacking: 300 ms, within the allowance
-    assert pick_lane(d, full, quick) is full
+    assert pick_lane(engine, allowance_ms, full, quick) is full
     cached["f"] = 850  # 150 lacking (450 ms), but the quick prompt lacks all of its 200
-    assert pick_lane(d, full, quick) is full
+    assert pick_lane(engine, allowance_ms, full, quick) is full
     cached["q"] = 100
-    assert pick_lane(d, full, quick) is quick
-    d.quick_prompt_ms = -1  # switched off
-    assert pick_lane(d, full, quick) is full
+    assert pick_lane(engine, allowance_ms, full, quick) is quick
+    allowance_ms = -1  # switched off
+    assert pick_lane(engine, allowance_ms, full, quick) is full
 
 
 async def test_a_short_document_has_no_quick_prompt(served):

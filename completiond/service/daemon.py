@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from . import protocol as P
 from .handlers import METHODS, Method
-from .plan import Prepared
+from .plan import EngineJob
 from ..core.speculation.index import TokenIndex
 from ..core.forward.context import PassContext
 from ..core.scheduler import Scheduler
@@ -217,12 +217,12 @@ class Daemon:
             try:  # prepared now, in frame order; the answer comes from its own task
                 params = method.params.parse(frame.params)
                 self.warmer.asked(s, params.uri, params)  # a warm-up yields now
-                prepared: Prepared = method.fn(self, s, params)
+                prepared: EngineJob = method.fn(self, s, params)
             except Exception as e:
                 self._error(s, frame, e)
                 return
-            job = s.start(frame.msgid, prepared.uri)
-            task = asyncio.create_task(self._answer(s, frame, lambda: self._run(s, job, prepared)))
+            flight = s.start(frame.msgid, prepared.uri)
+            task = asyncio.create_task(self._answer(s, frame, lambda: self._run(s, flight, prepared)))
             self._tasks.add(task)  # the loop holds tasks weakly
             task.add_done_callback(self._tasks.discard)
         else:
@@ -256,7 +256,7 @@ class Daemon:
             log.exception("%s failed", frame.method, exc_info=e)
             s.send(P.response(frame.msgid, P.RpcError(P.INTERNAL_ERROR, f"{type(e).__name__}: {e}")))
 
-    async def _run(self, s: Session, job: InFlight, prep: Prepared) -> dict:
+    async def _run(self, s: Session, flight: InFlight, job: EngineJob) -> dict:
         """Run one request on the engine thread, in turns with other documents' jobs, and stream its
         partial text; the latest per document wins."""
         loop = asyncio.get_running_loop()
@@ -267,27 +267,26 @@ class Daemon:
         so_far, shown = [""], [0]  # the engine's text, and how much of its cleaned form was streamed
 
         def on_step(step) -> None:
-            if step.text and not job.cancel.is_set():
+            if step.text and not flight.cancel.is_set():
                 so_far[0] += step.text
-                text = prep.clean(so_far[0], False)  # None: held back while it may repeat typed text
+                text = job.shown(so_far[0], False)  # None: held back while it may repeat typed text
                 if text and len(text) > shown[0]:
                     delta, shown[0] = text[shown[0]:], len(text)
-                    loop.call_soon_threadsafe(s.send, P.notification(prep.partial, {"id": job.msgid, "text": delta}))
+                    loop.call_soon_threadsafe(s.send, P.notification(job.partial, {"id": flight.msgid, "text": delta}))
 
         def work(ctx: PassContext):  # a generator of steps (Engine.run), run by the scheduler
-            if job.cancel.is_set():  # superseded while it waited: no tokenizing, no pass
+            if flight.cancel.is_set():  # superseded while it waited: no tokenizing, no pass
                 return None
             for key, d, text, version in stale:
                 self.engine.index.set_open(key, tok.encode(text, add_special_tokens=False))
                 loop.call_soon_threadsafe(_indexed, d, version)  # the document is the event loop's to write
-            built = prep.make()
-            if prep.learned is not None:  # before the answer: the loop runs callbacks in order
-                loop.call_soon_threadsafe(prep.learned, built)
+            built = job.build(self.engine)
+            loop.call_soon_threadsafe(job.learned, built)  # before the answer: the loop runs callbacks in order
             req = built.request
-            req.cancel = job.cancel
+            req.cancel = flight.cancel
             if req.slot is None:
-                req.slot = (s.id, prep.uri)
-            elif req.slot != (s.id, prep.uri):  # the quick prompt (handlers.Lane): its own cached sequence
+                req.slot = (s.id, job.uri)
+            elif req.slot != (s.id, job.uri):  # the quick prompt (handlers.Lane): its own cached sequence
                 self.scheduler.move(req.slot, built.lane.capacity)
             res = yield from self.engine.run(req, on_step, ctx)
             if time.time() - self._calibration_saved > CALIBRATION_SAVE_S:  # real passes refreshed the costs
@@ -296,13 +295,13 @@ class Daemon:
             return res, built
 
         try:
-            ran = await asyncio.wrap_future(self.scheduler.submit(work, (s.id, prep.uri), job.cancel, low=prep.low))
+            ran = await asyncio.wrap_future(self.scheduler.submit(work, (s.id, job.uri), flight.cancel, low=job.low))
         finally:
-            s.finish(job)
+            s.finish(flight)
         if ran is None:
-            return prep.superseded() if prep.superseded else P.Completion.superseded(prep.mode).to_wire()
+            return job.superseded()
         self.served += 1
-        return prep.result(*ran)
+        return job.answer(*ran)
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def serve(self, sock_path: Path | None, tcp: tuple[str, int] | None = None) -> None:

@@ -1,16 +1,16 @@
 """The daemon's methods: typed params in (protocol.py), a result map out.
 
 Immediate methods run on the event loop. `complete` and `rewrite` are *prepared* there, in the order
-frames arrive (document, version, position and text are fixed at that moment), and return a
-`Prepared` whose `make` builds the engine request later on the engine thread. A completion's inputs
-are one value (`CompletionPlan`); what the engine thread learns (its lanes, a new anchor) comes back
-in a `Built`, which the event loop applies: the engine thread writes no session state.
+frames arrive (document, version, position and text are fixed at that moment), and return an
+`EngineJob` (`CompletionJob`, `RewriteJob`) whose `build` makes the engine request later on the
+engine thread. A completion's inputs are one value (`CompletionPlan`); what the engine thread learns
+(its lanes, a new anchor) comes back in a `Built`, which the event loop applies: the engine thread
+writes no session state.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
 import itertools
 import os
@@ -29,13 +29,13 @@ from ..core.prompt import Heal, build_prompt, extend_middle, fim_tokens, stops_a
 from ..core.prompt.rewrite import TooLarge, check_selection, finish, rewrite_prompt
 from .history import change_span, job_key
 from .next_edit import prepare as prepare_next_edit
-from .plan import Built, Prepared
+from .plan import Built, EngineJob
 from ..core.prompt.stops import drop_repeated_head
 from .session import Session
 
 if TYPE_CHECKING:  # torch stays unimported until the models load (the socket is up before)
     from .daemon import Daemon
-    from ..core.engine import Result
+    from ..core.engine import Engine, Result
 
 
 MAX_OTHER_BUFFERS = 16  # open buffers a completion considers for its repository context
@@ -206,14 +206,13 @@ class Anchor:
     fim: bool
 
 
-def pick_lane(d: Daemon, full: Lane, quick: Lane | None) -> Lane:
-    """The full lane, unless its cache lacks more than `d.quick_prompt_ms` of prefill (measured per
-    token on this device) and the quick lane lacks less. Reads cache snapshots: any thread."""
-    if quick is None or d.quick_prompt_ms < 0:
+def pick_lane(e: Engine, quick_prompt_ms: float, full: Lane, quick: Lane | None) -> Lane:
+    """The full lane, unless its cache lacks more than `quick_prompt_ms` of prefill (measured per
+    token on this device; < 0: never) and the quick lane lacks less. Reads cache snapshots: any thread."""
+    if quick is None or quick_prompt_ms < 0:
         return full
-    e = d.engine
     lacks = len(full.ids) - e.cached_prefix_len(full.ids, full.slot)
-    if lacks * e.prefill_ms_per_token() <= d.quick_prompt_ms:
+    if lacks * e.prefill_ms_per_token() <= quick_prompt_ms:
         return full
     return quick if len(quick.ids) - e.cached_prefix_len(quick.ids, quick.slot) < lacks else full
 
@@ -251,6 +250,8 @@ class CompletionPlan:
     roots: tuple[Path, ...]
     others: tuple[tuple[str, str], ...]  # other open buffers (uri, text), with serve --repo-context
     indexed: tuple[tuple[Path, tuple[str, ...]], ...]  # indexed workspace files per root, likewise
+    repo_context: bool  # the daemon's serve --repo-context
+    quick_prompt_ms: float  # the daemon's: see pick_lane
 
 
 def plan_completion(d: Daemon, s: Session, p: P.Complete) -> CompletionPlan:
@@ -270,23 +271,24 @@ def plan_completion(d: Daemon, s: Session, p: P.Complete) -> CompletionPlan:
     anchor = s.anchors.get(doc.uri) if greedy and p.reuse_prefix else None
     return CompletionPlan(uri=doc.uri, slot=(s.id, doc.uri), mode=_mode(d, p.mode), text=doc.text, offset=offset,
                           starts=doc.starts, params=p, greedy=greedy, anchor=anchor,
-                          typed=typed_since(anchor, doc.text, offset), roots=roots, others=others, indexed=indexed)
+                          typed=typed_since(anchor, doc.text, offset), roots=roots, others=others, indexed=indexed,
+                          repo_context=d.repo_context, quick_prompt_ms=d.quick_prompt_ms)
 
 
-def build_completion(d: Daemon, plan: CompletionPlan) -> Built:
+def build_completion(engine: Engine, plan: CompletionPlan) -> Built:
     """On the engine thread: the plan's prompt (tokenized here, off the event loop) in the lane
     that pays, as a Request; the lanes and a new anchor come back for the event loop to keep."""
     from ..core.engine import Request
     from ..core.speculation.verify import Sampling
 
-    p, text, offset, slot, tok = plan.params, plan.text, plan.offset, plan.slot, d.engine.target.tokenizer
+    p, text, offset, slot, tok = plan.params, plan.text, plan.offset, plan.slot, engine.target.tokenizer
     common = dict(mode=plan.mode, max_tokens=p.max_tokens, seed=p.seed, n=p.n, sampling=Sampling(p.temperature, p.top_p, p.top_k),
                   deadline_ms=p.deadline_ms, reuse_prefix=p.reuse_prefix, typed_through=plan.greedy)
     if plan.typed is not None:  # the user typed on at the anchor's cursor: keep its prompt, add what was typed
         anchor, typed = plan.anchor, plan.typed
-        lane = pick_lane(d, anchor.full, anchor.quick)
+        lane = pick_lane(engine, plan.quick_prompt_ms, anchor.full, anchor.quick)
         stops = stops_at(text, offset, p.multiline, fim=True)
-        served = d.engine.typed_prompt(lane.ids, typed)  # typed what the suggestion said: no pass
+        served = engine.typed_prompt(lane.ids, typed)  # typed what the suggestion said: no pass
         line_head = text[text.rfind("\n", 0, offset) + 1:offset]
 
         def extended(a: Lane) -> Lane:
@@ -302,77 +304,101 @@ def build_completion(d: Daemon, plan: CompletionPlan) -> Built:
     workspace = ((Path(f).relative_to(root).as_posix(), Path(f)) for root, files in plan.indexed for f in files
                  if Path(f).is_relative_to(root))  # walked only if the file imports something
     context = related_files(path, text, [(locate(u, plan.roots)[0], t) for u, t in plan.others], workspace) \
-        if d.repo_context else None
+        if plan.repo_context else None
     prompt = build_prompt(tok, text, offset, multiline=p.multiline, path=path, repo=repo, context=context,
                           starts=plan.starts)
     full = Lane(prompt.ids, prompt.heal, slot)
     quick = None
-    if p.reuse_prefix and p.quick and d.quick_prompt_ms >= 0 and len(full.ids) > QUICK_PROMPT_TOKENS + 64:
+    if p.reuse_prefix and p.quick and plan.quick_prompt_ms >= 0 and len(full.ids) > QUICK_PROMPT_TOKENS + 64:
         q = build_prompt(tok, text, offset, multiline=p.multiline, max_tokens=QUICK_PROMPT_TOKENS, path=path,
                          repo=repo, starts=plan.starts)
         quick = Lane(q.ids, q.heal, (*slot, "quick"), QUICK_CAPACITY)
-    chosen = pick_lane(d, full, quick)
+    chosen = pick_lane(engine, plan.quick_prompt_ms, full, quick)
     req = Request(prompt=chosen.ids, stops=prompt.stops, heal=chosen.heal, slot=chosen.slot, **common)
     return Built(request=req, lane=chosen, full=full,
                  anchor=Anchor(text, offset, full, quick, fim=fim_tokens(tok) is not None))
 
 
-def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
-    plan = plan_completion(d, s, p)
-    text, offset = plan.text, plan.offset
-    # a suggestion never writes the line's last words again (`    def ` + `def f(` -> `def def f(`)
-    cursor_head = text[text.rfind("\n", 0, offset) + 1:offset]
+@dataclass(frozen=True, kw_only=True)
+class CompletionJob(EngineJob):
+    """`complete`: its plan, and the session that keeps the anchor its prompt leaves."""
+    partial = "complete/partial"
+    plan: CompletionPlan
+    session: Session
+    cursor_head: str  # the cursor's line up to the cursor
 
-    def clean(out: str, final: bool) -> str | None:
-        return drop_repeated_head(cursor_head, out, final)
+    def build(self, engine: Engine) -> Built:
+        return build_completion(engine, self.plan)
 
-    def learned(built: Built) -> None:  # on the event loop, once the engine built the prompt
+    def learned(self, built: Built) -> None:  # on the event loop, once the engine built the prompt
         if built.anchor is not None:
-            s.anchors[plan.uri] = built.anchor
+            self.session.anchors[self.plan.uri] = built.anchor
 
-    def result(res: Result, built: Built) -> dict:
-        lane = "quick" if built.lane is not None and built.lane.slot != plan.slot else "full"
-        out = P.Completion.of(res, text=clean(res.text, True)).to_wire()
+    def shown(self, text: str, final: bool) -> str | None:
+        # a suggestion never writes the line's last words again (`    def ` + `def f(` -> `def def f(`)
+        return drop_repeated_head(self.cursor_head, text, final)
+
+    def answer(self, result: Result, built: Built) -> dict:
+        lane = "quick" if built.lane is not None and built.lane.slot != self.plan.slot else "full"
+        out = P.Completion.of(result, text=self.shown(result.text, True)).to_wire()
         seen = {out["text"]}
         alternatives = []
         for a in out["alternatives"]:  # cleaned like the main text; one that becomes a duplicate goes
-            a["text"] = clean(a["text"], True)
+            a["text"] = self.shown(a["text"], True)
             if a["text"] and a["text"] not in seen:
                 seen.add(a["text"])
                 alternatives.append(a)
         return {**out, "alternatives": alternatives, "prompt_lane": lane}
 
-    return Prepared(uri=plan.uri, mode=plan.mode, make=functools.partial(build_completion, d, plan),
-                    partial="complete/partial", result=result, learned=learned, clean=clean, plan=plan)
+
+def complete(d: Daemon, s: Session, p: P.Complete) -> CompletionJob:
+    plan = plan_completion(d, s, p)
+    text, offset = plan.text, plan.offset
+    return CompletionJob(uri=plan.uri, mode=plan.mode, plan=plan, session=s,
+                         cursor_head=text[text.rfind("\n", 0, offset) + 1:offset])
 
 
-def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> Prepared:
+@dataclass(frozen=True, kw_only=True)
+class RewriteJob(EngineJob):
+    """`rewrite`: the document's text and the selection [start, end) as the request found them."""
+    partial = "rewrite/partial"
+    params: P.Rewrite
+    text: str
+    start: int
+    end: int
+    n_sel: int  # the selection's tokens
+    lang: str
+
+    def build(self, engine: Engine) -> Built:
+        from ..core.engine import Request
+
+        p = self.params
+        # default: room for the selection rewritten at twice its length
+        max_tokens = min(P.MAX_TOKENS, 2 * self.n_sel + 64) if p.max_tokens is None else p.max_tokens
+        try:  # the context before the selection is windowed to the prompt budget
+            ids, stops = rewrite_prompt(engine.target.tokenizer, self.text, self.start, self.end, p.instruction,
+                                        self.lang, max_tokens=P.MAX_PROMPT_TOKENS)
+        except TooLarge as e:
+            raise P.RpcError(P.INVALID_PARAMS, str(e)) from None
+        return Built(request=Request(prompt=ids, mode=self.mode, max_tokens=max_tokens, stops=stops))
+
+    def answer(self, result: Result, built: Built) -> dict:
+        return P.Completion.of(result, text=finish(result.text, self.text[self.start:self.end])).to_wire()
+
+
+def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> RewriteJob:
     doc = s.current(p.uri, p.version)
     start = s.offset(doc, p.range.start, "range")
     end = s.offset(doc, p.range.end, "range")
     if end < start:
         raise P.RpcError(P.INVALID_PARAMS, "range ends before it starts")
-    mode, text, lang, tok = _mode(d, p.mode), doc.text, doc.language_id, d.engine.target.tokenizer
+    mode = _mode(d, p.mode)
     try:  # sized now (one bounded tokenization): a selection over the budget is refused at once
-        n_sel = check_selection(tok, text[start:end], P.MAX_PROMPT_TOKENS)
+        n_sel = check_selection(d.engine.target.tokenizer, doc.text[start:end], P.MAX_PROMPT_TOKENS)
     except TooLarge as e:
         raise P.RpcError(P.INVALID_PARAMS, str(e)) from None
-
-    def make() -> Built:
-        from ..core.engine import Request
-
-        # default: room for the selection rewritten at twice its length
-        max_tokens = min(P.MAX_TOKENS, 2 * n_sel + 64) if p.max_tokens is None else p.max_tokens
-        try:  # the context before the selection is windowed to the prompt budget
-            ids, stops = rewrite_prompt(tok, text, start, end, p.instruction, lang, max_tokens=P.MAX_PROMPT_TOKENS)
-        except TooLarge as e:
-            raise P.RpcError(P.INVALID_PARAMS, str(e)) from None
-        return Built(request=Request(prompt=ids, mode=mode, max_tokens=max_tokens, stops=stops))
-
-    def result(res: Result, built: Built) -> dict:
-        return P.Completion.of(res, text=finish(res.text, text[start:end])).to_wire()
-
-    return Prepared(uri=doc.uri, mode=mode, make=make, partial="rewrite/partial", result=result)
+    return RewriteJob(uri=doc.uri, mode=mode, params=p, text=doc.text, start=start, end=end,
+                      n_sel=n_sel, lang=doc.language_id)
 
 
 METHODS: dict[str, Method] = {

@@ -1,29 +1,38 @@
 """What the event loop hands the engine thread for one engine job (`complete`, `rewrite`,
 `next_edit`), and what comes back.
 
-A `Prepared` is made on the event loop in the order frames arrive. On the engine thread, in the
-job's turn, `make()` tokenizes and returns a `Built`: the engine request and what the event loop
-keeps from it (a completion's lanes and new anchor). `make` reads its own snapshot and the engine,
-and writes nothing of the session or the daemon; the event loop applies `learned(built)`.
+An `EngineJob` is made on the event loop in the order frames arrive (`handlers.complete`,
+`handlers.rewrite`, `next_edit.prepare`: one class per method); `Daemon._run` then calls its methods
+in this order:
+
+    build(engine)          engine thread, in the job's turn: tokenize, return a `Built` (the
+                           `Request` for `Engine.run`, and what the event loop keeps from it)
+    learned(built)         event loop, before the answer: keep what the engine thread learned
+    shown(text, final)     engine thread, per step: the text so far as the editor may see it
+    answer(result, built)  event loop: the result map
+    superseded()           event loop, instead of all these when cancelled before it ran
+
+`build` reads only the job's own snapshot and the engine, and writes nothing of the session or the
+daemon.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar
 
+from . import protocol as P
 from ..core.scheduler import ENGINE_THREAD
 
 if TYPE_CHECKING:
-    from ..core.engine import Request, Result
+    from ..core.engine import Engine, Request, Result
     from .handlers import Anchor, Lane
 
 
 @dataclass(frozen=True)
 class Built:
-    """What the engine thread made of a plan."""
+    """What the engine thread made of a job."""
     request: Request
     lane: Lane | None = None  # complete: the prompt it chose (the quick or the full lane) ...
     full: Lane | None = None  # ... and the full one
@@ -31,18 +40,31 @@ class Built:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Prepared:
-    uri: str
+class EngineJob:
+    """One engine job, prepared on the event loop (see the module's docstring for the order of calls)."""
+    uri: str  # with the session id, the job's key: its cached sequence, the latest per key wins
     mode: str
-    make: Callable[[], Built]  # called on the engine thread: tokenizing stays off the event loop
-    partial: str  # the notification that streams text while it runs
-    result: Callable[[Result, Built], dict]
-    learned: Callable[[Built], None] | None = None  # called on the event loop once make() returned
-    low: bool = False  # after every request, like a warm-up (next_edit)
-    superseded: Callable[[], dict] | None = None  # the answer when cancelled before it ran (else a Completion's)
-    # complete: the text so far as the editor may show it (final=False: streaming), None to hold it back
-    clean: Callable[[str, bool], str | None] = lambda text, final: text
-    plan: Any = None  # complete: its CompletionPlan (the value make() builds from)
+    partial: ClassVar[str]  # the notification that streams text while it runs
+    low: ClassVar[bool] = False  # after every request, like a warm-up (next_edit)
+
+    def build(self, engine: Engine) -> Built:
+        """On the engine thread: the engine request (tokenizing stays off the event loop)."""
+        raise NotImplementedError
+
+    def learned(self, built: Built) -> None:
+        """On the event loop once `build` returned: keep what it learned (nothing by default)."""
+
+    def shown(self, text: str, final: bool) -> str | None:
+        """The text so far as the editor may show it (final=False: streaming); None holds it back."""
+        return text
+
+    def answer(self, result: Result, built: Built) -> dict:
+        """The result map of the finished job."""
+        raise NotImplementedError
+
+    def superseded(self) -> dict:
+        """The answer when cancelled before it ran."""
+        return P.Completion.superseded(self.mode).to_wire()
 
 
 def not_engine_thread(what: str) -> None:

@@ -154,7 +154,7 @@ class Warmer:
         def work(ctx: PassContext):  # a generator of steps, run by the scheduler after every request
             if cancel.is_set():
                 return None
-            built = prepared.make()
+            built = prepared.build(d.engine)
             loop.call_soon_threadsafe(prepared.learned, built)  # the new anchor: the event loop keeps it
             req, chosen, full = built.request, built.lane, built.full
             cold = chosen is not full  # the full prompt is cold: the quick one first, in its own sequence
