@@ -46,8 +46,7 @@ def pass_ms(r: Runner, n: int, context: int, reps: int) -> list[float]:
     each rolled back after."""
     times = []
     for _ in range(reps):
-        r.forward([0] * n, tree(n), range(n))
-        times.append(r.last_pass_ms)
+        times.append(r.run_pass([0] * n, tree(n), range(n)).ms)
         r.rollback(context)
     return times
 

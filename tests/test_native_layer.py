@@ -49,8 +49,9 @@ def one_token_passes(r: Runner, ids: list[int]) -> tuple[torch.Tensor, torch.Ten
     """Logits and final hidden states of ids decoded one pass per token (committed as they go)."""
     logits, hidden = [], []
     for t in ids:
-        logits.append(r.forward([t], [-1], [0]))
-        hidden.append(r.last_hidden.clone())
+        done = r.run_pass([t], [-1], [0])
+        logits.append(done.logits)
+        hidden.append(done.hidden)
         r.keep([0])
     r.rollback(len(PROMPT))
     return torch.cat(logits), torch.cat(hidden)
@@ -65,8 +66,8 @@ def test_tree_nodes_equal_one_token_passes_bit_for_bit(dtype, hidden, acts, attn
     r = runner(dtype, hidden=hidden)
     # a tree: root 7, children 8 and 20, 9 below 8, 21 below 20, 10 below 9
     ids, parents = [7, 8, 20, 9, 21, 10], [-1, 0, 0, 1, 2, 3]
-    tree = r.forward(ids, parents, range(len(ids)))
-    tree_hidden = r.last_hidden.clone()
+    done = r.run_pass(ids, parents, range(len(ids)))
+    tree, tree_hidden = done.logits, done.hidden
     r.rollback(len(PROMPT))
     for path in ([0, 1, 3, 5], [0, 2, 4]):
         logits, hidden = one_token_passes(r, [ids[i] for i in path])

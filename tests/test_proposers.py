@@ -20,8 +20,8 @@ def test_draft_tree_nodes_are_top_tokens_of_their_paths(branch, code_ids):
     draft = DraftModel(lm, branch=branch, top=2)
     context = code_ids[:30]  # longer than the window: the tree's passes must mask by position
     passes = []
-    forward = draft.runner.forward
-    draft.runner.forward = lambda *a, **kw: passes.append(len(a[0])) or forward(*a, **kw)
+    run_pass = draft.runner.run_pass
+    draft.runner.run_pass = lambda *a, **kw: passes.append(len(a[0])) or run_pass(*a, **kw)
     cands = draft.propose(context, Limits(max_len=4, min_value=0.0))
     children: dict[tuple, set] = {}
     prob: dict[tuple, float] = {}
@@ -175,8 +175,8 @@ def test_the_draft_grows_no_more_nodes_than_the_verify_pass_can_keep(code_ids):
     for cap, passes_run, depth in ((64, 8, 8), (3, 2, 2)):  # passes: the context's, then the tree's
         draft = DraftModel(lm, branch=1, top=2)
         passes = []
-        forward = draft.runner.forward
-        draft.runner.forward = lambda *a, **kw: passes.append(len(a[0])) or forward(*a, **kw)
+        run_pass = draft.runner.run_pass
+        draft.runner.run_pass = lambda *a, **kw: passes.append(len(a[0])) or run_pass(*a, **kw)
         cands = draft.propose(context, Limits(max_len=8, min_value=0.0, max_nodes=cap))
         longest = max(len(c.tokens) for c in cands)
         assert len(passes) == passes_run and longest == depth

@@ -10,7 +10,7 @@ import tiny
 from completiond.models import quant
 from completiond.models.kernels import cpu_kernel
 from completiond.models.quant import QuantLinear, exact_head_logits, head_bound, quantize
-from completiond.core.forward.runner import Runner
+from completiond.core.forward.runner import Runner, drain
 from test_runner import load
 
 SCHEMES = ["int8", "int4"]
@@ -369,8 +369,8 @@ def assert_refined_with(lm, rows: torch.Tensor, code_ids: list[int]) -> None:
     """The runner's refined top logits are the float32 dot products of the final hidden state with
     these output rows [V, H]."""
     r = Runner(lm, backend="lean", refine=True)
-    r.extend(code_ids[:20])
-    h = r.last_hidden[-1:]
+    _, last = drain(r.extend_chunks(code_ids[:20]))  # [H] after the last token
+    h = last[None]
     logits = r._logits(h)
     best = logits[0].topk(r.refine).indices
     torch.testing.assert_close(logits[0, best], h.float()[0] @ rows[best].T, rtol=0, atol=1e-5)

@@ -1,6 +1,7 @@
 """Several documents, one model (issues 13 and 15): a cached sequence per document (Engine.slots)
 and the engine thread's turns (core/scheduler.py). Interleaving must not change a single token."""
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -101,15 +102,15 @@ def test_shortest_work_left_goes_first_and_two_long_prefills_do_not_alternate(ta
     """noise_ms: every other prefill chunk is measured that much slower (a busy machine), which
     moves the per-token rate the work estimates are priced at between two jobs' turns."""
     e = Engine(target)
-    forward, chunks = e.runner.forward, itertools.count()
+    run_pass, chunks = e.runner.run_pass, itertools.count()
 
     def noisy(ids, *a, **kw):
-        out = forward(ids, *a, **kw)
+        out = run_pass(ids, *a, **kw)
         if len(ids) > 1 and next(chunks) % 2:
-            e.runner.last_pass_ms += noise_ms
+            out = dataclasses.replace(out, ms=out.ms + noise_ms)
         return out
 
-    e.runner.forward = noisy
+    e.runner.run_pass = noisy
     sched = Scheduler(e)
     turns: list[str] = []
     hold, held = threading.Event(), threading.Event()
@@ -202,7 +203,7 @@ def test_a_prefill_that_ends_before_another_jobs_turn_keeps_its_own_state(target
         with e.turn("a"):
             next(ga)
     with e.turn("b"):
-        next(gb)  # b's first chunk: no logits, last_hidden is empty
+        next(gb)  # b's first chunk: no logits, no hidden state
     with e.turn("a"):
         res_a = drain(ga)
     with e.turn("b"):

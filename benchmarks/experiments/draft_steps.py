@@ -67,13 +67,13 @@ def main() -> None:
                           max((len(c.tokens) for c in out), default=0)))
             return out
         drafter.propose = timed_propose
-    forward = engine.runner.forward
+    run_pass = engine.runner.run_pass
 
-    def timed_forward(ids, *args, **kw):
-        out = forward(ids, *args, **kw)
-        steps.append(("target", round(engine.runner.last_pass_ms, 1), len(ids)))
+    def timed_pass(ids, *args, **kw):
+        out = run_pass(ids, *args, **kw)
+        steps.append(("target", round(out.ms, 1), len(ids)))
         return out
-    engine.runner.forward = timed_forward
+    engine.runner.run_pass = timed_pass
     rows, total, current = [], {m: 0.0 for m in modes}, None
     for i, pp in enumerate(prepared):
         current = open_position(engine, files, pp, current)

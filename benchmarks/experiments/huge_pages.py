@@ -68,9 +68,9 @@ def main() -> int:
             for k, r in (runners.items() if rep % 2 else reversed(runners.items())):
                 fill_cache(r, c)
                 for n in sizes:
-                    r.forward([i * 7919 % 150000 for i in range(n)], tree(n), range(n))
+                    done = r.run_pass([i * 7919 % 150000 for i in range(n)], tree(n), range(n))
                     if rep:
-                        ms[k, c, n].append(r.last_pass_ms)
+                        ms[k, c, n].append(done.ms)
                     r.rollback(c)
     table = {k: {str(c): {str(n): round(statistics.median(ms[k, c, n]), 2) for n in sizes} for c in contexts}
              for k in runners}

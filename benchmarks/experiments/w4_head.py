@@ -34,9 +34,9 @@ def speed(lm, heads: dict, context: int, sizes: list[int], reps: int) -> dict:
         for h, head in heads.items():
             lm.model.lm_head = head
             for n in sizes:
-                r.forward([i * 7919 % 150000 for i in range(n)], tree(n), range(n))
+                done = r.run_pass([i * 7919 % 150000 for i in range(n)], tree(n), range(n))
                 if rep:
-                    ms[h, n].append(r.last_pass_ms)
+                    ms[h, n].append(done.ms)
                 r.rollback(context)
     out = {}
     for n in sizes:
@@ -58,9 +58,10 @@ def agreement(lm, heads: dict, files: list[Path]) -> dict:
         r.extend(ids[:1])
         for c in range(1, len(ids) - 64, 64):
             lm.model.lm_head = heads["int8"]
-            a8 = r.forward(ids[c:c + 64], [-1] + list(range(63)), range(64))  # [64, V], refined
+            done = r.run_pass(ids[c:c + 64], [-1] + list(range(63)), range(64))
+            a8 = done.logits  # [64, V], refined
             lm.model.lm_head = heads["w4"]
-            a4 = r._logits(r.last_hidden)
+            a4 = r._logits(done.hidden)
             for i in (a8.argmax(-1) != a4.argmax(-1)).nonzero().flatten().tolist():
                 top2 = a8[i].topk(2).values
                 gaps.append(round(float(top2[0] - top2[1]), 5))

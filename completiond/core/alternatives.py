@@ -121,17 +121,17 @@ def decode_alternatives(engine: Engine, st: Decoding, proposers: list[Proposer],
                 tree = truncate(tree, room)
                 trees.append((b, tree, len(ids)))
                 _add(ids, parents, tree, b.tail, first)
-            logits = runner.forward(ids, parents, range(len(ids)), append=True, ctx=ctx)
-            engine.budget.observe_pass(len(ids), runner.last_pass_ms)
+            done = runner.run_pass(ids, parents, range(len(ids)), append=True, ctx=ctx)  # [len(ids), vocab]
+            engine.budget.observe_pass(len(ids), done.ms)
             if st.out.done:
                 st.passes += 1  # a pass for the alternatives alone: the request's cost all the same
             for b, tree, at in trees:
                 if b is None:
-                    path, bonus = engine._verify(st, tree, proposers, ctx, logits, at)
+                    path, bonus = engine._verify(st, tree, proposers, ctx, done, at)
                     main_nodes += [first + at + i for i in path]
                     st.emit([tree.tokens[i] for i in path[1:]] + [bonus])
                 else:
-                    path, bonus = accept(tree, logits[at:at + len(tree)], GREEDY, None)
+                    path, bonus = accept(tree, done.logits[at:at + len(tree)], GREEDY, None)
                     b.nodes += [first + at + i for i in path]
                     new = [tree.tokens[i] for i in path[1:]] + [bonus]
                     b.verified += new

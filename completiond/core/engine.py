@@ -33,7 +33,7 @@ from ..models.device import LOADED, OthersBusy, loadavg, quiet_now
 from .prompt import Heal, fim_tokens
 from .speculation.proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
 from .forward.context import Cancelled, PassContext
-from .forward.runner import Runner, drain
+from .forward.runner import Pass, Runner, drain
 from .scheduler import Work
 from .slots import Slots
 from .speculation.tree import TokenTree, build_tree, truncate
@@ -381,17 +381,17 @@ class Engine:
             self.gates[name].record(ran, (time.perf_counter() - t0) * 1000, max(1, len(st.out.ids) - before))
 
     def _verify(self, st: Decoding, tree: TokenTree, proposers: list[Proposer], ctx: PassContext,
-                logits: torch.Tensor | None = None, at: int = 0) -> tuple[list[int], int]:
-        """Verify the main tree, accept a path and count it (`_step`). alternatives.py passes the logits
-        of a pass that held other branches too (the main tree's rows start at `at`); the path is then
-        left uncommitted, as that pass's other nodes are."""
-        own = logits is None
-        if own:
-            logits = self.runner.forward(tree.tokens, tree.parents, range(len(tree)), ctx=ctx)  # [nodes, vocab]
-            self.budget.observe_pass(len(tree), self.runner.last_pass_ms)
-        path, bonus = accept(tree, logits[at:at + len(tree)], st.req.sampling, st.gen)
-        st.feature = self.runner.last_hidden[at + path[-1]]  # the state the bonus token came from
-        if own:
+                shared: Pass | None = None, at: int = 0) -> tuple[list[int], int]:
+        """Verify the main tree, accept a path and count it (`_step`). alternatives.py passes a pass
+        that held other branches too (the main tree's rows start at `at`); the path is then left
+        uncommitted, as that pass's other nodes are."""
+        done = shared
+        if done is None:
+            done = self.runner.run_pass(tree.tokens, tree.parents, range(len(tree)), ctx=ctx)  # [nodes, vocab]
+            self.budget.observe_pass(len(tree), done.ms)
+        path, bonus = accept(tree, done.logits[at:at + len(tree)], st.req.sampling, st.gen)
+        st.feature = done.hidden[at + path[-1]]  # the state the bonus token came from
+        if shared is None:
             self.runner.keep(path)
         self._observe(tree, path, proposers)
         st.passes += 1

@@ -44,6 +44,14 @@ class Held:
     tokens: list[int]
 
 
+@dataclass(frozen=True)
+class Pass:
+    """What one pass gives back (`Runner.run_pass`)."""
+    logits: torch.Tensor  # [len(logits_at), vocab] float32
+    hidden: torch.Tensor  # [len(logits_at), H] final hidden states (after the final norm): heads.py reads them
+    ms: float  # its wall time
+
+
 def _layer_hook(module, args, kwargs) -> None:
     """Forward pre-hook on each transformers decoder layer: the pass in flight may stop here."""
     between = kwargs.get(BETWEEN_LAYERS)
@@ -106,10 +114,8 @@ class Runner:
         self.tokens: list[int] = []  # ids held by cache slots [0, length)
         self._pass_ids: list[int] = []  # uncommitted nodes since the last keep/rollback, and their parents
         self._pass_parents: list[int] = []
-        self.last_pass_ms = 0.0
         self.prefill_ms_per_token = 0.0  # of the last prefill chunk (the scheduler's work estimates)
         self.bulk_ms_per_token = 0.0  # of long prefill chunks (>= BULK_TOKENS), averaged: a cold prompt's cost
-        self.last_hidden: torch.Tensor | None = None
         self.layers_run = 0  # decoder layers started, all passes together (tests count preemption points)
         self._hf_layers = list(getattr(self.base, "layers", [])) if self.backend == "transformers" else []
         for layer in self._hf_layers:
@@ -147,17 +153,22 @@ class Runner:
         """An empty sequence; its cache starts at `capacity` slots (default the runner's) and grows."""
         return Held(self._cache_type(capacity or self.capacity), [])
 
-    @torch.inference_mode()
     def forward(self, ids: Sequence[int], parents: Sequence[int], logits_at: Sequence[int],
                 append: bool = False, ctx: PassContext = NO_CONTEXT, preemptible: bool = False) -> torch.Tensor:
-        """Run new nodes; return float32 logits [len(logits_at), vocab] at those node indices.
-        (The weights' move into 2 MB pages waits while passes run: pages.passing.)"""
-        with pages.passing():
-            return self._forward(ids, parents, logits_at, append, ctx, preemptible)
+        """Run new nodes; return float32 logits [len(logits_at), vocab] at those node indices (`run_pass`'s)."""
+        return self.run_pass(ids, parents, logits_at, append, ctx, preemptible).logits
 
-    def _forward(self, ids: Sequence[int], parents: Sequence[int], logits_at: Sequence[int],
-                 append: bool, ctx: PassContext, preemptible: bool) -> torch.Tensor:
-        """forward's pass.
+    @torch.inference_mode()
+    def run_pass(self, ids: Sequence[int], parents: Sequence[int], logits_at: Sequence[int],
+                 append: bool = False, ctx: PassContext = NO_CONTEXT, preemptible: bool = False) -> Pass:
+        """Run new nodes; their logits and final hidden states at the node indices `logits_at`, and
+        the pass's wall time. (The weights' move into 2 MB pages waits while passes run: pages.passing.)"""
+        with pages.passing():
+            return self._run_pass(ids, parents, logits_at, append, ctx, preemptible)
+
+    def _run_pass(self, ids: Sequence[int], parents: Sequence[int], logits_at: Sequence[int],
+                  append: bool, ctx: PassContext, preemptible: bool) -> Pass:
+        """run_pass's pass.
 
         parents[i] is the index of node i's parent in this pass, or -1 for "the last committed token".
         append=True: the uncommitted nodes of the passes since the last keep/rollback stay, and the
@@ -185,13 +196,11 @@ class Runner:
         self._pass_parents = all_parents
         if len(logits_at):  # the output layer costs about a layer or more
             ctx.check()  # (the nodes stay uncommitted, as after any pass: keep commits)
-        # [len(logits_at), H]: final hidden states (after the final norm), for feature drafts (medusa.py)
-        self.last_hidden = hidden[list(logits_at)]
-        logits = self._logits(self.last_hidden)
+        hidden = hidden[list(logits_at)]  # [len(logits_at), H]
+        logits = self._logits(hidden)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        self.last_pass_ms = (time.perf_counter() - t0) * 1000
-        return logits
+        return Pass(logits, hidden, (time.perf_counter() - t0) * 1000)
 
     def _eager(self, ids: Sequence[int], depth: list[int], anc: torch.Tensor, first: int, L: int,
                ctx: PassContext, preemptible: bool) -> torch.Tensor:
@@ -335,15 +344,14 @@ class Runner:
             at = [len(part) - 1] if logits and end == len(seq) else []
             try:
                 with bulk(self.lm.bulk_dtype):  # many rows: dense matmuls beat the per-row kernel
-                    logits_part = self.forward(part, list(range(-1, len(part) - 1)), at,
-                                               ctx=chunk_ctx, preemptible=True)
+                    done = self.run_pass(part, list(range(-1, len(part) - 1)), at, ctx=chunk_ctx, preemptible=True)
                 if at:
-                    out = (logits_part[-1], self.last_hidden[-1])
+                    out = (done.logits[-1], done.hidden[-1])
             except Preempted:  # nothing of this chunk was committed: it runs again
                 yield
                 continue
             self.keep(range(len(part)))
-            ms = self.prefill_ms_per_token = self.last_pass_ms / len(part)
+            ms = self.prefill_ms_per_token = done.ms / len(part)
             if len(part) >= BULK_TOKENS:
                 self.bulk_ms_per_token = (self.bulk_ms_per_token + ms) / 2 if self.bulk_ms_per_token else ms
             c = end

@@ -336,9 +336,9 @@ def measure_costs(runner: Runner, sizes: tuple[int, ...], context: int = 64, rou
     seen: dict[int, list[float]] = {n: [] for n in sizes}
     for r in range(rounds + 1):
         for n in sizes:
-            runner.forward([i * 104729 % v for i in range(n)], [-1] + list(range(n - 1)), range(n))
+            done = runner.run_pass([i * 104729 % v for i in range(n)], [-1] + list(range(n - 1)), range(n))
             if r:
-                seen[n].append(runner.last_pass_ms)
+                seen[n].append(done.ms)
     runner.reset()
     return {n: quantile(ms, QUANTILE) for n, ms in seen.items()}
 

@@ -268,12 +268,12 @@ class DraftModel:
             pick = sorted(open_nodes, key=lambda i: -value[i])[:self.branch]
             if not pick:
                 break  # nothing left whose children would pay for another draft pass
-            rows = self.runner.forward([ids[i] for i in pick], [fed.get(parent[i], -1) for i in pick],
-                                       range(len(pick)), append=bool(fed), ctx=ctx)
-            self.step_ms.add(self.runner.last_pass_ms)
+            step = self.runner.run_pass([ids[i] for i in pick], [fed.get(parent[i], -1) for i in pick],
+                                        range(len(pick)), append=bool(fed), ctx=ctx)
+            self.step_ms.add(step.ms)
             for i in pick:
                 fed[i] = len(fed)
-            add_children(rows, pick)
+            add_children(step.logits, pick)
         target_ids = self._to_target(ids)
         has_child = set(parent)
         out = []
