@@ -193,8 +193,10 @@ def test_the_engine_thread_writes_no_session_state() -> None:
 
 # A pass gets its context as an argument (core/forward/context.PassContext): nothing sets these on a
 # runner, its decoder layers or a proposer for the length of a job. One object keeps a field of that
-# name: a request's decode state (engine.Decoding, one per request), the feature its next proposal reads.
-PASS_STATE = {"check", "preempt", "feature", "_completiond_check"}
+# name: a request's decode state (decoding.Decoding, one per request), the feature its next proposal reads.
+# A pass's outputs and a step's gate decision are returned as values too (Runner.run_pass's Pass,
+# Engine.propose's decision): nothing sets them on the runner or the engine for the caller to read.
+PASS_STATE = {"check", "preempt", "feature", "_completiond_check", "last_hidden", "last_pass_ms", "_gated"}
 OWN_STATE = {("completiond.core.engine", "st.feature")}
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .speculation.proposers import PromptLookup, Proposer
 from .request import Alternative
@@ -29,7 +29,12 @@ from .prompt.typed import Detokenizer
 from .speculation.verify import Sampling, accept
 
 if TYPE_CHECKING:
-    from .engine import Decoding, Engine
+    import torch
+
+    from .decoding import Decoding
+    from .forward.runner import Pass, Runner
+    from .speculation.budget import TreeBudget
+    from ..models import LoadedModel
 
 MAX_N = 3
 # What the alternatives may add to the single suggestion's cost. The first run on the 0.5B (no cap on
@@ -42,6 +47,24 @@ ALT_NODES = 4  # nodes of an alternative's tree below its root at most: a short 
 # this share of the main tree's own pass cost, by the tree-size budget's cost table.
 PASS_SHARE = 1.25
 GREEDY = Sampling()
+
+
+class EngineSteps(Protocol):
+    """The steps of `Engine` (core/engine.py) that decode the main branch here: the same proposals,
+    verification and work estimates as its own decode loop."""
+    target: LoadedModel
+    runner: Runner
+    budget: TreeBudget
+    eos: set[int]
+
+    def work_left(self, st: Decoding, prompt_left: int) -> Work: ...
+
+    def propose(self, root: int, proposers: list[Proposer], remaining: int, ctx: PassContext,
+                feature: torch.Tensor | None = None, context: list[int] | None = None
+                ) -> tuple[TokenTree, tuple[str, bool] | None]: ...
+
+    def verify(self, st: Decoding, tree: TokenTree, proposers: list[Proposer], ctx: PassContext,
+               shared: Pass | None = None, at: int = 0) -> tuple[list[int], int]: ...
 
 
 @dataclass
@@ -69,7 +92,7 @@ def first_tokens(st: Decoding, eos: set[int], n: int) -> list[int]:
     return out[:n]
 
 
-def decode_alternatives(engine: Engine, st: Decoding, proposers: list[Proposer], ctx: PassContext
+def decode_alternatives(engine: EngineSteps, st: Decoding, proposers: list[Proposer], ctx: PassContext
                         ) -> Generator[Work, None, list[Alternative]]:
     """Decode the main branch to its end (as `Engine._step` would) with up to n - 1 alternatives beside
     it; returns the alternatives (distinct, non-empty texts that differ from the main one). Raises
@@ -92,7 +115,7 @@ def decode_alternatives(engine: Engine, st: Decoding, proposers: list[Proposer],
                 extra += 1
                 if extra > max(1, int(st.passes * EXTRA_PASSES)):
                     break
-            yield engine._left(st, 0)
+            yield engine.work_left(st, 0)
             ctx.check()
             if req.deadline_ms is not None and st.elapsed_ms() > req.deadline_ms:
                 if not st.out.done:
@@ -104,15 +127,15 @@ def decode_alternatives(engine: Engine, st: Decoding, proposers: list[Proposer],
             first = len(saved[0])
             trees: list[tuple[Branch | None, TokenTree, int]] = []
             if not st.out.done:
-                tree = engine._propose(st.token, proposers, req.max_tokens - len(st.out.ids), ctx, st.feature,
-                                       context=runner.tokens + st.verified)
+                tree, _ = engine.propose(st.token, proposers, req.max_tokens - len(st.out.ids), ctx, st.feature,
+                                          context=runner.tokens + st.verified)  # the gate learns from _step only
                 trees.append((None, tree, len(ids)))
                 _add(ids, parents, tree, main_nodes[-1] if main_nodes else -1, first)
             live_alts = [b for b in alts if not b.out.done]
             main_cost = engine.budget.cost(max(1, len(ids)))
             for k, b in enumerate(live_alts):
-                tree = engine._propose(b.token, lookup, req.max_tokens - len(b.out.ids), ctx,
-                                       context=runner.tokens + b.verified)
+                tree, _ = engine.propose(b.token, lookup, req.max_tokens - len(b.out.ids), ctx,
+                                          context=runner.tokens + b.verified)
                 rest = len(live_alts) - k  # this root and the later ones are run in any case
                 room = 0
                 while room < min(ALT_NODES, len(tree) - 1) and \
@@ -127,7 +150,7 @@ def decode_alternatives(engine: Engine, st: Decoding, proposers: list[Proposer],
                 st.passes += 1  # a pass for the alternatives alone: the request's cost all the same
             for b, tree, at in trees:
                 if b is None:
-                    path, bonus = engine._verify(st, tree, proposers, ctx, done, at)
+                    path, bonus = engine.verify(st, tree, proposers, ctx, done, at)
                     main_nodes += [first + at + i for i in path]
                     st.emit([tree.tokens[i] for i in path[1:]] + [bonus])
                 else:

@@ -18,7 +18,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Collection, Generator, Hashable, Iterator
-from dataclasses import dataclass, field
 
 import torch
 
@@ -41,53 +40,9 @@ from .request import Alternative, Request, Result  # part of this module's API (
 from .prompt.typed import Detokenizer, Step, TypedThrough, typed_prompt  # Step: part of this module's API
 from .speculation.verify import accept, sample
 from .alternatives import decode_alternatives
+from .decoding import Decoding
 
 MODES = ("ar", "pld", "draft", "combined")
-
-
-@dataclass
-class Decoding:
-    """One request's state between target passes."""
-    req: Request
-    out: Detokenizer
-    on_step: Callable[[Step], None] | None
-    t0: float = field(default_factory=time.perf_counter)
-    token: int = -1  # the last verified token: the root of the next tree
-    feature: torch.Tensor | None = None  # [H] the target's hidden state that gave `token` (heads.py)
-    verified: list[int] = field(default_factory=list)  # every token the target verified, in order
-    passes: int = 0
-    accepted: int = 0
-    by_depth: list[int] = field(default_factory=list)  # accepted tokens at tree depth 1, 2, ...
-    ms_first: float = 0.0
-    reused: int = 0  # prompt tokens the cache already held
-    alternatives: list[Alternative] = field(default_factory=list)
-    cancelled: bool = False
-    first_logits: torch.Tensor | None = None  # [vocab] after the prompt (heal applied): alternatives' first tokens
-
-    def __post_init__(self) -> None:
-        seed = self.req.seed
-        self.gen = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
-
-    def elapsed_ms(self) -> float:
-        return (time.perf_counter() - self.t0) * 1000
-
-    def emit(self, new: list[int], first: bool = False) -> None:
-        """Verified tokens: remembered, detokenized (stops applied), streamed."""
-        self.verified += new
-        self.token = new[-1]
-        step = self.out.push(new)
-        if first:
-            self.ms_first = self.elapsed_ms()
-        if self.on_step and (step.text or step.token_ids):
-            self.on_step(step)
-
-    def result(self, served: int) -> Result:
-        out, passes = self.out, self.passes
-        return Result(text=out.text, token_ids=list(out.ids), tokens=[out.decode([t]) for t in out.ids],
-                      mode=self.req.mode, target_passes=passes, mean_accepted=self.accepted / passes if passes else 0.0,
-                      ms_first_token=self.ms_first, ms_total=self.elapsed_ms(), stopped_by=out.stopped_by,
-                      cancelled=self.cancelled, prompt_tokens=len(self.req.prompt), reused_tokens=self.reused,
-                      accepted_by_depth=self.by_depth, served_tokens=served, alternatives=self.alternatives)
 
 
 def draft_id(draft: LoadedModel | MedusaHeads | EagleHead | None) -> str | None:
@@ -143,7 +98,6 @@ class Engine:
         self.budget = TreeBudget(max_nodes, always=always_speculate)
         self.gates: dict[str, StepGate] = {}  # by proposer name: does a costly proposer pay, measured
         self.draft_id = draft_id(draft)  # whose gates the calibration cache keeps
-        self._gated: tuple[str, bool] | None = None  # this step's gate decision (_propose -> _step)
         self.max_candidate_len = max_candidate_len
         self.eos = target.eos_ids()
         self.lock = threading.Lock()
@@ -311,12 +265,12 @@ class Engine:
         try:
             # a first step before any pass: the scheduler learns this request's size before its prefill
             # runs, so a long one can already give way inside its first chunk
-            yield self._left(st, len(req.prompt) - st.reused)
+            yield self.work_left(st, len(req.prompt) - st.reused)
             yield from self._prefill(st, served, ctx)
             if branched and not st.out.done:
                 st.alternatives = yield from decode_alternatives(self, st, proposers, ctx)
             while not st.out.done:
-                yield self._left(st, 0)
+                yield self.work_left(st, 0)
                 ctx.check()
                 if req.deadline_ms is not None and st.elapsed_ms() > req.deadline_ms:
                     st.out.stopped_by = "deadline"
@@ -332,7 +286,7 @@ class Engine:
             self.typed.record(req.prompt, st.verified, req.heal)
         return st.result(len(served))
 
-    def _left(self, st: Decoding, prompt_left: int) -> Work:
+    def work_left(self, st: Decoding, prompt_left: int) -> Work:
         """Work left, roughly: the prompt tokens still to prefill, and a pass per token still allowed."""
         return Work(prompt_left, st.req.max_tokens - len(st.out.ids))
 
@@ -351,7 +305,7 @@ class Engine:
             if not st.out.done:  # speculate on from the served end: the cache must hold all before it
                 st.reused = min(self.runner.common_prefix(req.prompt + served), len(req.prompt))
                 for _ in self.runner.sync_chunks(req.prompt + served[:-1], ctx=ctx):
-                    yield self._left(st, len(req.prompt) + len(served) - 1 - self.runner.length)
+                    yield self.work_left(st, len(req.prompt) + len(served) - 1 - self.runner.length)
             return
         chunks = self.runner.extend_chunks(req.prompt, ctx=ctx, whole_chunks=True)
         while True:
@@ -360,7 +314,7 @@ class Engine:
             except StopIteration as done:
                 logits, st.feature = done.value  # [vocab], [H]
                 break
-            yield self._left(st, len(req.prompt) - self.runner.length)
+            yield self.work_left(st, len(req.prompt) - self.runner.length)
         if req.heal is not None:  # only tokens that start with the healed text may come first
             allowed = torch.full_like(logits, float("-inf"))
             allowed[req.heal.allowed_ids()] = 0.0
@@ -371,16 +325,15 @@ class Engine:
     def _step(self, st: Decoding, proposers: list[Proposer], ctx: PassContext) -> None:
         """propose -> tree -> verify (one target pass) -> accept -> keep the path, emit its tokens."""
         t0 = time.perf_counter()
-        self._gated = None
-        tree = self._propose(st.token, proposers, st.req.max_tokens - len(st.out.ids), ctx, st.feature)
-        path, bonus = self._verify(st, tree, proposers, ctx)
+        tree, gated = self.propose(st.token, proposers, st.req.max_tokens - len(st.out.ids), ctx, st.feature)
+        path, bonus = self.verify(st, tree, proposers, ctx)
         before = len(st.out.ids)
         st.emit([tree.tokens[i] for i in path[1:]] + [bonus])
-        if self._gated is not None:  # the step's wall time, for the tokens the completion kept (none past its end)
-            name, ran = self._gated
+        if gated is not None:  # the step's wall time, for the tokens the completion kept (none past its end)
+            name, ran = gated
             self.gates[name].record(ran, (time.perf_counter() - t0) * 1000, max(1, len(st.out.ids) - before))
 
-    def _verify(self, st: Decoding, tree: TokenTree, proposers: list[Proposer], ctx: PassContext,
+    def verify(self, st: Decoding, tree: TokenTree, proposers: list[Proposer], ctx: PassContext,
                 shared: Pass | None = None, at: int = 0) -> tuple[list[int], int]:
         """Verify the main tree, accept a path and count it (`_step`). alternatives.py passes a pass
         that held other branches too (the main tree's rows start at `at`); the path is then left
@@ -410,16 +363,19 @@ class Engine:
             self.stats["cancelled"] += 1
             self.stats["cancelled_ms"] += st.elapsed_ms()
 
-    def _propose(self, root: int, proposers: list[Proposer], remaining: int, ctx: PassContext,
-                 feature: torch.Tensor | None = None, context: list[int] | None = None) -> TokenTree:
+    def propose(self, root: int, proposers: list[Proposer], remaining: int, ctx: PassContext,
+                 feature: torch.Tensor | None = None, context: list[int] | None = None
+                 ) -> tuple[TokenTree, tuple[str, bool] | None]:
         """Candidates from every proposer that says it pays, merged into one tree and cut to the
-        size that pays. Prompt lookup runs first: whether the draft pays depends on what it found.
+        size that pays, and the gate's decision (a costly proposer's name, whether it ran; None: no
+        gate asked). Prompt lookup runs first: whether the draft pays depends on what it found.
         feature: the target's hidden state `root` came from (heads read it in the proposal's ctx)."""
         max_len = min(self.max_candidate_len, remaining - 1)
         if max_len <= 0 or not proposers:
-            return TokenTree.root_only(root)
+            return TokenTree.root_only(root), None
         context = self.runner.tokens + [root] if context is None else context  # ends with root
         ctx = dataclasses.replace(ctx, feature=feature)
+        gated = None
         pass_ms = self.budget.cost(1)
         always = self.budget.always
         candidates = []
@@ -428,7 +384,7 @@ class Engine:
                 continue
             if not always and p.costly:  # it says it pays: the measured gate has the last word
                 ran = self.gates.setdefault(p.name, StepGate()).allows()
-                self._gated = (p.name, ran)
+                gated = (p.name, ran)
                 if not ran:
                     continue
             # a costly proposer's node must also pay for its place in the verify pass
@@ -439,7 +395,7 @@ class Engine:
                             max_nodes=self.budget.useful_nodes() if p.costly else self.budget.max_nodes)
             candidates += p.propose(context, limits, ctx)
         tree = build_tree(root, candidates, self.budget.max_nodes)
-        return truncate(tree, self.budget.best_size(tree.value))
+        return truncate(tree, self.budget.best_size(tree.value)), gated
 
     def _observe(self, tree: TokenTree, path: list[int], proposers: list[Proposer]) -> None:
         on_path = set(path)
