@@ -118,7 +118,7 @@ class _Runner:
 
 
 class RemoteEngine:
-    """The Engine's surface that the daemon uses (run, warming, turn, stats...), over HTTP."""
+    """An `EngineLike` (core/engine_like.py: what the daemon uses of an engine) over HTTP."""
 
     def __init__(self, spec: RemoteSpec, tokenizer: Any, index: TokenIndex | None = None, timeout_s: float = 30.0,
                  token: str | None = None):

@@ -118,7 +118,7 @@ class Scheduler:
     def move(self, slot: Hashable, capacity: int | None = None) -> None:
         """Called by the running job on the engine thread, inside its turn: the job works on `slot`'s
         cached sequence from now on, in this turn and the later ones (a completion picks its prompt,
-        and so its sequence, only once it runs: service/handlers.Lane). It stays its document's job."""
+        and so its sequence, only once it runs: service/plan.Lane). It stays its document's job."""
         job = self.running
         if job is None:
             raise RuntimeError("Scheduler.move is for the job whose turn it is")

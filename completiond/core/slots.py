@@ -9,7 +9,7 @@ from collections.abc import Collection, Hashable
 
 from .forward.runner import Held, Runner
 
-MAX_SLOTS = 6  # 0.5B Qwen, 4k tokens: ~50 MB each in bf16 (a quick prompt's: ~6 MB, see handlers.Lane)
+MAX_SLOTS = 6  # 0.5B Qwen, 4k tokens: ~50 MB each in bf16 (a quick prompt's: ~6 MB, see service/plan.Lane)
 
 
 class Slots:

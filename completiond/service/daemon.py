@@ -35,23 +35,23 @@ from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, WAITING_GRACE_S, bind_u
 from .workspace import WorkspaceWatcher
 
 if TYPE_CHECKING:  # torch is imported by the loader, after the socket is up
-    from ..core.engine import Engine
+    from ..core.engine_like import EngineLike
 
 log = logging.getLogger("completiond.daemon")
 
 
 EARLY = {"initialize", "status", "shutdown", "document/open", "document/change"}  # answered while loading
 CALIBRATION_SAVE_S = 300.0  # how often the pass costs that real requests measured are written back
-Loader = Callable[[TokenIndex, Callable[[str], None]], "tuple[Engine, dict]"]
+Loader = Callable[[TokenIndex, Callable[[str], None]], "tuple[EngineLike, dict]"]
 
 
 class Daemon:
-    """`engine` is a loaded Engine, or a loader run on a thread of its own once the socket is up:
-    `loader(index, phase)` calls `phase("loading target")` etc. as it goes and returns (engine, info
-    to add); until it returns, `status` answers with the phase and everything else except
-    EARLY waits (in frame order) for it."""
+    """`engine` is a loaded engine (`EngineLike`: an Engine or a RemoteEngine), or a loader run on a
+    thread of its own once the socket is up: `loader(index, phase)` calls `phase("loading target")`
+    etc. as it goes and returns (engine, info to add); until it returns, `status` answers with the
+    phase and everything else except EARLY waits (in frame order) for it."""
 
-    def __init__(self, engine: Engine | Loader, info: dict, token: str | None = None,
+    def __init__(self, engine: EngineLike | Loader, info: dict, token: str | None = None,
                  default_mode: str = "combined", max_frame_bytes: int = P.MAX_FRAME_BYTES,
                  roots: Iterable[Path] = (), auth_timeout: float = AUTH_TIMEOUT_S, warm: bool = True,
                  quick_prompt_ms: float = P.QUICK_PROMPT_MS, repo_context: bool = False):
@@ -61,11 +61,11 @@ class Daemon:
         self.max_frame_bytes = max_frame_bytes
         self.auth_timeout = auth_timeout
         # a completion whose full prompt lacks more prefill than this (ms) answers from the quick
-        # prompt around the cursor while the full one warms (handlers.Lane); < 0: never
+        # prompt around the cursor while the full one warms (plan.Lane); < 0: never
         self.quick_prompt_ms = quick_prompt_ms
         # other files in the prompt (core.prompt.context.related_files); off by default: docs/models.md "The prompt"
         self.repo_context = repo_context
-        self.engine: Engine | None = None if callable(engine) else engine
+        self.engine: EngineLike | None = None if callable(engine) else engine
         # model work: one engine thread, every client's jobs in turns (core/scheduler.py)
         self.scheduler: Scheduler | None = Scheduler(self.engine) if self.engine is not None else None
         self._loader = None if self.engine is not None else engine
@@ -286,7 +286,7 @@ class Daemon:
             req.cancel = flight.cancel
             if req.slot is None:
                 req.slot = (s.id, job.uri)
-            elif req.slot != (s.id, job.uri):  # the quick prompt (handlers.Lane): its own cached sequence
+            elif req.slot != (s.id, job.uri):  # the quick prompt (plan.Lane): its own cached sequence
                 self.scheduler.move(req.slot, built.lane.capacity)
             res = yield from self.engine.run(req, on_step, ctx)
             if time.time() - self._calibration_saved > CALIBRATION_SAVE_S:  # real passes refreshed the costs

@@ -15,7 +15,7 @@ import hmac
 import itertools
 import os
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,17 +25,18 @@ from . import protocol as P
 from ..core.forward.context import PassContext
 from ..core.prompt.context import locate, related_files
 from .documents import Document, DocumentError
-from ..core.prompt import Heal, build_prompt, extend_middle, fim_tokens, stops_at
+from ..core.prompt import build_prompt, extend_middle, fim_tokens, stops_at
 from ..core.prompt.rewrite import TooLarge, check_selection, finish, rewrite_prompt
 from .history import change_span, job_key
 from .next_edit import prepare as prepare_next_edit
-from .plan import Built, EngineJob
+from .plan import Anchor, Built, EngineJob, Lane
 from ..core.prompt.stops import drop_repeated_head
 from .session import Session
 
 if TYPE_CHECKING:  # torch stays unimported until the models load (the socket is up before)
-    from .daemon import Daemon
-    from ..core.engine import Engine, Result
+    from .serving import Serving
+    from ..core.engine_like import EngineLike
+    from ..core.request import Result
 
 
 MAX_OTHER_BUFFERS = 16  # open buffers a completion considers for its repository context
@@ -49,7 +50,7 @@ class Method:
 
 
 # ---- immediate methods --------------------------------------------------------------------------
-async def initialize(d: Daemon, s: Session, p: P.Initialize, msgid) -> dict:
+async def initialize(d: Serving, s: Session, p: P.Initialize, msgid) -> dict:
     if not s.authed:
         if not (d.token and hmac.compare_digest(p.token.encode(), d.token.encode())):
             raise P.RpcError(P.INVALID_REQUEST, "bad or missing token", close=True)
@@ -71,7 +72,7 @@ async def initialize(d: Daemon, s: Session, p: P.Initialize, msgid) -> dict:
             "ignored_roots": ignored, **d.model_info()}
 
 
-async def doc_open(d: Daemon, s: Session, p: P.DocumentOpen, msgid) -> None:
+async def doc_open(d: Serving, s: Session, p: P.DocumentOpen, msgid) -> None:
     old = s.docs.get(p.uri)
     if old is None and len(s.docs) >= P.MAX_OPEN_DOCUMENTS:
         raise P.RpcError(P.INVALID_PARAMS, f"too many open documents: {P.MAX_OPEN_DOCUMENTS} per connection")
@@ -80,7 +81,7 @@ async def doc_open(d: Daemon, s: Session, p: P.DocumentOpen, msgid) -> None:
     s.docs[p.uri] = Document(p.uri, p.text, p.version, p.language_id)
 
 
-async def doc_change(d: Daemon, s: Session, p: P.DocumentChange, msgid) -> None:
+async def doc_change(d: Serving, s: Session, p: P.DocumentChange, msgid) -> None:
     doc = s.doc(p.uri)
     before, span = doc.text, change_span(doc, p.changes, s.encoding)
     room = min(P.MAX_DOCUMENT_CHARS, P.MAX_SESSION_CHARS - s.chars() + len(doc.text))
@@ -101,27 +102,27 @@ def edited(s: Session, doc: Document, before: str, span: tuple[int, int, int] | 
         job.cancel.set()
 
 
-async def doc_close(d: Daemon, s: Session, p: P.DocumentClose, msgid) -> None:
+async def doc_close(d: Serving, s: Session, p: P.DocumentClose, msgid) -> None:
     if s.docs.pop(p.uri, None) is None:
         raise P.RpcError(P.INVALID_PARAMS, f"document not open: {p.uri}")
     d.engine.index.close(s.index_key(p.uri))
     s.anchors.pop(p.uri, None)
 
 
-async def doc_cursor(d: Daemon, s: Session, p: P.DocumentCursor, msgid) -> None:
+async def doc_cursor(d: Serving, s: Session, p: P.DocumentCursor, msgid) -> None:
     """The editor's cursor rests here (LSP sends no cursor): once it stays, warm this position."""
     s.offset(s.doc(p.uri), p.position)  # -32602 for a position outside the document
     d.warmer.touched(s, p.uri, p.position, 0.0)  # editors send it once the cursor rests: warm at once
 
 
-async def cancel(d: Daemon, s: Session, p: P.Cancel, msgid) -> None:
+async def cancel(d: Serving, s: Session, p: P.Cancel, msgid) -> None:
     job = s.jobs.get(p.id)
     if job is None:
         raise P.RpcError(P.INVALID_PARAMS, f"no request {p.id} in flight")
     job.cancel.set()
 
 
-async def status(d: Daemon, s: Session, p: P.Empty, msgid) -> dict:
+async def status(d: Serving, s: Session, p: P.Empty, msgid) -> dict:
     st = d.engine.stats
     return {
         **d.info, "server_version": __version__, "pid": os.getpid(),
@@ -151,7 +152,7 @@ async def status(d: Daemon, s: Session, p: P.Empty, msgid) -> dict:
     }
 
 
-async def lookup(d: Daemon, s: Session, p: P.Lookup, msgid) -> dict:
+async def lookup(d: Serving, s: Session, p: P.Lookup, msgid) -> dict:
     """What prompt lookup would propose at a position (texts), for debugging and tests."""
     doc = s.doc(p.uri)
     offset = s.offset(doc, p.position)
@@ -164,12 +165,12 @@ async def lookup(d: Daemon, s: Session, p: P.Lookup, msgid) -> dict:
     return {"candidates": await asyncio.wrap_future(d.scheduler.submit(work, (s.id, p.uri)))}
 
 
-async def shutdown(d: Daemon, s: Session, p: P.Empty, msgid) -> None:
+async def shutdown(d: Serving, s: Session, p: P.Empty, msgid) -> None:
     asyncio.get_running_loop().call_later(0.05, d.stopping.set)
 
 
 # ---- engine jobs --------------------------------------------------------------------------------
-def _mode(d: Daemon, mode: str | None) -> str:
+def _mode(d: Serving, mode: str | None) -> str:
     mode = mode or d.default_mode
     if mode == "draft" and d.engine.draft is None:
         raise P.RpcError(P.INVALID_PARAMS, f"mode 'draft' needs a draft model; this daemon has none: "
@@ -181,32 +182,7 @@ QUICK_PROMPT_TOKENS = 256  # the quick prompt: the cursor's neighbourhood (prefi
 QUICK_CAPACITY = 512  # its cached sequence starts this small (it grows if typing makes it longer)
 
 
-@dataclass
-class Lane:
-    """A prompt for the cursor and the cached sequence (slot) it is prefilled into. A completion has a
-    full lane (the whole budget: repository context, long prefix and suffix) and, while the full one
-    is cold, a quick lane: a few hundred tokens around the cursor in a slot of their own. A cold
-    2.5k-token prompt takes ~9 s to prefill on 2 CPU cores, the quick one ~1 s; the warm-up fills the
-    quick lane first, then the full one, and completions move to the full lane once it is warm."""
-    ids: list[int]
-    heal: Heal | None
-    slot: Hashable
-    capacity: int | None = None
-
-
-@dataclass
-class Anchor:
-    """The last completion prompt built from scratch for a document: while the user types at its
-    cursor (new lines included: Enter, or an accepted multi-line suggestion), later prompts extend
-    its FIM middle instead of moving the split, so its suffix is never prefilled again."""
-    text: str
-    offset: int
-    full: Lane
-    quick: Lane | None
-    fim: bool
-
-
-def pick_lane(e: Engine, quick_prompt_ms: float, full: Lane, quick: Lane | None) -> Lane:
+def pick_lane(e: EngineLike, quick_prompt_ms: float, full: Lane, quick: Lane | None) -> Lane:
     """The full lane, unless its cache lacks more than `quick_prompt_ms` of prefill (measured per
     token on this device; < 0: never) and the quick lane lacks less. Reads cache snapshots: any thread."""
     if quick is None or quick_prompt_ms < 0:
@@ -254,7 +230,7 @@ class CompletionPlan:
     quick_prompt_ms: float  # the daemon's: see pick_lane
 
 
-def plan_completion(d: Daemon, s: Session, p: P.Complete) -> CompletionPlan:
+def plan_completion(d: Serving, s: Session, p: P.Complete) -> CompletionPlan:
     """Snapshot on the event loop everything a completion's prompt depends on."""
     doc = s.current(p.uri, p.version)
     offset = s.offset(doc, p.position)
@@ -275,7 +251,7 @@ def plan_completion(d: Daemon, s: Session, p: P.Complete) -> CompletionPlan:
                           repo_context=d.repo_context, quick_prompt_ms=d.quick_prompt_ms)
 
 
-def build_completion(engine: Engine, plan: CompletionPlan) -> Built:
+def build_completion(engine: EngineLike, plan: CompletionPlan) -> Built:
     """On the engine thread: the plan's prompt (tokenized here, off the event loop) in the lane
     that pays, as a Request; the lanes and a new anchor come back for the event loop to keep."""
     from ..core.engine import Request
@@ -327,7 +303,7 @@ class CompletionJob(EngineJob):
     session: Session
     cursor_head: str  # the cursor's line up to the cursor
 
-    def build(self, engine: Engine) -> Built:
+    def build(self, engine: EngineLike) -> Built:
         return build_completion(engine, self.plan)
 
     def learned(self, built: Built) -> None:  # on the event loop, once the engine built the prompt
@@ -351,7 +327,7 @@ class CompletionJob(EngineJob):
         return {**out, "alternatives": alternatives, "prompt_lane": lane}
 
 
-def complete(d: Daemon, s: Session, p: P.Complete) -> CompletionJob:
+def complete(d: Serving, s: Session, p: P.Complete) -> CompletionJob:
     plan = plan_completion(d, s, p)
     text, offset = plan.text, plan.offset
     return CompletionJob(uri=plan.uri, mode=plan.mode, plan=plan, session=s,
@@ -369,7 +345,7 @@ class RewriteJob(EngineJob):
     n_sel: int  # the selection's tokens
     lang: str
 
-    def build(self, engine: Engine) -> Built:
+    def build(self, engine: EngineLike) -> Built:
         from ..core.engine import Request
 
         p = self.params
@@ -386,7 +362,7 @@ class RewriteJob(EngineJob):
         return P.Completion.of(result, text=finish(result.text, self.text[self.start:self.end])).to_wire()
 
 
-def rewrite(d: Daemon, s: Session, p: P.Rewrite) -> RewriteJob:
+def rewrite(d: Serving, s: Session, p: P.Rewrite) -> RewriteJob:
     doc = s.current(p.uri, p.version)
     start = s.offset(doc, p.range.start, "range")
     end = s.offset(doc, p.range.end, "range")

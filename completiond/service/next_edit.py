@@ -23,8 +23,9 @@ from .history import job_key
 from .session import Session
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
-    from ..core.engine import Engine, Result
+    from .serving import Serving
+    from ..core.engine_like import EngineLike
+    from ..core.request import Result
 
 HISTORY_EDITS = 6  # recent edits shown to the model (all documents of the client, oldest first)
 
@@ -58,7 +59,7 @@ class NextEditJob(EngineJob):
     path: str
     t0: float  # when the request arrived (perf_counter)
 
-    def build(self, engine: Engine) -> Built:
+    def build(self, engine: EngineLike) -> Built:
         from ..core.engine import Request
 
         p, tok = self.params, engine.target.tokenizer
@@ -98,7 +99,7 @@ class NextEditJob(EngineJob):
                 "version": self.version, "cancelled": True, "stopped_by": "cancelled", "mode": self.mode}
 
 
-def prepare(d: Daemon, s: Session, p: P.NextEdit) -> NextEditJob:
+def prepare(d: Serving, s: Session, p: P.NextEdit) -> NextEditJob:
     doc = s.current(p.uri, p.version)
     anchor = s.offset(doc, p.position) if p.position is not None else doc.edited_at
     window = window_at(doc.text, min(anchor, len(doc.text)))

@@ -19,6 +19,7 @@ daemon.
 from __future__ import annotations
 
 import threading
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -26,8 +27,34 @@ from . import protocol as P
 from ..core.scheduler import ENGINE_THREAD
 
 if TYPE_CHECKING:
-    from ..core.engine import Engine, Request, Result
-    from .handlers import Anchor, Lane
+    from ..core.engine_like import EngineLike
+    from ..core.prompt import Heal
+    from ..core.request import Request, Result
+
+
+@dataclass
+class Lane:
+    """A prompt for the cursor and the cached sequence (slot) it is prefilled into. A completion has a
+    full lane (the whole budget: repository context, long prefix and suffix) and, while the full one
+    is cold, a quick lane: a few hundred tokens around the cursor in a slot of their own. A cold
+    2.5k-token prompt takes ~9 s to prefill on 2 CPU cores, the quick one ~1 s; the warm-up fills the
+    quick lane first, then the full one, and completions move to the full lane once it is warm."""
+    ids: list[int]
+    heal: Heal | None
+    slot: Hashable
+    capacity: int | None = None
+
+
+@dataclass
+class Anchor:
+    """The last completion prompt built from scratch for a document: while the user types at its
+    cursor (new lines included: Enter, or an accepted multi-line suggestion), later prompts extend
+    its FIM middle instead of moving the split, so its suffix is never prefilled again."""
+    text: str
+    offset: int
+    full: Lane
+    quick: Lane | None
+    fim: bool
 
 
 @dataclass(frozen=True)
@@ -47,7 +74,7 @@ class EngineJob:
     partial: ClassVar[str]  # the notification that streams text while it runs
     low: ClassVar[bool] = False  # after every request, like a warm-up (next_edit)
 
-    def build(self, engine: Engine) -> Built:
+    def build(self, engine: EngineLike) -> Built:
         """On the engine thread: the engine request (tokenizing stays off the event loop)."""
         raise NotImplementedError
 

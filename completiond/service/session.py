@@ -40,7 +40,7 @@ class Session:
     docs: dict[str, Document] = field(default_factory=dict)
     jobs: dict[int, InFlight] = field(default_factory=dict)
     latest: dict[str, InFlight] = field(default_factory=dict)
-    # uri -> handlers.Anchor: the last prompt built from scratch, which typing at its cursor extends
+    # uri -> plan.Anchor: the last prompt built from scratch, which typing at its cursor extends
     # (built on the engine thread, stored by the event loop: plan.Built)
     anchors: dict[str, Any] = field(default_factory=lambda: LoopOwned())
     history: History = field(default_factory=History)  # recent edits of its documents (next_edit)

@@ -6,7 +6,7 @@ request's position, else the end). Where the user already asked for completions 
 the next completion is computed ahead, so a request at that cursor (after accepting a suggestion,
 say) is served from the engine's memory of verified tokens (llama.vim's speculative follow-up);
 elsewhere the prompt is prefilled. While a document's full prompt is cold (a freshly opened file),
-the quick prompt around the cursor is warmed first, then the full one (handlers.Lane). It is the
+the quick prompt around the cursor is warmed first, then the full one (plan.Lane). It is the
 lowest priority: every request goes first (it waits for one layer), and one for the same document
 stops it and reuses every prefill chunk it finished.
 Each document keeps its own cached sequence (Engine.slots), so a warm-up of one document survives
@@ -28,7 +28,7 @@ from ..core.forward.context import PassContext
 from .handlers import complete
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
+    from .serving import Serving
     from .session import Session
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def cursor_after(changes: list, encoding: str) -> P.Position | None:
 
 
 class Warmer:
-    def __init__(self, daemon: Daemon, enabled: bool = True):
+    def __init__(self, daemon: Serving, enabled: bool = True):
         self.d = daemon
         self.enabled = enabled
         self.timers: dict[tuple[int, str], asyncio.TimerHandle] = {}
@@ -75,7 +75,7 @@ class Warmer:
         self.warmed: dict[tuple[int, str], Warmed] = {}
         self.cancel: threading.Event | None = None  # the warm-up queued or running
         self.cancel_key: tuple[int, str] | None = None  # and its document
-        # the warm-up's soft stop, and whether it is computing a quick-prompt chunk (handlers.Lane) right
+        # the warm-up's soft stop, and whether it is computing a quick-prompt chunk (plan.Lane) right
         # now: a request for its document then lets it finish that chunk (the request needs it) and end
         self.finish: tuple[threading.Event, list[bool]] | None = None
 
