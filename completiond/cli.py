@@ -78,6 +78,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
     if a.temperature < 0 or not 0 < a.top_p <= 1 or a.top_k < 0:
         raise UsageError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
     check_model_flags(a)
+    check_target_form(a)
     try:
         offset = offset_at(text, a.line - 1, a.col - 1, encoding="utf-32")
     except PositionError:
@@ -102,6 +103,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
     with paused_gc():  # imports and loading (gc_pause.py)
         from .core.engine import Engine, Request, draft_for
         from .models import ModelError, draft_label, load, load_draft
+        from .models.catalog import spelled
         from .core.prompt import build_prompt
         from .core.speculation.verify import Sampling
         from .service.protocol import prefill_dtype
@@ -133,7 +135,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
             "text": res.text, "token_ids": res.token_ids, "tokens": res.tokens, "mode": res.mode,
             "target_passes": res.target_passes, "mean_accepted": round(res.mean_accepted, 4),
             "ms_first_token": round(res.ms_first_token, 2), "ms_total": round(res.ms_total, 2),
-            "target": target.name, "draft": draft_label(a.draft, draft, target, unloaded),
+            "target": spelled(target.name, target.meta.get("quant")), "draft": draft_label(a.draft, draft, target, unloaded),
             "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
             "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
             "prefill_dtype": prefill_dtype(target), "int8_kernel": target.meta.get("int8_kernel"),
@@ -146,6 +148,32 @@ def cmd_complete(a: argparse.Namespace) -> int:
     return 0
 
 
+def check_target_form(a: argparse.Namespace) -> None:
+    """`--target NAME@FORM`: a known form, and no --quant that says otherwise (one line, exit 2).
+    Only a spec with an @ is parsed here: models.catalog's package imports torch, which a completion
+    a running daemon answers does not need."""
+    if "@" not in a.target:
+        return
+    from .models.catalog import ModelError, split_form
+
+    try:
+        name, form = split_form(a.target)
+    except ModelError as e:
+        raise UsageError(f"--target {e}") from None
+    if form and a.quant not in ("auto", form):
+        raise UsageError(f"--target {a.target} runs its {form} weights but --quant says {a.quant}: give one "
+                         f"of them (e.g. --target {name}@{a.quant})")
+
+
+def _target_form(spec: str) -> tuple[str, str | None]:
+    """(model, weights form or None) of a --target (see check_target_form)."""
+    if "@" not in spec:
+        return spec, None
+    from .models.catalog import split_form
+
+    return split_form(spec)
+
+
 def daemon_mismatch(a: argparse.Namespace, info: dict) -> str | None:
     """Why the running daemon (its `status`) would not answer as a local load with these flags
     would; None when it would. Flags left at their defaults take what the daemon runs (its target is
@@ -155,8 +183,12 @@ def daemon_mismatch(a: argparse.Namespace, info: dict) -> str | None:
         asked, runs = getattr(a, flag), str(info.get(flag))
         if asked != "auto" and not runs.startswith(asked):
             return f"--{flag} {asked}: it runs {runs}"
-    if a.target != "default" and not _same_model(a.target, str(info.get("target"))):
-        return f"--target {a.target}: it serves {info.get('target')}"
+    name, form = _target_form(a.target)
+    served = str(info.get("target"))
+    if name != "default" and not _same_model(name, served):
+        return f"--target {a.target}: it serves {served}"
+    if form and str(info.get("quant")) != form:  # a bare name takes the form the daemon runs, as --quant auto
+        return f"--target {a.target}: it serves {served} ({info.get('quant')} weights)"
     if a.backend != "auto":
         return f"--backend {a.backend}: the daemon chooses its own"
     daemon_draft = str(info.get("draft") or "none").split(" (")[0]
@@ -166,7 +198,8 @@ def daemon_mismatch(a: argparse.Namespace, info: dict) -> str | None:
 
 
 def _same_model(spec: str, served: str) -> bool:
-    if spec == served:
+    """Whether the daemon's `target` (a named model spelled with its form, NAME@FORM) is `spec`."""
+    if spec == served or served.startswith(spec + "@"):
         return True
     try:
         return Path(spec).expanduser().resolve() == Path(served).expanduser().resolve() and Path(spec).exists()

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from . import integrity, pages, runtime
-from .catalog import GEMMA_270M, NAMED, ModelError, assemble, file_lock
+from .catalog import GEMMA_270M, NAMED, ModelError, assemble, file_lock, split_form
 from .choice import default_quant, default_target
 from .device import cpu_has_fast_bf16, pick_bulk_dtype, pick_device, pick_dtype  # noqa: F401 (re-exported)
 from .quant import pick_quant  # noqa: F401 (re-exported)
@@ -313,6 +313,8 @@ def _check_hub_reachable(repo_id: str) -> None:
 def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "auto",
          quant: str = "none") -> LoadedModel:
     """Load a model from a spec; errors become ModelError with a message a user can act on."""
+    spec, form = split_form(spec)  # NAME@FORM: that weights form (catalog.FORMS), whatever `quant` said
+    quant = form or quant
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     why = None

@@ -70,6 +70,37 @@ NAMED: dict[str, NamedModel | None] = {CODER_15B.name: CODER_15B, CODER_05B.name
 DEFAULTS = {"cuda": (CODER_15B.name, CODER_05B.name), "cpu": (CODER_05B.name, "none")}
 
 
+# The weights forms a model's name may carry, `NAME@FORM` (e.g. qwen2.5-coder-1.5b@int4): what
+# `--quant` takes besides auto. A name without one means its default form (--quant auto).
+FORMS = ("int8", "int4", "none")
+REMOTE_PREFIXES = ("openai:", "llamacpp:")  # served elsewhere (core/remote.py): an @ there is the URL's
+
+
+def split_form(spec: str) -> tuple[str, str | None]:
+    """A model spec -> (model, weights form or None): the one place `NAME@FORM` is read.
+
+    'qwen2.5-coder-1.5b@int4' -> ('qwen2.5-coder-1.5b', 'int4'); 'qwen2.5-coder-0.5b' -> (itself,
+    None); an @ inside a path, an existing file's name or a remote URL is part of the name. ModelError
+    for a form that is not one of FORMS, naming the valid spellings.
+    """
+    name, at, form = spec.rpartition("@")
+    if not at or not name or spec.startswith(REMOTE_PREFIXES) or "/" in form or "\\" in form or ":" in form \
+            or os.path.exists(os.path.expanduser(spec)):
+        return spec, None
+    if form == "auto":
+        return name, None
+    if form not in FORMS:
+        valid = ", ".join(f"{name}@{f}" for f in FORMS)
+        raise ModelError(f"{spec!r}: unknown weights form {form!r}; use one of {valid}, or {name} for its default form")
+    return name, form
+
+
+def spelled(name: str, form: str | None) -> str:
+    """The name status, --json and the editors show: a named model with the form it runs,
+    `qwen2.5-coder-0.5b@int8`; any other spec (a directory, a .gguf file, an HF id) as given."""
+    return f"{name}@{form}" if form and name in NAMED else name
+
+
 def default_models(device_type: str) -> tuple[str, str]:
     """(target, draft) named models that `--target default` / `--draft default` mean on this device."""
     return DEFAULTS.get(device_type, DEFAULTS["cpu"])

@@ -19,6 +19,9 @@ MIN_POSITIONS = 16  # a bench run on fewer positions does not decide the default
 # A package's ratio is the median of its last runs: runs of the same code on one package spread by
 # ±0.07 around the 1.25x line (round 16: 1.21-1.35x on boltons), and one run must not flip the default.
 KEPT_RUNS = 3
+# the side-by-side run that checks or overrides the choice, as a message prints it (it runs as printed)
+SIDE_BY_SIDE = ("completiond bench --repo pypi:toolz==1.0.0 --positions 40 --modes ar,combined "
+                "--targets {larger}@int4,{smaller}")
 KIND = "default-target"  # calibration/default-target-<cpu>.json
 
 
@@ -96,7 +99,7 @@ def _cpu_choice() -> tuple[str, str, dict]:
     its kept runs: packages disagree (round 13: 1.24x on toolz, 1.33x on boltons), and the order they
     were benched in must not choose the default."""
     larger, smaller = MEASURED_PAIR
-    bench = f"`completiond bench --targets {larger}@int4,{smaller}`"
+    bench = f"`{SIDE_BY_SIDE.format(larger=larger, smaller=smaller)}`"
     runs = _runs()
     if not runs:
         return smaller, f"no side-by-side measurement on this CPU yet ({bench} makes one)", {}
