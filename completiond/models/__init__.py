@@ -24,7 +24,7 @@ import torch
 
 from . import integrity, pages, runtime
 from .catalog import GEMMA_270M, NAMED, ModelError, assemble, file_lock, split_form
-from .choice import default_quant, default_target
+from .choice import choose_default, default_quant, default_target  # noqa: F401 (re-exported)
 from .device import cpu_has_fast_bf16, pick_bulk_dtype, pick_device, pick_dtype  # noqa: F401 (re-exported)
 from .quant import pick_quant  # noqa: F401 (re-exported)
 from ..paths import cache_root  # torch-free, shared with the LSP
@@ -149,6 +149,12 @@ def ensure_runtime(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, pr
             integrity.remove_stale_partials(old.parent, old.name, locked=True)  # an old version's killed conversions
             print(f"completiond: removed the old float32 cache {old} ({size:.1f} GB); the model now loads "
                   f"from {folder}", file=sys.stderr)
+
+
+def converted(name: str, dtype: torch.dtype, scheme: str) -> bool:
+    """Whether a named model's runtime form for (dtype, scheme) is in the cache (a stat check)."""
+    folder = runtime_dir(GEMMA_CACHE_NAME if name == GEMMA_270M else name)
+    return integrity.unchanged(folder, _needed(folder, dtype, scheme))
 
 
 def _needed(folder: Path, dtype: torch.dtype, scheme: str) -> list[str]:
@@ -318,10 +324,9 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     why = None
-    if spec == "default" and role == "target":
-        if quant == "auto":  # the weights the measurement that chose the default ran with
-            quant = default_quant(dev.type)
-        spec, why = default_target(dev.type)
+    if spec == "default" and role == "target":  # by this machine's measurement (choice.py), and why
+        spec, quant, why = choose_default(dev, quant, lambda q: pick_quant(q, dev, dt, dtype_asked=dtype != "auto"),
+                                          lambda name, form: converted(name, dt, form))
     scheme = pick_quant(quant, dev, dt, dtype_asked=dtype != "auto")
     where, name, gguf = resolve(spec, role, dev.type)
     loaded = _load(where, name, gguf, role, spec, dev, dt, scheme)
