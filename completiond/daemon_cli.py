@@ -141,6 +141,13 @@ def cmd_serve(a: argparse.Namespace) -> int:
         from .core.prompt import prepare_tokenizer
         from .models.device import trim_heap
 
+        if a.target == "default":  # the first start on a CPU measures which target runs fast enough here
+            from .models.choice import cpu_default
+            from .models.device import pick_device
+
+            if pick_device(a.device).type == "cpu":
+                phase("choosing the default target (this CPU's pass costs, measured once)")
+                cpu_default()
         phase(f"loading target {a.target}")
         target = load(a.target, "target", a.device, a.dtype, a.quant)
         log.info("start-up: target %s (%s, %s, quant %s) loaded in %.1f s", target.name, target.device,

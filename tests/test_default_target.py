@@ -18,7 +18,8 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-SLOW = {"smaller_ms": 30.0, "larger_ms": {"int8": 90.0, "int4": 60.0}, "threads": 2, "date": "2026-12-06"}
+SLOW = {"smaller_ms": 30.0, "larger_ms": {"int8": 90.0, "int4": 60.0}, "ratio": {"int8": 3.0, "int4": 2.0},
+        "threads": 2, "date": "2026-12-06"}
 
 
 @pytest.fixture(autouse=True)
@@ -143,7 +144,8 @@ def test_a_chosen_larger_target_not_converted_yet_leaves_the_smaller_serving(mon
     ({"int8": 60.0, "int4": 36.0}, False, SMALLER, None),  # fast enough, but not installed
 ])
 def test_the_pass_costs_decide_without_a_bench(costs, installed, expected, form, monkeypatch):
-    monkeypatch.setattr(choice, "pass_estimate", lambda: {**SLOW, "larger_ms": costs})
+    monkeypatch.setattr(choice, "pass_estimate", lambda: {**SLOW, "larger_ms": costs,
+                                                          "ratio": {f: ms / 30.0 for f, ms in costs.items()}})
     monkeypatch.setattr(choice, "installed", lambda m: installed)
     c = choice.cpu_default()
     assert (c.name, c.form) == (expected, form)
@@ -156,7 +158,8 @@ def test_the_pass_costs_decide_without_a_bench(costs, installed, expected, form,
 
 def test_a_bench_overrides_the_pass_costs(monkeypatch):
     monkeypatch.setattr(choice, "installed", lambda m: True)
-    monkeypatch.setattr(choice, "pass_estimate", lambda: {**SLOW, "larger_ms": {"int8": 33.0, "int4": 31.0}})
+    monkeypatch.setattr(choice, "pass_estimate", lambda: {**SLOW, "larger_ms": {"int8": 33.0, "int4": 31.0},
+                                                          "ratio": {"int8": 1.1, "int4": 1.03}})
     assert default_target("cpu")[0] == LARGER  # the pass costs alone: 1.03x
     record_default({LARGER: run(LARGER, "combined", 300.0), SMALLER: run(SMALLER, "ar", 200.0)})
     target, why = default_target("cpu")
@@ -173,7 +176,8 @@ def test_the_estimate_is_kept_per_cpu_kernels_torch_and_threads(monkeypatch):
     monkeypatch.setattr(estimate, "available", lambda: None)
     calls = []
     monkeypatch.setattr(estimate, "pass_costs", lambda small, large: calls.append(1) or
-                        {"smaller_ms": 30.0, "larger_ms": {"int8": 90.0, "int4": 45.0}, "threads": 2})
+                        {"smaller_ms": 30.0, "larger_ms": {"int8": 90.0, "int4": 45.0}, "ratio": {"int8": 3.0, "int4": 1.5},
+                         "threads": 2})
     monkeypatch.setattr(choice, "OthersBusy", lambda: type("Quiet", (), {"share": lambda self: 0.0})())
     first = choice.pass_estimate()
     assert choice.pass_estimate()["larger_ms"] == first["larger_ms"] and len(calls) == 1

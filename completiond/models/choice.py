@@ -33,7 +33,7 @@ SIDE_BY_SIDE = ("completiond bench --repo pypi:toolz==1.0.0 --positions 40 --mod
                 "--targets {larger}@int4,{smaller}")
 KIND = "default-target"  # calibration/default-target-<cpu>.json
 ESTIMATE_KIND = "default-estimate"  # calibration/default-estimate-<cpu>.json: models/estimate.py's pass costs
-ESTIMATE_VERSION = 1  # a file of another version (what it measures changed) is measured again
+ESTIMATE_VERSION = 2  # a file of another version (what it measures changed) is measured again
 
 
 @dataclass(frozen=True)
@@ -160,10 +160,10 @@ def _estimated() -> Choice:
     larger, smaller = MEASURED_PAIR
     bench = f"`{SIDE_BY_SIDE.format(larger=larger, smaller=smaller)}` checks it"
     est = pass_estimate()
-    if "smaller_ms" not in est:
+    if "ratio" not in est:
         return Choice(smaller, None, f"no measurement of the larger target on this CPU ({est.get('unavailable')}); "
                                      f"{bench}")
-    ratios = {form: ms / est["smaller_ms"] for form, ms in est["larger_ms"].items()}
+    ratios = est["ratio"]
     form = min(ratios, key=ratios.get)
     measured = (f"{larger}@{form}'s one-token pass measured {ratios[form]:.2f}x {smaller}'s on this CPU "
                 f"({est['larger_ms'][form]:.1f} vs {est['smaller_ms']:.1f} ms, {est['threads']} threads, "
@@ -187,7 +187,7 @@ def pass_estimate() -> dict:
            "threads": torch.get_num_threads()}
     try:
         got = json.loads(cpu_file(ESTIMATE_KIND).read_text())
-        if all(got.get(k) == v for k, v in key.items()) and "smaller_ms" in got:
+        if all(got.get(k) == v for k, v in key.items()) and "ratio" in got:
             if (got.get("others_busy") or 0) < LOADED or (now := quiet_now()) is None or now >= LOADED:
                 return got  # measured quiet, or no quieter now
     except (OSError, ValueError, AttributeError):

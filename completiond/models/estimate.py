@@ -17,6 +17,7 @@ pass, so that load elsewhere on the machine slows both alike and their ratio hol
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -84,22 +85,26 @@ def available() -> str | None:
 
 def pass_costs(smaller: Shape, larger: Shape, avx2: bool = False, reps: int = REPS) -> dict:
     """Fastest one-token pass ms of `smaller` in int8 (its default form on a CPU) and of `larger` in
-    each of FORMS, measured in turn: {"smaller_ms", "larger_ms": {form: ms}, "larger_gb": {form: GB}}.
+    each of FORMS, measured in turn, and `ratio`: per form, the median of larger / smaller over
+    back-to-back pairs of passes: {"smaller_ms", "larger_ms": {form: ms}, "ratio": {form: x},
+    "larger_gb": {form: GB}, ...}.
     One larger form at a time is in memory beside the smaller (the 1.5B int8: 1.6 GB)."""
     small = Weights(smaller, "int8", avx2)
-    small_ms, larger_ms, larger_gb = [], {}, {}
+    small_ms, larger_ms, larger_gb, ratio = [], {}, {}, {}
     with torch.inference_mode():
         small.pass_ms()  # first touch of its pages
         for form in FORMS:
             big = Weights(larger, form, avx2)
             big.pass_ms()
-            times = []
+            pairs = []
             for _ in range(reps):
-                small_ms.append(small.pass_ms())
-                times.append(big.pass_ms())
-            larger_ms[form] = round(min(times), 2)
+                pairs.append((small.pass_ms(), big.pass_ms()))
+            small_ms += [a for a, _ in pairs]
+            larger_ms[form] = round(min(b for _, b in pairs), 2)
+            # the median of back-to-back pairs: load that comes and goes slows both passes of a pair alike
+            ratio[form] = round(statistics.median(b / a for a, b in pairs), 3)
             larger_gb[form] = round(big.bytes / 1e9, 2)
             del big
-    return {"smaller_ms": round(min(small_ms), 2), "larger_ms": larger_ms, "larger_gb": larger_gb,
+    return {"smaller_ms": round(min(small_ms), 2), "larger_ms": larger_ms, "ratio": ratio, "larger_gb": larger_gb,
             "smaller_gb": round(small.bytes / 1e9, 2), "int8_kind": small.int8_kind, "w4_kind": small.w4_kind,
             "threads": torch.get_num_threads()}
