@@ -1,4 +1,4 @@
-"""Command line: `completiond complete | serve | status | stop | bench | train-draft | setup`.
+"""Command line: `completiond complete | convert | serve | status | stop | bench | train-draft | setup`.
 
 Bad input (missing file, position out of range, unknown model, bad flag) prints one line on stderr
 and exits with status 2, never a traceback.
@@ -42,6 +42,14 @@ def build_parser() -> Parser:
                    help="load the models here even when a daemon runs (default: a running daemon answers, "
                         "warm, when it serves what the flags ask for)")
     c.add_argument("--socket", default=None, help="the daemon's socket (default: $COMPLETIOND_SOCKET or the per-user one)")
+
+    v = sub.add_parser("convert", help="convert a model to its runtime form in the cache now (what its first start "
+                                       "would do), e.g. qwen2.5-coder-1.5b@int4")
+    v.add_argument("model", help="a named model with its weights form (NAME@FORM), a .gguf file, or 'default'")
+    v.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="the activations it will run with (auto: as a daemon on this CPU)")
+    v.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "int4"],
+                   help="its weights form, the same as the model's @FORM")
 
     daemon_cli.add_parsers(sub)  # serve / status / stop
     draft_cli.add_parser(sub)
@@ -145,6 +153,28 @@ def cmd_complete(a: argparse.Namespace) -> int:
         print(json.dumps(out, ensure_ascii=False))
     else:
         sys.stdout.write(res.text + ("\n" if not res.text.endswith("\n") else ""))
+    return 0
+
+
+def cmd_convert(a: argparse.Namespace) -> int:
+    """Convert (assemble, hash-check, quantize) a model's runtime form into the cache and say where,
+    so that the next start maps it: what a daemon that chose a not yet converted default asks for."""
+    a.target = a.model
+    check_target_form(a)
+    from .gc_pause import paused_gc
+
+    with paused_gc():
+        from .models import ModelError, load
+        from .models.catalog import spelled
+
+        try:
+            m = load(a.model, "target", "cpu", a.dtype, a.quant)
+        except ModelError as e:
+            raise UsageError(str(e)) from None
+    where = m.meta.get("runtime") or m.name
+    print(f"completiond: {spelled(m.name, m.meta.get('quant'))} ({str(m.dtype).replace('torch.', '')}) is converted: "
+          f"{where}; a daemon started now loads it (`completiond stop` ends a running one; editors start it again)",
+          file=sys.stderr)
     return 0
 
 
@@ -261,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
             _check_cache()
         if args.command == "complete":
             return cmd_complete(args)
+        if args.command == "convert":
+            return cmd_convert(args)
         return args.func(args)
     except UsageError as e:
         print(f"completiond: error: {e}", file=sys.stderr)

@@ -134,7 +134,11 @@ def test_a_chosen_larger_target_not_converted_yet_leaves_the_smaller_serving(mon
     m = models.load("default", "target", "cpu", "auto", "auto")
     why = m.meta["default_reason"]
     assert loaded == [SMALLER] and why.startswith(f"{SMALLER}@int8 serves while {LARGER}@int4")
-    assert f"`completiond serve --target {LARGER}@int4` converts it once" in why
+    command = why.split("`")[1]
+    assert command == f"completiond convert {LARGER}@int4" and "converts it once" in why
+    from completiond import cli  # the command runs as printed
+    a = cli.build_parser().parse_args(command.split()[1:])
+    assert a.command == "convert" and a.model == f"{LARGER}@int4"
 
 
 @pytest.mark.parametrize("costs, installed, expected, form", [

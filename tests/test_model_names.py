@@ -127,3 +127,25 @@ def test_the_bench_command_a_reason_prints_parses_as_printed():
     assert a.command == "bench" and a.repo and a.targets.split(",") == [f"{MEASURED_PAIR[0]}@int4", MEASURED_PAIR[1]]
     for t in a.targets.split(","):
         split_form(t)
+
+
+def test_convert_makes_the_runtime_form_a_start_then_maps(tmp_path, monkeypatch, capsys):
+    """`completiond convert NAME@FORM` (what a daemon whose chosen default is not converted yet
+    prints): the runtime form is in the cache afterwards, and a load finds it without converting."""
+    from tiny_gguf import write_qwen2_gguf
+
+    import completiond.models as models
+
+    monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path / "cache"))
+    gguf = write_qwen2_gguf(tmp_path / "tiny-qwen2.gguf", seed=3)
+    code, out, err = run_main(capsys, "convert", f"{gguf}@int8", "--dtype", "float32")
+    assert code == 0, err
+    assert "int8" not in out and "is converted: " in err and "completiond stop" in err
+    import torch
+
+    folder = models.resolve(str(gguf))[0]
+    assert models.integrity.unchanged(folder, models._needed(folder, torch.float32, "int8"))
+    monkeypatch.setattr(models, "_convert", lambda *a: pytest.fail("converted again"))
+    assert models.load(f"{gguf}@int8", "target", "cpu", "float32").meta["quant"] == "int8"
+    code, _, err = run_main(capsys, "convert", f"{gguf}@int8", "--quant", "int4")
+    assert code == 2 and "runs its int8 weights but --quant says int4" in err

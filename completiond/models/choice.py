@@ -135,8 +135,9 @@ def choose_default(device: torch.device, quant: str, pick: Callable[[str], str],
         smaller = MEASURED_PAIR[1]
         small_form = pick("auto")
         return smaller, "auto", (f"{spelled(smaller, small_form)} serves while {spelled(name, form)}, this CPU's "
-                                 f"default ({why}), is not converted yet; `completiond serve --target "
-                                 f"{spelled(name, form)}` converts it once (a minute or more)")
+                                 f"default ({why}), is not converted yet; `completiond convert "
+                                 f"{spelled(name, form)}` converts it once (a minute or more), and the daemon's "
+                                 "next start serves it")
     return name, quant, f"{spelled(name, form)}: {why}; {form}: {form_why}"
 
 
