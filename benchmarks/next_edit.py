@@ -1,4 +1,4 @@
-"""Next-edit benchmark (issue 41): is the predicted next edit right, how long does it take, and what
+"""Next-edit benchmark: is the predicted next edit right, how long does it take, and what
 does copy speculation (the window in the prompt as the draft) save over plain decoding?
 
 Cases, all from real code:
@@ -15,7 +15,7 @@ the two must give the same tokens (greedy, lossless). Reported: exact-edit rate,
 (difflib ratio of the changed lines, answer vs expected), latency p50/p95 (pld, cold), and the
 decode speed-up pld vs ar (ms and target passes) with identical output.
 
-    python benchmarks/next_edit.py --target qwen2.5-coder-0.5b --renames 8 --releases 6 \\
+    python -m benchmarks.next_edit --target qwen2.5-coder-0.5b --renames 8 --releases 6 \\
         --json benchmarks/results/next-edit-0.5b.json
 """
 
@@ -40,7 +40,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from completiond.core.prompt.next_edit import LINES_BEFORE, answer_text, edits, next_edit_prompt, window_at  # noqa: E402
 from completiond.models import cache_root  # noqa: E402

@@ -265,7 +265,7 @@ SIDE_KEYS = ("p50_ms", "p95_ms", "p50_first_token_ms", "tokens_per_s", "mean_acc
 def side_by_side(runs: dict[str, dict], label: str) -> dict:
     """Targets run on the same positions: per target and mode its latency and quality, its pass cost
     by tree size and draft step cost; `ratio_vs_first_ar`: each mode's p50 over the first target's
-    `ar` p50 (issue 37: a bigger target's `combined` against the smaller one's `ar`)."""
+    `ar` p50 (a bigger target's `combined` against the smaller one's `ar`)."""
     first = next(iter(runs.values()))
     base = first["modes"]["ar"]["p50_ms"]
     side = {}

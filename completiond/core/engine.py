@@ -147,7 +147,7 @@ class Engine:
         self.max_candidate_len = max_candidate_len
         self.eos = target.eos_ids()
         self.lock = threading.Lock()
-        # stale work (issue 15): wall ms of requests that were cancelled, of warm-ups, of those preempted
+        # stale work: wall ms of requests that were cancelled, of warm-ups, of those preempted
         self.stats = {"requests": 0, "passes": 0, "accepted": 0, "served_tokens": 0, "cancelled": 0,
                       "cancelled_ms": 0.0, "warms": 0, "warms_preempted": 0, "warm_ms": 0.0}
         self.typed = TypedThrough()

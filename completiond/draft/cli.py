@@ -58,7 +58,7 @@ def add_parser(sub) -> None:
                     "completiond train-draft export", help="the commands that made this draft (for the card)")
     ex.add_argument("--extra", default="", help="markdown appended to the model card (measured acceptance)")
     ex.set_defaults(func=cmd_export)
-    hd = steps.add_parser("heads", help="train heads on the target's own hidden states: EAGLE-style or Medusa (issue 16)")
+    hd = steps.add_parser("heads", help="train heads on the target's own hidden states: EAGLE-style or Medusa")
     hd.add_argument("--kind", default="eagle", choices=["eagle", "medusa"])
     hd.add_argument("--target", default="qwen2.5-coder-0.5b", help="the target the heads read (as `complete --target`)")
     hd.add_argument("--out", default="data/heads-train",

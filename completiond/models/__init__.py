@@ -497,7 +497,7 @@ def load_draft(spec: str | None, target: LoadedModel):
         return self_draft(target, int(n))
     # a quantized target gets an int8 draft: the draft only ranks guesses (output stays the target's),
     # and on the CPU its bf16 torch pass costs ~3x the int8 kernel's (0.5B: ~100 vs ~33 ms at 4 rows).
-    # An int4 draft for an int4 target (round 10: steps 16 vs 18 ms) made drafting look cheap enough
+    # An int4 draft for an int4 target (steps 16 vs 18 ms, docs/decisions.md) made drafting look cheap enough
     # to run more often; on boltons the 1.5B's combined p50 then lost to its ar (325 vs 306 ms), where
     # with the int8 draft it wins (277 vs 320, 317 vs 338 in two runs): not kept.
     quant = "int8" if target.meta.get("quant", "none") != "none" else "none"

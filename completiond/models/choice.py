@@ -26,7 +26,7 @@ LARGER_DEFAULT_WITHIN = 1.25
 MEASURED_PAIR = (CODER_15B.name, CODER_05B.name)  # (larger, smaller): the pair the measurement compares
 MIN_POSITIONS = 16  # a bench run on fewer positions does not decide the default
 # A package's ratio is the median of its last runs: runs of the same code on one package spread by
-# ±0.07 around the 1.25x line (round 16: 1.21-1.35x on boltons), and one run must not flip the default.
+# ±0.07 around the 1.25x line (1.21-1.35x on boltons in three runs), and one run must not flip it.
 KEPT_RUNS = 3
 # the side-by-side run that checks or overrides the choice, as a message prints it (it runs as printed)
 SIDE_BY_SIDE = ("completiond bench --repo pypi:toolz==1.0.0 --positions 40 --modes ar,combined "
@@ -215,7 +215,7 @@ def _kernels() -> str:
 def _cpu_choice() -> tuple[str, str, dict]:
     """default_target on a CPU by the side-by-side runs kept here, and the latest run of the package
     that decided. That package is the one where the larger target is slowest against the smaller, by
-    the median of its kept runs: packages disagree (round 13: 1.24x on toolz, 1.33x on boltons), and
+    the median of its kept runs: packages disagree (1.24x on toolz, 1.33x on boltons in one pair of runs), and
     the order they were benched in must not choose the default."""
     larger, smaller = MEASURED_PAIR
     runs = _runs()

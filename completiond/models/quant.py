@@ -51,7 +51,7 @@ from .kernels import cpu_kernel
 SCHEMES = ("int8", "int4", "w4")  # what a QuantLinear holds; quantize() takes int8 or int4
 INT4_GROUP = 32
 # Layers kept int8 under the int4 scheme: attention is ~12 % of a Qwen2 layer's weights but int4
-# there costs the most agreement with the unquantized model (README "Fast target pass").
+# there costs the most agreement with the unquantized model (docs/kernels.md "Weights").
 INT4_KEEP_INT8: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 _ROWS = 4096  # rows quantized at a time (bounds the float32 temporaries; a multiple of 64)
 BULK_ROWS = 32  # int8 passes with more rows than this inside `bulk()` run on dequantized weights
@@ -562,7 +562,7 @@ def pick_quant(quant: str, device: torch.device, dtype: torch.dtype, dtype_asked
     matmul); none with an explicit --dtype float32 (a user asking for full precision) and on CUDA. int4
     (MLP layers group-32 int4 requantized from the GGUF's dequantized weights, attention and output
     layer int8) is faster still but measurably worse on the Q4_K_M models: selectable, not the
-    default (README "Fast target pass")."""
+    default (docs/kernels.md "Weights")."""
     if quant not in QUANTS:
         raise ModelError(f"unknown quantization {quant!r}: use {', '.join(QUANTS)}")
     if quant == "auto":

@@ -63,8 +63,8 @@ def weights_file(dtype: torch.dtype, scheme: str) -> str:
 
 
 # forms of an older layout that a new form replaces: deleted when it is written (1.3 GB for a 1.5B):
-# w4 channels in vectors of 8 (round 10) replaced one per row; a w4 output layer (round 11) an int8 one;
-# pairs of vectors interleaved (round 16) vectors one after the other; groups of 64 (round 22) of 32
+# w4 channels in vectors of 8 replaced one per row; a w4 output layer an int8 one; interleaved pairs
+# of vectors replaced vectors one after the other; groups of 64 replaced groups of 32 (docs/decisions.md)
 _SUPERSEDED = {W4_FORM: ("int4-w4", "int4-w4x8", "int4-w4x8-w4head", "int4-w4x16-w4head")}
 
 

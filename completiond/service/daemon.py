@@ -66,7 +66,7 @@ class Daemon:
         # a completion whose full prompt lacks more prefill than this (ms) answers from the quick
         # prompt around the cursor while the full one warms (handlers.Lane); < 0: never
         self.quick_prompt_ms = quick_prompt_ms
-        # other files in the prompt (core.prompt.context.related_files); off by default: README "Repository context"
+        # other files in the prompt (core.prompt.context.related_files); off by default: docs/models.md "The prompt"
         self.repo_context = repo_context
         self.engine: Engine | None = None if callable(engine) else engine
         # model work: one engine thread, every client's jobs in turns (core/scheduler.py)

@@ -1,4 +1,4 @@
-"""MessagePack-RPC framing, the daemon's error codes and its one wire schema (contract: shared/DESIGN.md).
+"""MessagePack-RPC framing, the daemon's error codes and its one wire schema (contract: docs/protocol.md).
 
 request `[0, msgid, method, params]`, response `[1, msgid, error, result]`, notification
 `[2, method, params]`; params is one map; error is null or {"code": int, "message": str}.
@@ -385,7 +385,7 @@ def prefill_dtype(target: Any) -> str:
 
 @dataclass(frozen=True)
 class Completion:
-    """The result of `complete` and `rewrite` (keys: DESIGN.md; extend, don't rename)."""
+    """The result of `complete` and `rewrite` (keys: docs/protocol.md; extend, don't rename)."""
     text: str
     tokens: list
     token_ids: list

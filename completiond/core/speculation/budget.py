@@ -7,7 +7,7 @@ two sees). A tree node is worth the probability that its whole path is accepted 
 (1 + sum of their values) / cost(n + 1); with no good guesses that is the root alone, i.e. plain
 decoding, so speculation never costs much more than `ar`.
 
-The costs are estimates that follow this machine both ways (issue 44). Per size: a low quantile of
+The costs are estimates that follow this machine both ways (docs/pass-costs.md). Per size: a low quantile of
 its last WINDOW real passes, or of all its passes in the last HORIZON_S when there were more (a slow
 pass under load elsewhere, or a busy second of them, moves it little; a sustained change moves it
 within a few passes down, within HORIZON_S up), and until there are PRIOR_WEIGHT of them a prior (a
@@ -51,7 +51,7 @@ PROBE_SHARE = 0.03  # at most this share of pass time is spent verifying at a si
 PROBE_AFTER = 64  # passes: a size not run for this long may be probed
 MAX_AGE_S = 7 * 86400.0  # a cached table older than this is measured again (at start-up, when quiet)
 SOURCES = ("calibrated", "cached", "interpolated", "observed")  # where an estimate came from (`status`)
-OUTLIER = 2.0  # kept for older benchmarks (budget_ab.py): the bound the estimator had before issue 44
+OUTLIER = 2.0  # kept for older benchmarks (budget_ab.py): the bound the estimator had before it followed the machine both ways
 
 
 class Ewma:
@@ -74,7 +74,7 @@ class StepGate:
     per token), and after PROBE again once a probe's step was the cheaper. The two arms are first
     measured in turn (WARM steps each). The estimate models nothing: whatever the draft costs on
     this machine now, and whatever it adds beyond prompt lookup on this code, combined ends about
-    as fast as the faster of the two (issue 37: "never slower than ar")."""
+    as fast as the faster of the two ("never slower than ar")."""
 
     WARM = 4
     PROBE = 8
