@@ -112,6 +112,13 @@ def cmd_serve(a: argparse.Namespace) -> int:
                 raise StartError(f"--workspace {root}: not a directory")
         if is_remote(a.target):
             parse_remote(a.target)  # a malformed spec stops here, before the socket
+        elif "@" in a.target:  # NAME@FORM: an unknown form stops here too (models' package imports torch)
+            from .models.catalog import ModelError, split_form
+
+            try:
+                split_form(a.target)
+            except ModelError as e:
+                raise StartError(f"--target {e}") from None
         remote_token = Path(a.remote_token_file).read_text().strip() if a.remote_token_file else None
         lock = claim(sock)  # before the slow model load: a second `serve` on this path stops here
     except (StartError, RemoteError, ValueError, OSError) as e:

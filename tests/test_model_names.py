@@ -149,3 +149,39 @@ def test_convert_makes_the_runtime_form_a_start_then_maps(tmp_path, monkeypatch,
     assert models.load(f"{gguf}@int8", "target", "cpu", "float32").meta["quant"] == "int8"
     code, _, err = run_main(capsys, "convert", f"{gguf}@int8", "--quant", "int4")
     assert code == 2 and "runs its int8 weights but --quant says int4" in err
+
+
+def test_serve_takes_a_spelled_target_and_status_says_the_form(tmp_path, tiny_dir):
+    """`serve --target DIR@int8` runs the int8 weights; status and initialize carry `quant` and
+    `default_reason` (null: the target was named); a bad form stops serve with one line, exit 2."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from daemon_util import daemon_status, start_daemon, stop_daemon
+
+    from completiond.service.client import Client
+
+    sock = tmp_path / "d.sock"
+    proc = start_daemon(sock, f"{tiny_dir}@int8")
+    try:
+        st = daemon_status(sock)
+        assert st["state"] == "ready" and st["quant"] == "int8" and st["target"] == str(tiny_dir), st
+        assert "default_reason" in st and st["default_reason"] is None
+
+        async def initialize() -> dict:
+            c = await Client.connect(sock)
+            try:
+                return await c.request("initialize", {"client": "test", "protocol": 1})
+            finally:
+                await c.close()
+
+        info = asyncio.run(initialize())
+        assert info["quant"] == "int8" and info["target"] == str(tiny_dir) and info["default_reason"] is None
+    finally:
+        assert stop_daemon(proc) == 0
+    bad = subprocess.run([sys.executable, "-m", "completiond", "serve", "--socket", str(tmp_path / "b.sock"),
+                          "--target", "qwen2.5-coder-0.5b@int9", "--log-level", "ERROR"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "unknown weights form 'int9'" in bad.stderr and "Traceback" not in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr  # before the socket: one line
