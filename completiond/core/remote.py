@@ -248,7 +248,11 @@ class RemoteEngine:
         tok, limit = self.target.tokenizer, max(1, req.max_tokens)
         deadline = t0 + min(self.deadline_s, req.deadline_ms / 1000 if req.deadline_ms is not None else self.deadline_s)
         text, n_events, n_texts, stopped, ms_first, cancelled = "", 0, 0, "", 0.0, False
-        yield Work(0, req.max_tokens)
+        # The work a step reports is the turns this answer has had (the work left is the server's,
+        # unknown here): the scheduler's least-work-first is then round robin among remote answers,
+        # and a new request goes first.
+        turns = 0
+        yield Work(0, turns)
         stream = _Stream(self, self.body(req, prefix, suffix, middle))
         try:
             while not stopped:
@@ -289,7 +293,8 @@ class RemoteEngine:
                         on_step(Step([], text[old:]))
                 stopped = finish
                 if not stopped:
-                    yield Work(0, max(0, limit - n_texts))
+                    turns += 1
+                    yield Work(0, turns)
         except RemoteError:
             self.stats["remote_errors"] += 1
             raise
@@ -330,7 +335,7 @@ class RemoteEngine:
             raise RemoteError(f"{where} did not answer within {self.timeout_s:g} s") from None
         except http.client.HTTPException as e:  # a status line or headers that are not HTTP
             raise RemoteError(f"{where} answered something that is not HTTP ({type(e).__name__}: "
-                              f"{str(e)[:120]})") from None
+                              f"{str(e)[:120]!r})") from None
         except OSError as e:
             if stream.stop.is_set():
                 return iter(())
@@ -402,6 +407,7 @@ class _Stream:
         self.answered = False  # the status line and headers came
         self.last_event = time.monotonic()  # when the last whole event (or the headers) came
         self._conn: http.client.HTTPConnection | None = None
+        self._sock: socket.socket | None = None
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._read, args=(engine, body), name="remote-stream", daemon=True)
         self._thread.start()
@@ -412,7 +418,8 @@ class _Stream:
             if self.stop.is_set():
                 conn.close()
                 return False
-            self._conn = conn
+            # the socket itself: http.client drops conn.sock once a response reads until close
+            self._conn, self._sock = conn, conn.sock
             return True
 
     def _read(self, engine: RemoteEngine, body: dict) -> None:
@@ -427,7 +434,7 @@ class _Stream:
             self._put(RemoteError(f"{self.where} failed: {type(e).__name__}: {str(e)[:200]}"))
         finally:
             with self._lock:
-                conn, self._conn = self._conn, None
+                conn, self._conn, self._sock = self._conn, None, None
             if conn is not None:
                 conn.close()
 
@@ -461,14 +468,12 @@ class _Stream:
 
     def close(self) -> None:
         self.stop.set()
-        with self._lock:
-            conn = self._conn
-        sock = conn.sock if conn is not None else None
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # the reading thread's recv returns now
-            except OSError:
-                pass
+        with self._lock:  # under the lock: the reading thread closes the socket only after it
+            if self._sock is not None:
+                try:
+                    self._sock.shutdown(socket.SHUT_RDWR)  # the reading thread's recv returns now
+                except OSError:
+                    pass
 
 
 _END = object()
