@@ -3,7 +3,6 @@ not lock the token holder out, a peer without the token gets no body buffered, m
 is a 4xx (never an asyncio traceback), oversized documents are 413 with the limit named."""
 
 import json
-import random
 import socket
 import time
 
@@ -11,7 +10,7 @@ import pytest
 
 from completiond.service.http_io import MAX_BODY_BYTES
 from completiond.service.protocol import MAX_DOCUMENT_CHARS
-from daemon_util import start_daemon, stop_daemon
+from daemon_util import mangled_requests, start_daemon, stop_daemon
 from test_http import call, free_port, raw_exchange
 
 
@@ -148,20 +147,9 @@ def test_oversized_documents_are_413_naming_the_limit(srv):
 def test_random_heads_get_4xx_or_a_close(srv):
     """A bounded loop of mangled requests: each is answered 4xx/5xx-with-a-reason or closed, never a 500
     traceback, and the daemon serves on."""
-    rng = random.Random(69)
     good = (b"POST /infill HTTP/1.1\r\n" + auth(srv) + b"Content-Type: application/json\r\nContent-Length: 30\r\n"
             b"\r\n" + json.dumps({"input_prefix": "a", "n_predict": 1}).encode().ljust(30))
-    for _ in range(120):
-        data = bytearray(good)
-        for _ in range(rng.randint(1, 6)):
-            i = rng.randrange(len(data))
-            op = rng.random()
-            if op < 0.4:
-                data[i] = rng.randrange(256)
-            elif op < 0.7:
-                del data[i:i + rng.randint(1, 8)]
-            else:
-                data[i:i] = rng.choice([b"\r\n", b":", b" ", b"-1", b"\x00", b"chunked", b"999999999"])
+    for data in mangled_requests(good, 120, seed=69):
         reply = raw_exchange(srv, bytes(data), half_close=True)
         if reply:
             status = int(reply[9:12])

@@ -21,6 +21,7 @@ MAX_BODY_BYTES = P.MAX_FRAME_BYTES  # one request's body, chunk framing counted
 MAX_BUFFERED_BYTES = 4 * MAX_BODY_BYTES  # request bodies held at once, all connections together
 MAX_CHUNK_LINE = 1024  # a chunk-size line with its extensions, or one trailer line
 MAX_TRAILERS = 32
+MAX_CHUNKS = 1 << 16  # chunks of one body (16 MiB in 256-byte chunks): parsing each costs Python time
 IDLE_S = 30.0  # a keep-alive connection of a client that sent the token, with no next request
 HEAD_S = 10.0  # a connection that has not yet sent the token has this long for each request's headers
 READ_S = 30.0  # a request's body must arrive within this
@@ -221,7 +222,9 @@ class _Count:
 async def _read_body(reader: asyncio.StreamReader, req: HttpRequest, count: _Count) -> bytes:
     if "transfer-encoding" in req.headers:
         body = bytearray()  # not a list of chunks: a million 1-byte chunks would be a million objects
-        while True:
+        for n_chunks in range(MAX_CHUNKS + 1):
+            if n_chunks % 64 == 63:  # buffered chunks are parsed without a pause: let other clients in
+                await asyncio.sleep(0)
             line = await _line(reader, count)
             size = line.split(b";", 1)[0].strip()
             if not size or len(size) > 16 or size.strip(b"0123456789abcdefABCDEF"):
@@ -236,6 +239,7 @@ async def _read_body(reader: asyncio.StreamReader, req: HttpRequest, count: _Cou
             body += await reader.readexactly(n)
             if await reader.readexactly(2) != b"\r\n":
                 raise HttpError(400, "a chunk does not end with CRLF", close=True)
+        raise HttpError(413, f"request body in over {MAX_CHUNKS} chunks", close=True)
     n = int(req.headers.get("content-length") or 0)
     if req.method == "POST" and "content-length" not in req.headers:
         raise HttpError(411, "a POST needs Content-Length (or a chunked body)", close=True)
