@@ -183,6 +183,24 @@ def bos_ids(tokenizer) -> list[int]:
     return _BOS[tokenizer]
 
 
+_SPECIAL: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def special_ids(tokenizer) -> frozenset[int]:
+    """Ids of the tokenizer's special tokens (<|fim_middle|>, <|im_start|>, BOS, ...): a completion
+    ends where the model writes one, and none reaches the text (a FIM model that writes
+    <|fim_middle|> after a short middle has finished). Added tokens not marked special (Gemma's
+    HTML tags, whitespace runs) are text and stay."""
+    if tokenizer is None:
+        return frozenset()
+    if tokenizer not in _SPECIAL:
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        ids = set(getattr(tokenizer, "all_special_ids", ()) or ()) | {i for i, t in added.items()
+                                                                      if getattr(t, "special", False)}
+        _SPECIAL[tokenizer] = frozenset(int(i) for i in ids if i is not None)
+    return _SPECIAL[tokenizer]
+
+
 def prepare_tokenizer(tokenizer) -> None:
     """Build the per-tokenizer tables prompts use (FIM ids, BOS, token healing's byte strings: ~0.35 s
     for Qwen's 152k ids) now, at start-up, rather than in a user's first completion. A tokenizer
