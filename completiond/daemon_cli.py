@@ -44,7 +44,10 @@ def add_parsers(sub) -> None:
                    help="show the model the other open buffers and the workspace modules the file imports, in "
                         "Qwen's repository format (off: on 64 bench positions it cost the 0.5B exact lines)")
     s.add_argument("--remote-timeout", type=float, default=30.0, metavar="S",
-                   help="with --target openai:URL / llamacpp:URL: seconds a silent server is waited on")
+                   help="with --target openai:URL / llamacpp:URL: seconds a server may go without sending a whole "
+                        "event (a byte at a time does not count) before the request fails")
+    s.add_argument("--remote-deadline", type=float, default=120.0, metavar="S",
+                   help="with a remote --target: seconds one answer may stream in all (then it ends with what came)")
     s.add_argument("--remote-token-file", default=None, metavar="F",
                    help="with a remote --target: the server's API key / token, sent as 'Authorization: Bearer'")
     s.add_argument("--log-level", default="INFO")
@@ -132,7 +135,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         if is_remote(a.target):  # the model runs on a server: only its tokenizer is loaded here
             phase(f"loading the tokenizer for {a.target}")
             try:
-                engine = load_remote(a.target, index, a.remote_timeout, remote_token)
+                engine = load_remote(a.target, index, a.remote_timeout, remote_token, a.remote_deadline)
             except RemoteError as e:
                 raise RuntimeError(str(e)) from None
             return engine, {**P.model_info(engine.target, None), "draft": None}

@@ -252,8 +252,11 @@ class Daemon:
         if isinstance(e, P.RpcError):
             s.send(P.response(frame.msgid, e))
             s.closed = s.closed or e.close
-        else:  # a bug must cost one request, not the daemon
-            log.exception("%s failed", frame.method, exc_info=e)
+        else:  # a bug must cost one request, not the daemon (a `quiet` error, a remote's failure: one line)
+            if getattr(e, "quiet", False):
+                log.warning("%s failed: %s", frame.method, e)
+            else:
+                log.exception("%s failed", frame.method, exc_info=e)
             s.send(P.response(frame.msgid, P.RpcError(P.INTERNAL_ERROR, f"{type(e).__name__}: {e}")))
 
     async def _run(self, s: Session, job: InFlight, prep: Prepared) -> dict:

@@ -39,16 +39,18 @@ from . import protocol as P
 from .http_api import (Ask, Done, _held, _stop_type, _usage, client_cut, finish_reason, infill_ask, infill_json,
                        json_body, openai_ask, pick_fields, position)
 from .http_docs import URI, DocumentMap
-from .http_io import MAX_HEADER_BYTES, Conn, HttpError, HttpRequest, _dumps, _linger, read_request
+from .http_io import (HEAD_S, IDLE_S, MAX_HEADER_BYTES, Budget, Conn, HttpError, HttpRequest, _dumps, _linger,
+                      has_body, read_body, read_head)
 from .session import Session
-from .transport import StartError, parse_loopback  # noqa: F401 (StartError: what parse_http raises)
+from .transport import WAITING_GRACE_S, StartError, parse_loopback  # noqa: F401 (StartError: what parse_http raises)
 
 if TYPE_CHECKING:
     from .daemon import Daemon
 
 log = logging.getLogger("completiond.http")
 
-MAX_CONNECTIONS = 64
+MAX_CONNECTIONS = 64  # beyond this, idle connections that never sent the token are dropped
+MAX_YOUNG = 192  # connections younger than WAITING_GRACE_S allowed beyond that; then a newcomer gets 503
 POLL_S = 0.05  # how often a waiting request checks that its client is still there
 
 
@@ -100,7 +102,6 @@ class Bridge:
     def __init__(self, daemon: Daemon):
         self.d = daemon
         self._ids = itertools.count(1)
-        self._doc_ids = itertools.count(1)
         self._pending: dict[int, Pending] = {}
         self.docs = DocumentMap()  # the synthetic documents' texts (http_docs.py)
         self.extra: str | None = None  # the input_extra chunks' text (an open buffer for prompt lookup)
@@ -170,6 +171,9 @@ class Bridge:
     async def document(self, ask: Ask) -> str:
         """Open or update the synthetic document `ask` belongs to (http_docs.py); its uri. `ask`'s text
         and cursor become the document's (a window spliced into the file seen so far)."""
+        if len(ask.text) > P.MAX_DOCUMENT_CHARS:
+            raise HttpError(413, f"the document (input_prefix + prompt + input_suffix, or prompt + suffix) has "
+                                 f"{len(ask.text)} characters; the limit is {P.MAX_DOCUMENT_CHARS}")
         placed = self.docs.place(ask.text, ask.cursor, ask.file)
         uri = placed.uri
         if uri is None:
@@ -186,6 +190,9 @@ class Bridge:
     async def set_extra(self, chunks: list[dict]) -> None:
         """input_extra chunks: one open buffer, so prompt lookup (and --repo-context) sees them."""
         text = "\n".join(f"{c['text']}" for c in chunks)
+        if len(text) > P.MAX_DOCUMENT_CHARS:
+            raise HttpError(413, f"input_extra has {len(text)} characters in all; the limit is "
+                                 f"{P.MAX_DOCUMENT_CHARS}")
         if text == self.extra:
             return
         uri = f"{URI}extra"
@@ -207,12 +214,24 @@ class Bridge:
 
 # ---- the server ----------------------------------------------------------------------------------
 class HttpServer:
+    """Connections: at most MAX_CONNECTIONS; beyond that the oldest idle ones that never sent the
+    token are dropped (never the newcomer, never a client that sent the token), so idle peers
+    cannot lock the token holder out. A request's path, method and token are checked before its
+    body is read (http_io)."""
+
     def __init__(self, daemon: Daemon, token: str):
         self.d = daemon
         self.token = token
         self.bridge = Bridge(daemon)
-        self.connections = 0
+        self.conns: dict[int, Conn] = {}  # by id(conn), oldest first
+        self.budget = Budget()
         self.served = 0
+        self.dropped = 0
+        self._trim_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def connections(self) -> int:
+        return len(self.conns)
 
     async def start(self, host: str, port: int) -> asyncio.AbstractServer:
         srv = await asyncio.start_server(self.connection, host=host, port=port, limit=MAX_HEADER_BYTES)
@@ -220,41 +239,76 @@ class HttpServer:
         return srv
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Conn(reader, writer)
-        self.connections += 1
+        conn = Conn(reader, writer, asyncio.get_running_loop().time())
+        self.conns[id(conn)] = conn
         try:
-            if self.connections > MAX_CONNECTIONS:
+            if len(self.conns) > MAX_CONNECTIONS:
+                self._trim()
+            if len(self.conns) > MAX_CONNECTIONS + MAX_YOUNG:  # a flood younger than the grace: the newcomer
                 await conn.send(503, HttpError(503, "too many HTTP connections").body(), keep=False)
                 return
             while not conn.gone:
+                conn.idle = True
                 try:
-                    req = await read_request(reader, writer)
+                    req = await read_head(reader, IDLE_S if conn.authed else HEAD_S)
                 except HttpError as e:
-                    await conn.send(e.status, e.body(), keep=False)
-                    await _linger(reader, writer)
+                    await self._refuse(conn, e, None)
                     return
-                if req is None:  # closed, or idle too long
+                if req is None:  # closed, idle too long, or dropped
                     return
+                conn.idle = False
                 keep = req.version == "HTTP/1.1" and req.headers.get("connection", "").lower() != "close"
                 try:
                     await self.handle(req, conn, keep)
                 except HttpError as e:
-                    await conn.send(e.status, e.body(), keep and not e.close)
-                    keep = keep and not e.close
+                    keep = keep and not e.close and not (has_body(req) and conn.held == 0 and not req.body)
+                    if not keep:
+                        await self._refuse(conn, e, req)
+                        return
+                    await conn.send(e.status, e.body(), keep)
                 except Exception as e:  # a bug costs this request, not the daemon
-                    log.exception("http %s %s failed", req.method, req.path)
+                    log.exception("http %s %s failed", req.method, req.path[:200])
                     await conn.send(500, HttpError(500, f"{type(e).__name__}: {e}").body(), keep=False)
                     return
+                finally:
+                    self.budget.give(conn.held)
+                    conn.held = 0
+                    req.body = b""
                 if not keep:
                     return
         except (ConnectionError, OSError, asyncio.CancelledError):
             pass
         finally:
-            self.connections -= 1
+            self.conns.pop(id(conn), None)
             try:
                 writer.close()
             except (ConnectionError, OSError, RuntimeError):
                 pass
+
+    async def _refuse(self, conn: Conn, e: HttpError, req: HttpRequest | None) -> None:
+        """Answer an error and close: what the client sent and we did not read is let drain a moment
+        (LINGER_BYTES at most), so that the answer reaches it before the close."""
+        if e.status >= 500:
+            log.info("http %s: %d %s", req.path[:200] if req else "request", e.status, e.message)
+        await conn.send(e.status, e.body(), keep=False)
+        await _linger(conn.reader, conn.writer)
+
+    def _trim(self, timer: bool = False) -> None:
+        """Over MAX_CONNECTIONS: drop the oldest idle connections that never sent the token, once they
+        are WAITING_GRACE_S old (a newcomer's first request may be on its way); the young ones later."""
+        if timer:
+            self._trim_timer = None
+        excess = len(self.conns) - MAX_CONNECTIONS
+        if excess <= 0:
+            return
+        now = asyncio.get_running_loop().time()
+        idle = [c for c in self.conns.values() if c.idle and not c.authed and not c.gone]
+        old = [c for c in idle if now - c.arrived >= WAITING_GRACE_S][:excess]
+        for c in old:
+            c.drop()
+            self.dropped += 1
+        if len(old) < min(excess, len(idle)) and self._trim_timer is None:
+            self._trim_timer = asyncio.get_running_loop().call_later(WAITING_GRACE_S, self._trim, True)
 
     async def handle(self, req: HttpRequest, conn: Conn, keep: bool) -> None:
         path = req.path.split("?", 1)[0].rstrip("/") or "/"
@@ -263,13 +317,21 @@ class HttpServer:
                   "/completions": ("POST", self.completions), "/v1/models": ("GET", self.models),
                   "/models": ("GET", self.models)}
         if path not in routes:
-            raise HttpError(404, f"no endpoint {path} (this server has /infill, /v1/completions, /health, /v1/models)")
+            raise HttpError(404, f"no endpoint {path[:200]} (this server has /infill, /v1/completions, /health, "
+                                 f"/v1/models)")
         method, fn = routes[path]
         if req.method != method:
-            raise HttpError(405, f"{path} takes {method}, not {req.method}")
+            raise HttpError(405, f"{path} takes {method}, not {req.method[:20]}")
         if fn != self.health:
             self.authorize(req)
-        await fn(req, conn, keep)
+            conn.authed = True
+        elif has_body(req):  # /health needs no token, so it reads no body either
+            raise HttpError(400, f"{path} takes no body", close=True)
+        conn.held = await read_body(conn.reader, conn.writer, req, self.budget)
+        try:
+            await fn(req, conn, keep)
+        except DaemonFailed as e:  # the daemon refused the documents (sizes): the client's error
+            raise HttpError(400 if e.code in (P.INVALID_PARAMS, P.INVALID_REQUEST) else 500, e.message) from None
 
     def authorize(self, req: HttpRequest) -> None:
         auth = req.headers.get("authorization", "")
