@@ -87,6 +87,8 @@ def test_every_entry_builds_completion_prompts_through_build_prompt():
     from completiond.bench import modes
     from completiond import cli
 
+    lsp_server = Path(__file__).parents[1] / "lsp" / "completiond_lsp" / "server.py"
+    assert 'daemon_request(ls, "complete"' in lsp_server.read_text()  # the LSP server asks the daemon
     src = inspect.getsource(handlers.build_completion)
     assert src.count("build_prompt(") == 2  # the full prompt and the quick one
     assert '"complete"' in inspect.getsource(http)
