@@ -30,7 +30,7 @@ from ..models.heads import EagleHead, MedusaHeads
 from .speculation.heads import head_proposer
 from ..models import LoadedModel
 from ..models.device import LOADED, OthersBusy, loadavg, quiet_now
-from .prompt import Heal, fim_tokens
+from .prompt import Heal, fim_tokens, special_ids
 from .speculation.proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
 from .forward.context import Cancelled, PassContext
 from .forward.runner import Runner, drain
@@ -145,7 +145,7 @@ class Engine:
         self.draft_id = draft_id(draft)  # whose gates the calibration cache keeps
         self._gated: tuple[str, bool] | None = None  # this step's gate decision (_propose -> _step)
         self.max_candidate_len = max_candidate_len
-        self.eos = target.eos_ids()
+        self.eos = target.eos_ids() | special_ids(target.tokenizer)  # any special token ends the text
         self.lock = threading.Lock()
         # stale work: wall ms of requests that were cancelled, of warm-ups, of those preempted
         self.stats = {"requests": 0, "passes": 0, "accepted": 0, "served_tokens": 0, "cancelled": 0,
