@@ -92,3 +92,26 @@ async def test_completion_goes_before_a_running_next_edit(daemon):
     assert order == ["complete", "next_edit"], order
     assert isinstance(res["text"], str) and ne["cancelled"] is False
     await c.close()
+
+
+async def test_a_pause_computes_the_next_edit_ahead(daemon):
+    """Once the client asked for a next edit, the pause after its next edit computes one ahead: the
+    request at the cursor waits for it and is served from the engine's memory (no pass of its own)."""
+    c = await connect(daemon)
+    await asyncio.wait_for(c.request("next_edit", {"uri": URI, "version": 1, "max_tokens": 4}), 120)
+    version = await rename_x(c)
+    await asyncio.sleep(1.0)  # the pause (0.35 s), and the computation under way
+    res = await asyncio.wait_for(c.request("next_edit", {"uri": URI, "version": version,
+                                                         "position": {"line": 0, "character": 15}}), 120)
+    assert res["served_tokens"] > 0 and res["target_passes"] == 0, res
+    assert res["reused_tokens"] == res["prompt_tokens"] - 1 and res["cancelled"] is False
+    # a client that never asked: nothing computed ahead for it (another text: the engine's memory is shared)
+    other = await Client.connect(daemon)
+    await other.request("initialize", {"client": "test", "protocol": 1})
+    await other.request("document/open", {"uri": URI, "text": SRC + "# other\n", "version": 1, "language_id": "python"})
+    version = await rename_x(other)
+    await asyncio.sleep(1.0)
+    res = await asyncio.wait_for(other.request("next_edit", {"uri": URI, "version": version, "max_tokens": 8}), 120)
+    assert res["served_tokens"] == 0 and res["target_passes"] >= 1
+    await c.close()
+    await other.close()
