@@ -132,7 +132,7 @@ def test_the_prompt_keeps_what_an_edit_changes_last():
     below it are new (before, the diffs came first and a new one changed the whole prompt)."""
     tok = tiny.qwen_tokenizer()
     head = "".join(f"def f{i}(a, b):\n    return a + b * {i}\n\n\n" for i in range(12))
-    text0 = head + LOAD
+    text0 = head + 'def load(path, mode="r"):\n    return open(path, mode).read()\n\n\n' + head.replace("def f", "def g")
     h = History()
     text1 = text0.replace("def f3(a", "def f3(alpha").replace("return a + b * 3", "return alpha + b * 3")
     h.record("file:///a.py", text0, text1, now=1.0)
@@ -148,9 +148,11 @@ def test_the_prompt_keeps_what_an_edit_changes_last():
     while common < min(len(before), len(after)) and before[common] == after[common]:
         common += 1
     shared = tok.decode(after[:common])
-    assert "def f11(a, b):" in shared and "+def f3(alpha, b):" in shared  # the code above, the older diff
+    assert "def f11(a, b):" in shared and "def g11(a, b):" in shared  # the code above and below the region
+    assert "+def f3(alpha, b):" in shared  # and the older diff
     new = tok.decode(after[common:])
-    assert "file_name" not in shared and new.startswith("--- a/a.py\n+++ b/a.py\n@@ -50")  # new from the new diff on
+    assert "file_name" not in shared and new.startswith("--- a/a.py\n+++ b/a.py\n@@ -47")  # new from the new diff on
+    assert common >= 0.75 * len(after)  # the diffs-first prompt shared only the system prompt
 
 
 def test_the_diffs_shown_move_on_in_steps():

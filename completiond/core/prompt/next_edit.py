@@ -3,9 +3,9 @@
 The prompt follows the open next-edit models (Zeta, Sweep): the code around the cursor, the recent
 edits as unified diffs, and an editable region between markers; the model answers with the region
 rewritten. It is laid out for the KV cache: what changes least comes first (the instructions, the
-code above the region), then the edits (oldest first: a new one is appended), then the region and
-the code below it, which the edit being typed changes. A prompt warmed while the user paused before
-the edit (service/next_edit.py) then holds everything up to the region. The answer mostly copies the region, which sits in the prompt token for token, so
+code around the region, with the region cut out of it), then the edits (oldest first: a new one is
+appended), then the region, which the edit being typed changes. A prompt warmed while the cursor
+rested before the edit (service/next_edit.py) then holds everything up to the new edit's diff. The answer mostly copies the region, which sits in the prompt token for token, so
 prompt lookup (which searches the prompt itself) proposes long runs of it and a verify pass accepts
 them: a speculative edit whose draft is the window. Greedy output is the target's own (lossless);
 `edits` then diffs it against the window and offers only what changed, as the smallest spans.
@@ -22,8 +22,9 @@ from .stops import StopRules
 
 FENCE = "```"
 START, END = "<|editable_region_start|>", "<|editable_region_end|>"
-SYSTEM = ("You predict a programmer's next edit. You are shown the code above their cursor, their recent edits as "
-          f"unified diffs, then the editable region between {START} and {END} with the code below it. Reply with the "
+HOLE = "<|editable_region|>"  # where the region sits in the code around it (shown there without it)
+SYSTEM = ("You predict a programmer's next edit. You are shown the code around their cursor, their recent edits as "
+          f"unified diffs, then the editable region, between {START} and {END}. Reply with the "
           "editable region rewritten with the edit they will most likely make next (for example: a name they renamed, "
           "renamed at its other uses; a changed signature followed through; a pattern they applied, applied again), "
           f"in one fenced code block that starts with {START} and ends with {END}, nothing else. Copy every line "
@@ -31,10 +32,10 @@ SYSTEM = ("You predict a programmer's next edit. You are shown the code above th
           "to change, reply with the region unchanged.")
 LINES_BEFORE, LINES_AFTER = 4, 12  # the editable region around the anchor line: most next edits are below
 MAX_WINDOW_CHARS = 2400  # a region of long lines is cut to this (whole lines)
-CONTEXT_CHARS = 1500  # code shown above the region, first in the prompt (cached: it rarely changes)
-AFTER_CHARS = 600  # code shown below the region, after it (the edit being typed moves it: it is prefilled
-# at the request); both shrink to fit the budget. With 3000 characters around the region the 1.5B
-# copied a rename case back whose other methods used the old name, with 1200 it renamed
+CONTEXT_CHARS = 1500  # code shown above the region, first in the prompt (cached: it rarely changes) ...
+AFTER_CHARS = 1200  # ... and below it (both shrink to fit the budget); the region itself comes last.
+# Round 4 (the region inline, 3000 characters around it): the 1.5B copied a rename case back whose
+# other methods used the old name; with 1200 it renamed
 FOLLOW_LINES = 12  # the region grows down by up to this many lines to reach the next use of a name the
 # last edit removed; a use further down gets a region of its own there (a jump)
 MAX_HINT_CHARS = 60  # the last change named in words only when it is this short (a rename, a literal)
@@ -214,16 +215,20 @@ def next_edit_window(text: str, offset: int, names: list[str] = (), follow_lines
     name the last edit removed (`names`: a renamed parameter) in the block of `offset` (`scope_end`).
     A use below the region within `follow_lines` lines of its end (and `max_chars` of its start) grows
     the region down to it (past a docstring); one further down gets the region around it instead (a
-    jump: the editors show it as the next edit at that line). With such a use the region ends where the
-    block does: the next function's own uses of the name are another scope. A use counts only as code
-    (`next_use`: not in a docstring or comment); with none, the region is `window_at`'s."""
+    jump: the editors show it as the next edit at that line). With such a use, or when the line of
+    `offset` opens its block (a `def` edited in its signature), the region ends where the block does:
+    the next function's own uses of a name are another scope, and the region is the same before the
+    edit (the cursor resting there) as after it, so the prompt warmed before it stays valid. A use
+    counts only as code (`next_use`: not in a docstring or comment); else the region is `window_at`'s."""
     w = window_at(text, offset, max_chars=max_chars)
+    line_start = text.rfind("\n", 0, offset) + 1
     line_end = text.find("\n", offset)
     below = len(text) if line_end < 0 else line_end + 1
     block_end = scope_end(text, offset)
     use = next_use(text, below, block_end, list(names))
     if use is None:
-        return w
+        opens = block_start(text, line_start, before=0) == line_start
+        return Window(w.start, max(min(w.end, block_end), below)) if opens else w
     end = use
     for _ in range(3):  # the use's line and two more
         nl = text.find("\n", end)
@@ -241,9 +246,9 @@ def next_edit_prompt(tokenizer, text: str, window: Window, diffs: list[str], pat
                      max_tokens: int = 3072) -> tuple[list[int], StopRules]:
     """Prompt ids and stop rules for rewriting `text[window]` as the next edit after `diffs`.
 
-    In cache order: the instructions and the code above the region (the same before and after the
-    edit being typed, while the region stays), the diffs oldest first, then the region with the code
-    below it and the last change named. The code around the region shrinks until the prompt holds at
+    In cache order: the instructions and the code around the region, the region cut out of it (the
+    same before and after the edit being typed, while the region stays), the diffs oldest first, then
+    the region and the last change named. The code around the region shrinks until the prompt holds at
     most `max_tokens` (then the oldest diffs are dropped); ValueError if the region alone does not fit."""
     region = text[window.start:window.end]
     lang = language or ""
@@ -253,20 +258,21 @@ def next_edit_prompt(tokenizer, text: str, window: Window, diffs: list[str], pat
         edits = "".join(shown) or "(none yet)\n"
         hint = last_change_hint(shown[-1]) if shown and LAST_CHANGE_HINT else ""
         above = before if before.endswith("\n") or not before else before + "\n"
-        code = f"{START}\n{region}{'' if region.endswith(chr(10)) or not region else chr(10)}{END}\n{after}"
+        code = f"{above}{HOLE}\n{after}"
         if not code.endswith("\n"):
             code += "\n"
-        head = f"Code above the editable region{name}:\n{FENCE}{lang}\n{above or '(the start of the file)' + chr(10)}{FENCE}\n\n"
+        shown_region = f"{START}\n{region}{'' if region.endswith(chr(10)) or not region else chr(10)}{END}\n"
+        head = f"Code around the editable region{name}, which is the line {HOLE} here:\n{FENCE}{lang}\n{code}{FENCE}\n\n"
         history = f"Recent edits, oldest first:\n{FENCE}diff\n{edits}{FENCE}\n\n"
         if getattr(tokenizer, "chat_template", None):
-            user = (f"{head}{history}The editable region and the code below it:\n{FENCE}{lang}\n{code}{FENCE}\n\n"
+            user = (f"{head}{history}The editable region:\n{FENCE}{lang}\n{shown_region}{FENCE}\n\n"
                     f"{hint}Rewrite the editable region with the next edit.")
             messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
             doc = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             # the answer opens with the start marker: it copies the region, not the code shown above it
             return tokenizer.encode(doc + f"{FENCE}{lang}\n{START}\n", add_special_tokens=False)
-        doc = (f"{head}{history}Editable region between {START} and {END}, and the code below it:\n"
-               f"{FENCE}{lang}\n{code}{FENCE}\n\n{hint}Editable region after the next edit:\n{FENCE}{lang}\n{START}\n")
+        doc = (f"{head}{history}The editable region:\n{FENCE}{lang}\n{shown_region}{FENCE}\n\n"
+               f"{hint}Editable region after the next edit:\n{FENCE}{lang}\n{START}\n")
         return bos_ids(tokenizer) + tokenizer.encode(doc, add_special_tokens=False)
 
     chars, shown = CONTEXT_CHARS, list(diffs)
