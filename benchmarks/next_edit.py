@@ -58,6 +58,10 @@ try:  # the window that follows the edit (an older checkout, for before numbers,
     from completiond.core.prompt.next_edit import next_edit_window, removed_names  # noqa: E402
 except ImportError:
     next_edit_window, removed_names = None, None
+try:  # the rename draft for copy speculation (service/next_edit.prepare)
+    from completiond.core.prompt.next_edit import renamed_draft  # noqa: E402
+except ImportError:
+    renamed_draft = None
 
 # packages not used to tune the prompt (toolz 0.12 and boltons 23 were: rounds 4-5 of docs/next-edit.md)
 PACKAGES = ["more_itertools==10.8.0:11.1.0", "fsspec==2026.7.0:2026.9.0"]
@@ -257,7 +261,8 @@ def changed_lines(region: str, after: str) -> str:
                    if l[:1] in "+-" and not l.startswith(("+++", "---")))
 
 
-def run_case(engine, tok, case: Case, with_ar: bool, warm: str = "rest", slot=("bench", "next_edit")) -> dict:
+def run_case(engine, tok, case: Case, with_ar: bool, warm: str = "rest", use_draft: bool = True,
+             slot=("bench", "next_edit")) -> dict:
     from completiond.core.engine import Request
 
     path = case.name.split(":")[0]
@@ -275,8 +280,14 @@ def run_case(engine, tok, case: Case, with_ar: bool, warm: str = "rest", slot=("
     region = case.text[w.start:w.end]
     ids, stops = next_edit_prompt(tok, case.text, w, shown_diffs(h, path), path, "python")
     max_tokens = 2 * len(tok.encode(region, add_special_tokens=False)) + 64
+    last = h.edits[-1] if h.edits else None
+    draft = renamed_draft(region, last.old, last.new, last.before, last.after) \
+        if renamed_draft is not None and last is not None and use_draft else None
+    if draft is not None:  # as the daemon does: prompt lookup proposes from it, the target verifies
+        engine.index.set_open("next-edit-draft", tok.encode(draft, add_special_tokens=False))
     spec = engine.complete(Request(prompt=ids, mode="pld", max_tokens=max_tokens, stops=stops, slot=slot,
                                    reuse_prefix=warm != "none"))
+    engine.index.close("next-edit-draft")
     answer = answer_text(spec.text, region)
     found = edits(region, answer, w.start, spec.stopped_by != "max_tokens")
     latency_ms = (time.perf_counter() - t0) * 1000
@@ -290,7 +301,7 @@ def run_case(engine, tok, case: Case, with_ar: bool, warm: str = "rest", slot=("
            "edits": len(found), "expected_change": want, "predicted_change": got, "answer": spec.text,
            "window_lines": [case.text.count("\n", 0, w.start) + 1, case.text.count("\n", 0, w.end)],
            "prompt_tokens": len(ids), "reused_tokens": spec.reused_tokens, "tokens": len(spec.token_ids),
-           "stopped_by": spec.stopped_by, "latency_ms": round(latency_ms, 1),
+           "stopped_by": spec.stopped_by, "latency_ms": round(latency_ms, 1), "draft": draft is not None,
            "warm_ms": None if warm_ms is None else round(warm_ms, 1),
            "pld": {"ms_total": round(spec.ms_total, 1), "ms_first_token": round(spec.ms_first_token, 1),
                    "passes": spec.target_passes, "mean_accepted": round(spec.mean_accepted, 3)}}
@@ -342,6 +353,7 @@ def write(a: argparse.Namespace, rows: list[dict], n_cases: int, target, engine,
         "pass_cost_ms": {str(k): round(v, 2) for k, v in engine.budget.costs().items()},
         "load_s": round(load_s, 1), "packages": a.packages, "cases_done": f"{len(rows)}/{n_cases}",
         "warm": a.warm, "window": "follows the edit" if next_edit_window is not None else "plain (window_at)",
+        "rename_draft": renamed_draft is not None and not a.no_draft,
         "note": a.note,
         "summary": {"all": summary(rows), "rename": summary([r for r in rows if r["kind"] == "rename"]),
                     "release": summary([r for r in rows if r["kind"] == "release"])},
@@ -365,6 +377,7 @@ def main() -> None:
     p.add_argument("--warm", choices=("rest", "none"), default="rest",
                    help="rest: the prompt at the cursor before the edit was prefilled (the daemon's pause); none: cold")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--no-draft", action="store_true", help="no rename draft for copy speculation")
     p.add_argument("--json", type=Path)
     p.add_argument("--note", default="2-core machine shared with other agents: ms are noisy; passes and identity are not",
                    help="how the machine was used during the run (kept in the JSON)")
@@ -398,7 +411,7 @@ def main() -> None:
     load_s = time.time() - t0
     rows: list[dict] = []
     for i, c in enumerate(cases):
-        row = run_case(engine, target.tokenizer, c, with_ar=i < a.ar, warm=a.warm)
+        row = run_case(engine, target.tokenizer, c, with_ar=i < a.ar, warm=a.warm, use_draft=not a.no_draft)
         rows.append(row)
         if a.json:  # after every case: a run stopped early keeps what it measured
             write(a, rows, len(cases), target, engine, calibration, load_s)

@@ -5,7 +5,7 @@ import pytest
 import tiny
 from completiond.core.engine import Engine, Request
 from completiond.core.prompt.next_edit import (END, START, Window, answer_text, edits, last_change_hint, next_edit_prompt,
-                                               next_edit_window, removed_names, window_at)
+                                               next_edit_window, removed_names, renamed_draft, window_at)
 from completiond.service.history import History, common_span
 
 SRC = "def area(w, h):\n    return w * h\n\n\ndef scale(x, k):\n    y = x * k\n    return y + x\n"
@@ -124,6 +124,14 @@ def test_the_window_follows_a_removed_name_past_a_docstring():
     far = text.replace("    \"\"\"\n    if", "    \"\"\"\n" + "    x = 1\n" * 30 + "    if")
     w = next_edit_window(far, at, ["path"])  # too far to grow to: the region is around the use (a jump)
     assert far[w.start:w.end].startswith("    if not os.path.exists(path):") and "def other" not in far[w.start:w.end]
+
+
+def test_a_rename_drafts_its_other_code_uses():
+    region = 'def f(value, k):\n    """x is it"""\n    y = x * k  # x\n    return y.x + x + f(x=1)\n'
+    draft = renamed_draft(region, "x", "value", "def f(", ", k)")
+    assert draft == 'def f(value, k):\n    """x is it"""\n    y = value * k  # x\n    return y.x + value + f(value=1)\n'
+    assert renamed_draft(region, "", ", k", "def f(x", ")") is None  # an added parameter: no rename
+    assert renamed_draft("def g(a):\n    return a\n", "x", "value", "def f(", ")") is None  # no use
 
 
 def test_the_prompt_keeps_what_an_edit_changes_last():
@@ -273,11 +281,14 @@ def test_speculative_next_edit_is_identical_to_plain_decoding(engine):
         w = window_at(text, anchor)
         ids, stops = next_edit_prompt(tok, text, w, [e.diff("a.py") for e in h.recent()], "a.py", "python")
         region = text[w.start:w.end]
+        draft = renamed_draft(region, "x", "value", "def scale(", ", k")  # proposed from, verified
+        engine.index.set_open("draft", tok.encode(draft or region, add_special_tokens=False))
         results = {}
         for mode in ("ar", "pld", "combined"):
             res = engine.complete(Request(prompt=ids, mode=mode, max_tokens=48, stops=stops, reuse_prefix=False))
             found = edits(region, answer_text(res.text, region), w.start, res.stopped_by != "max_tokens")
             results[mode] = (res.token_ids, [(e.start, e.end, e.text) for e in found], res.target_passes)
+        engine.index.close("draft")
         assert results["pld"][:2] == results["ar"][:2] == results["combined"][:2]
         assert results["ar"][2] == len(results["ar"][0]) - 1  # plain decoding: one pass per token after the first
 

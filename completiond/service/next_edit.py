@@ -27,7 +27,8 @@ import numpy as np
 from . import protocol as P
 from ..core.forward.context import PassContext
 from ..core.prompt.context import locate
-from ..core.prompt.next_edit import TextEdit, answer_text, edits, next_edit_prompt, next_edit_window, removed_names
+from ..core.prompt.next_edit import (TextEdit, answer_text, edits, next_edit_prompt, next_edit_window, removed_names,
+                                     renamed_draft)
 from .plan import Built, Prepared
 from .history import job_key
 from .session import Session
@@ -66,6 +67,9 @@ def prepare(d: Daemon, s: Session, p: P.NextEdit, ahead: bool = False) -> Prepar
     names = removed_names(last.old, last.new, last.before, last.after) if last is not None else []
     window = next_edit_window(text, min(anchor, len(text)), names)
     region = text[window.start:window.end]
+    # a rename's other uses renamed: a draft for copy speculation (the target verifies it), not an answer
+    draft = renamed_draft(region, last.old, last.new, last.before, last.after) if last is not None else None
+    draft_key = s.index_key(job_key(doc.uri))
     roots = list(d.watcher.roots)
     diffs = [e.diff(locate(e.uri, roots)[0]) for e in s.history.shown(HISTORY_EDITS, HISTORY_STEP)]
     path = locate(doc.uri, roots)[0]
@@ -82,6 +86,10 @@ def prepare(d: Daemon, s: Session, p: P.NextEdit, ahead: bool = False) -> Prepar
         except ValueError as e:
             raise P.RpcError(P.INVALID_PARAMS, str(e)) from None
         n_region = len(tok.encode(region, add_special_tokens=False))
+        if draft is not None:  # prompt lookup searches the index too: it proposes the renamed uses
+            d.engine.index.set_open(draft_key, tok.encode(draft, add_special_tokens=False))
+        else:
+            d.engine.index.close(draft_key)
         max_tokens = min(P.MAX_REWRITE_TOKENS, 2 * n_region + 64) if p.max_tokens is None else p.max_tokens
         # typed_through: a next edit computed ahead for this prompt (greedy, verified) is served as is
         return Built(request=Request(prompt=ids, mode=mode, max_tokens=max_tokens, stops=stops, typed_through=True))
@@ -91,6 +99,7 @@ def prepare(d: Daemon, s: Session, p: P.NextEdit, ahead: bool = False) -> Prepar
                           "end": position_of(text, starts, e.end, s.encoding)}, "text": e.text}
 
     def result(res: Result, built: Built) -> dict:
+        d.engine.index.close(draft_key)
         answer = answer_text(res.text, region)
         found = [] if res.cancelled else edits(region, answer, window.start, finished=res.stopped_by != "max_tokens")
         return {"edits": [wire(e) for e in found], "ms": round((time.perf_counter() - t0) * 1000, 2),
@@ -102,6 +111,7 @@ def prepare(d: Daemon, s: Session, p: P.NextEdit, ahead: bool = False) -> Prepar
                 "served_tokens": res.served_tokens, "stopped_by": res.stopped_by, "mode": res.mode}
 
     def superseded() -> dict:
+        d.engine.index.close(draft_key)
         return {"edits": [], "ms": round((time.perf_counter() - t0) * 1000, 2), "target_passes": 0,
                 "version": version, "cancelled": True, "stopped_by": "cancelled", "mode": mode}
 
@@ -192,6 +202,7 @@ class Ahead:
             return res
 
         def done(fut) -> None:
+            d.engine.index.close(s.index_key(job_key(uri)))  # its rename draft (a request sets its own)
             if self.running.get(key, (None,))[0] is cancel:
                 del self.running[key]
             if not fut.cancelled() and fut.exception() is not None:

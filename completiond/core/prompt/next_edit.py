@@ -142,6 +142,23 @@ def removed_names(old: str, new: str, before: str = "", after: str = "") -> list
     return sorted(set(ident.findall(head + old + tail)) - set(ident.findall(head + new + tail)))
 
 
+def renamed_draft(region: str, old: str, new: str, before: str = "", after: str = "") -> str | None:
+    """A draft of the answer when the last edit (`old` -> `new` between `before` and `after`) renamed
+    one identifier to another: the region with that name's other code uses renamed too. Only a draft
+    (copy speculation proposes from it and the target verifies every token: the answer stays the
+    target's own, not this); None when the edit is no such rename or the region has no other use."""
+    gone, came = removed_names(old, new, before, after), removed_names(new, old, before, after)
+    if len(gone) != 1 or len(came) != 1:
+        return None
+    quiet = _quiet_spans(region)
+    out, last = [], 0
+    for m in re.finditer(r"(?<![\w.])" + re.escape(gone[0]) + r"\b", region):
+        if not any(a <= m.start() < b for a, b in quiet):
+            out += [region[last:m.start()], came[0]]
+            last = m.end()
+    return "".join(out) + region[last:] if out else None
+
+
 def _quiet_spans(code: str) -> list[tuple[int, int]]:
     """Spans of `code` that are strings or comments (`#`, `//`, quotes single or triple): a name there
     is a mention, not a use. Lexical and approximate, so any language."""
