@@ -30,6 +30,7 @@ from ..core.forward.context import PassContext
 from ..core.scheduler import Scheduler
 from .documents import IndexView
 from .session import InFlight, Session
+from .next_edit import Ahead
 from .warmup import WARM_AFTER_S, Warmer, cursor_after
 from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, WAITING_GRACE_S, bind_unix, drain, read_frames, remove_own
 from .workspace import WorkspaceWatcher
@@ -89,6 +90,7 @@ class Daemon:
         self.servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()  # complete / rewrite answers in flight
         self.warmer = Warmer(self, enabled=warm)
+        self.next_edits = Ahead(self, enabled=warm)  # next edits computed in the pauses (service/next_edit.py)
         if self.engine is not None:
             self.info["state"] = "ready"
             self.ready.set()
@@ -179,6 +181,7 @@ class Daemon:
         self._arrived.pop(s.id, None)
         s.cancel_all()
         self.warmer.forget(s)
+        self.next_edits.forget(s)
         for uri in s.docs:
             self.index.close(s.index_key(uri))
         self.sessions.pop(s.id, None)
@@ -234,8 +237,10 @@ class Daemon:
         uri = frame.params.get("uri") if isinstance(frame.params, dict) else None
         if frame.method in ("document/open", "document/change") and s.authed and isinstance(uri, str) \
                 and uri in s.docs:  # a rejected frame's uri may be any value (a map is unhashable)
-            self.warmer.touched(s, uri, cursor_after(frame.params.get("changes"), s.encoding),
-                                0.0 if frame.method == "document/open" else WARM_AFTER_S)
+            cursor, after_s = cursor_after(frame.params.get("changes"), s.encoding), \
+                0.0 if frame.method == "document/open" else WARM_AFTER_S
+            self.warmer.touched(s, uri, cursor, after_s)
+            self.next_edits.touched(s, uri, cursor, after_s)
 
     async def _call(self, s: Session, frame: P.Frame, method: Method):
         return await method.fn(self, s, method.params.parse(frame.params), frame.msgid)
