@@ -18,11 +18,11 @@ import pytest
 import torch
 
 import tiny
-from tiny_gguf import write_qwen2_gguf
+from tiny_gguf import dequantize_with_transformers, write_qwen2_gguf
 from completiond import cli
 from completiond.core.engine import Engine, Request
 from completiond.models.quant import QuantLinear
-from completiond.models import _dequantize, integrity, load, runtime, runtime_dir
+from completiond.models import integrity, load, runtime, runtime_dir
 
 FORMS = [("bfloat16", "int8"), ("float32", "int8"), ("bfloat16", "none"), ("float32", "int4")]
 
@@ -78,7 +78,7 @@ def test_runtime_form_is_bit_identical_to_quantizing_the_float_checkpoint(gguf, 
     """Today's path (the float32 checkpoint loaded in the dtype, then quantized) and the mapped
     runtime form hold the same tensors bit for bit, and complete the same."""
     dense = tmp_path / "float32"
-    _dequantize(gguf, dense)
+    dequantize_with_transformers(gguf, dense)
     before = load(str(dense), "target", "cpu", dtype, quant)
     after = load(str(gguf), "target", "cpu", dtype, quant)
     assert after.meta["runtime"].endswith(runtime.weights_file(getattr(torch, dtype), quant))

@@ -1,0 +1,385 @@
+"""GGUF -> runtime form (runtime.py), one tensor at a time, in bounded memory.
+
+The GGUF is memory-mapped by gguf-py's reader; each tensor is de-quantized by gguf-py's own
+vectorized numpy code (the one transformers' GGUF loader calls), a block of rows at a time for the
+big ones, processed as transformers processes it (e.g. Gemma's norms), cast to the model's dtype,
+quantized as `quant.quantize` quantizes a loaded model, written and freed; the pages of the mapping
+it read are dropped from this process. No float copy of the model ever exists, on disk or in memory:
+peak memory is the largest layer (the output layer) plus the libraries, not the model.
+
+What it writes is what the transformers path wrote (de-quantize the whole GGUF into a float32
+checkpoint, load that in the dtype, `quantize`, `runtime.save`): the same files, byte for byte
+(tests/test_convert.py checks every form against that path, kept in tests/tiny_gguf.py). The module
+skeleton, config.json, generation_config.json and tokenizer still come from transformers (metadata
+only; the skeleton on the meta device); buffers (rotary tables) are initialised as from_pretrained
+initialises them.
+
+`python -m completiond.models.convert GGUF FOLDER DTYPE SCHEME` runs it in a child process
+(`models.ensure_runtime` does: the daemon then keeps none of the conversion's memory), printing
+`progress DONE TOTAL` lines and last `digests {json}`.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import runtime
+
+ROW_BYTES = 32 << 20  # GGUF bytes de-quantized at a time (a block of rows of a big tensor)
+Progress = Callable[[int, int], None]  # (bytes of GGUF tensors done, total)
+
+
+class _Source:
+    """The GGUF's tensors by their transformers name, de-quantized on demand (float32 -> dtype)."""
+
+    def __init__(self, gguf: Path, model: nn.Module, on_progress: Progress | None):
+        from gguf import GGUFReader
+        from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
+                                                              get_gguf_hf_weights_map, load_gguf_checkpoint)
+
+        self.reader = GGUFReader(str(gguf))
+        arch = str(self.reader.fields["general.architecture"].contents())
+        config = load_gguf_checkpoint(str(gguf), return_tensors=False)["config"]
+        self.processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config)
+        kind = type(self.processor).__name__
+        if kind not in ("TensorProcessor", "LlamaTensorProcessor", "Gemma2TensorProcessor"):
+            raise ValueError(f"GGUF architecture {arch!r} ({kind}) is not supported by the streaming converter")
+        # rows can be done a block at a time unless the processor reorders rows (Llama's q/k permutation)
+        self.by_rows = kind != "LlamaTensorProcessor"
+        self.mapping = get_gguf_hf_weights_map(model, self.processor)  # GGUF name -> transformers name
+        self.tensors = {self.mapping[t.name]: t for t in self.reader.tensors if t.name in self.mapping}
+        self.total = sum(int(t.n_bytes) for t in self.tensors.values())
+        self.done = 0
+        self.on_progress = on_progress
+        self._page = mmap.PAGESIZE
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def same_bytes(self, a: str, b: str) -> bool:
+        ta, tb = self.tensors[a], self.tensors[b]
+        return ta.tensor_type == tb.tensor_type and np.array_equal(ta.data, tb.data)
+
+    def rows(self, name: str, shape: torch.Size, dtype: torch.dtype) -> Iterator[torch.Tensor]:
+        """The tensor in `dtype`, as blocks of rows (one block unless it is big)."""
+        import gguf
+
+        t = self.tensors[name]
+        data = t.data  # [rows, bytes per row] for quantized types, the values for float ones
+        step = len(data) if not self.by_rows or data.ndim < 2 else max(1, ROW_BYTES // max(1, data[0].nbytes))
+        rows_done = 0
+        for at in range(0, max(1, len(data)), step):
+            w = gguf.dequantize(data[at:at + step], t.tensor_type)  # float32
+            w = self.processor.process(weights=w, name=t.name).weights
+            w = np.ascontiguousarray(w, dtype=np.float32)
+            # float32 tensors come back as views of the read-only mapping: copied, not aliased
+            block = torch.from_numpy(w if w.flags.writeable else w.copy()).to(dtype)
+            n = block.shape[0] if len(shape) > 1 else 1
+            yield block.reshape(n, *shape[1:]) if len(shape) > 1 else block.reshape(shape)
+            rows_done += n
+            self._drop(t, at, step)
+            self.done += int(t.n_bytes) * len(data[at:at + step]) // max(1, len(data))
+            if self.on_progress:
+                self.on_progress(min(self.done, self.total), self.total)
+
+    def dense(self, name: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """The whole tensor in `dtype`, filled a block of rows at a time."""
+        out = torch.empty(shape, dtype=dtype)
+        if len(shape) < 2:
+            for block in self.rows(name, shape, dtype):
+                out.copy_(block)
+            return out
+        at = 0
+        for block in self.rows(name, shape, dtype):
+            out[at:at + len(block)] = block
+            at += len(block)
+        return out
+
+    def _drop(self, t, at: int, step: int) -> None:
+        """Drop the mapping's pages of rows [at, at + step) of t from this process (clean pages of
+        the page cache: the kernel keeps them, but they no longer count in this process's RSS)."""
+        mm = getattr(self.reader.data, "_mmap", None)
+        if mm is None:
+            return
+        row = t.data[0].nbytes if t.data.ndim > 1 else t.data.itemsize
+        start = int(t.data_offset) + at * row
+        end = min(int(t.data_offset) + int(t.n_bytes), start + step * row)
+        lo, hi = start // self._page * self._page, -(-end // self._page) * self._page
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, lo, min(hi, len(mm)) - lo)
+        except (OSError, ValueError):
+            pass  # an advice only
+
+
+def _linears(model: nn.Module, scheme: str) -> dict[int, str]:
+    """id -> "layer" / "head" of the modules `quant.quantize` replaces (none for scheme none)."""
+    if scheme == "none":
+        return {}
+    base = getattr(model, model.base_model_prefix)
+    out = {id(c): "layer" for m in base.modules() for _, c in m.named_children() if isinstance(c, nn.Linear)}
+    out[id(model.get_output_embeddings())] = "head"
+    return out
+
+
+def _buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every buffer as from_pretrained makes it: allocated on the CPU, then initialised by the model's
+    own `_init_weights` (rotary tables, Gemma's embedding scale)."""
+    owners = {}
+    for name, b in model.named_buffers():
+        path, _, attr = name.rpartition(".")
+        mod = model.get_submodule(path)
+        mod._buffers[attr] = torch.empty_like(b, device="cpu")
+        owners[path] = mod
+    with torch.no_grad():
+        for mod in owners.values():
+            model._init_weights(mod)
+    return {n: b for n, b in model.named_buffers()}
+
+
+def _items(model: nn.Module, src: _Source, dtype: torch.dtype, scheme: str,
+           layout: dict) -> Iterator[tuple[str, torch.Tensor, str]]:
+    """(name, tensor, group) in runtime._ordered's order for `model` loaded and quantized, made one
+    module at a time from the GGUF; fills layout as _ordered does."""
+    from .quant import quantize_head, quantize_linear
+
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    embed_name = next(n for n, p in model.named_parameters() if p is embed)
+    tied = head.weight is embed or (src.has("lm_head.weight") and src.same_bytes(embed_name, "lm_head.weight"))
+    if tied and scheme != "none":
+        src.total += int(src.tensors[embed_name].n_bytes)  # read for the output layer, and for the embedding file
+    linears = _linears(model, scheme)
+    buffers = _buffers(model)
+    seen: dict[tuple, str] = {}  # buffers are all alive at once: shared ones are stored once, as _ordered does
+
+    def key(t: torch.Tensor) -> tuple:
+        return t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride())
+
+    for path, mod in model.named_modules():
+        if id(mod) in linears:
+            continue  # written by its parent, next to its siblings
+        pre = f"{path}." if path else ""
+        for n, p in mod._parameters.items():
+            if p is None:
+                continue
+            if p is embed:
+                layout["embed"] = pre + n
+                layout["aliases"][pre + n] = runtime.EMBED
+                continue
+            yield pre + n, src.dense(pre + n, p.shape, p.dtype), pre + n
+        for n, b in mod._buffers.items():
+            if b is None:
+                continue
+            b = buffers[pre + n]
+            if key(b) in seen:
+                layout["aliases"][pre + n] = seen[key(b)]
+            else:
+                seen[key(b)] = pre + n
+                yield pre + n, b, pre + n
+        quants = []
+        for n, c in mod.named_children():
+            if id(c) not in linears:
+                continue
+            bias = None if c.bias is None else src.dense(f"{pre}{n}.bias", c.bias.shape, c.bias.dtype)
+            if linears[id(c)] == "head":
+                w = src.dense(embed_name if tied and not src.has(f"{pre}{n}.weight") else f"{pre}{n}.weight",
+                              c.weight.shape, c.weight.dtype)
+                q = quantize_head(SimpleNamespace(weight=w, bias=bias), w if tied else None, scheme)
+            else:
+                w = src.dense(f"{pre}{n}.weight", c.weight.shape, c.weight.dtype)
+                q = quantize_linear(n, SimpleNamespace(weight=w, bias=bias), scheme)
+            del w
+            quants.append((n, q))
+            layout["quant"][pre + n] = {
+                "scheme": q.scheme, "group": q.group, "out": q.out_features, "in": q.in_features,
+                "tensors": [a for a in runtime._QUANT_ATTRS if runtime._quant_tensor(q, a) is not None]}
+        for attr in runtime._QUANT_ATTRS:  # siblings' packed weights back to back, then their scales, ...
+            for n, q in quants:
+                t = runtime._quant_tensor(q, attr)
+                if t is None:
+                    continue
+                if attr == "full_weight" and tied:
+                    layout["aliases"][f"{pre}{n}.{attr}"] = runtime.EMBED
+                else:
+                    yield f"{pre}{n}.{attr}", t.detach(), f"{pre}*.{attr}"
+        del quants
+    if not layout["embed"]:
+        raise runtime.RuntimeFormError("the input embedding is not a parameter of the model")
+
+
+def convert(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str,
+            on_progress: Progress | None = None) -> dict[str, str]:
+    """Write the runtime form of `gguf` for (dtype, scheme) into `folder` (a fresh partial folder):
+    config.json, generation_config.json, the tokenizer's files, the weights and the embedding.
+    Returns {file name: sha256}."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from .integrity import sha256_file
+
+    from gguf import GGUFReader
+
+    folder.mkdir(parents=True, exist_ok=True)
+    check_room(gguf, folder, dtype, scheme, GGUFReader(str(gguf)))  # before any work
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tok.save_pretrained(str(folder))
+    del tok
+    # config.json and generation_config.json as a float32 model loaded from the GGUF saves them
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    with torch.device("meta"):
+        dense = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    dense.config.architectures = [type(dense).__name__]
+    dense.config.save_pretrained(str(folder))
+    GenerationConfig.from_model_config(dense.config).save_pretrained(str(folder))
+    del dense
+    # the model as the converted checkpoint loads: in dtype, on the meta device (no memory)
+    config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    src = _Source(gguf, model, on_progress)
+    layout: dict = {"quant": {}, "aliases": {}, "embed": ""}
+    embed = model.get_input_embeddings().weight
+    embed_name = next(n for n, p in model.named_parameters() if p is embed)
+    digests = runtime.write(folder, dtype, scheme, _items(model, src, dtype, scheme, layout), layout,
+                            src.rows(embed_name, embed.shape, embed.dtype))
+    for f in sorted(folder.iterdir()):  # config, generation config, tokenizer
+        if f.is_file() and f.name not in digests:
+            digests[f.name] = sha256_file(f)
+    return digests
+
+
+# Measured on the Qwen2.5-Coder GGUFs (docs/conversion.md): the libraries and the tokenizer take
+# ~1 GB; the output layer (the largest tensor) is held in the dtype with its quantized forms and
+# float32 temporaries of a block of rows, ~2.5x its size in the dtype.
+BASE_BYTES = 1_000_000_000
+HEAD_FACTOR = 2.5
+
+
+def needs(reader, dtype: torch.dtype, scheme: str) -> tuple[int, int]:
+    """(memory, disk) in bytes the conversion of this GGUF needs, from its tensors' sizes: memory for
+    the libraries and the largest tensor being quantized; disk for the weights file twice (the data
+    is written to a scratch file, then behind the header) and the embedding."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    elems = [int(t.n_elements) for t in reader.tensors]
+    embed = next((int(t.n_elements) for t in reader.tensors if t.name == "token_embd.weight"), max(elems))
+    per_weight = size if scheme == "none" else 1  # int8; int4's forms are smaller
+    head = max(elems)
+    residual = head if scheme != "none" else 0  # an untied output layer keeps an int8 residual
+    disk = 2 * (sum(elems) * per_weight + residual) + embed * size
+    return BASE_BYTES + int(HEAD_FACTOR * head * size), disk
+
+
+def available_memory() -> int:
+    """Bytes of memory the kernel says can be allocated without swapping (MemAvailable)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_room(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, reader=None) -> None:
+    """One line (ResourceError) when this machine lacks the memory or disk to convert `gguf`."""
+    from gguf import GGUFReader
+
+    mem, disk = needs(reader or GGUFReader(str(gguf)), dtype, scheme)
+    free_mem, free_disk = available_memory(), shutil.disk_usage(folder).free
+    gb = lambda n: f"{n / 1e9:.1f} GB"  # noqa: E731
+    if free_disk < disk:
+        raise ResourceError(f"not enough disk to convert {gguf.name}: it needs {gb(disk)} free in {folder.parent}, "
+                            f"{gb(free_disk)} is (free some space, or set COMPLETIOND_CACHE to a larger disk)")
+    if free_mem < mem:
+        raise ResourceError(f"not enough memory to convert {gguf.name}: it needs {gb(mem)} available, "
+                            f"{gb(free_mem)} is (close other programs, or use a smaller model)")
+
+
+class ResourceError(Exception):
+    """Too little memory or disk for a conversion: its message is one line for the user."""
+
+
+def run_child(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progress: bool = False,
+              on_progress: Callable[[float], None] | None = None) -> dict[str, str]:
+    """`convert` in a child process (its memory goes back to the system when it exits); a progress
+    bar on stderr (`progress`) and `on_progress(fraction)` from its progress lines. Returns its
+    digests; ModelError with the child's one-line reason when it fails."""
+    import subprocess
+    import tempfile
+
+    from tqdm import tqdm
+
+    from .catalog import ModelError
+
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # this checkout's completiond wins in the child too
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    cmd = [sys.executable, "-m", "completiond.models.convert", str(gguf), str(folder),
+           runtime.dtype_name(dtype), scheme]
+    digests, error = None, None
+    with tempfile.TemporaryFile("w+") as err, tqdm(total=100, disable=None if progress else True, file=sys.stderr,
+                                                   desc=f"converting {gguf.name}", bar_format=BAR) as bar:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        try:
+            for line in proc.stdout:
+                kind, _, rest = line.strip().partition(" ")
+                if kind == "progress":
+                    done, total = (int(x) for x in rest.split())
+                    fraction = done / total if total else 1.0
+                    bar.update(round(100 * fraction) - bar.n)
+                    if on_progress is not None:
+                        on_progress(fraction)
+                elif kind == "digests":
+                    digests = json.loads(rest)
+                elif kind == "error":
+                    error = rest
+            code = proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if digests is None:
+            if error is None:
+                err.seek(0)
+                lines = [ln for ln in err.read().splitlines() if ln.strip()]
+                error = lines[-1].strip() if lines else f"the converting process exited with {code}"
+                if code < 0:
+                    error = f"the converting process was killed (signal {-code}; out of memory?)"
+            raise ModelError(error if error.startswith("not enough") else f"cannot convert {gguf.name}: {error}")
+    return digests
+
+
+BAR = "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]"
+
+
+def main(argv: list[str]) -> int:
+    gguf, folder, dtype, scheme = argv
+
+    def progress(done: int, total: int) -> None:
+        print(f"progress {done} {total}", flush=True)
+
+    try:
+        digests = convert(Path(gguf), Path(folder), getattr(torch, dtype), scheme, progress)
+    except ResourceError as e:
+        print(f"error {e}", flush=True)
+        return 1
+    except Exception as e:  # transformers' and gguf's loaders raise many types: one line for the user
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"error {first}", flush=True)
+        raise
+    print("digests " + json.dumps(digests), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
