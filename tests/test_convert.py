@@ -56,6 +56,22 @@ def test_big_tensors_are_converted_a_block_of_rows_at_a_time(tmp_path, monkeypat
     assert len(seen) > 40 and seen == sorted(seen) and seen[-1][0] == seen[-1][1]
 
 
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_the_output_layer_quantized_in_blocks_of_rows_is_the_whole_ones(tmp_path, monkeypatch, scheme, tied):
+    """The output layer is quantized from blocks of its rows (never whole in memory): with blocks
+    smaller than the tiny vocabulary, the files are still the transformers path's."""
+    from completiond.models import quant
+
+    monkeypatch.setattr(quant, "_ROWS", 64)  # both paths quantize 64 rows at a time; blocks of 128
+    monkeypatch.setattr(convert, "HEAD_BLOCKS", 2)
+    gguf = write_qwen2_gguf(tmp_path / "tiny.gguf", seed=10, tied=tied)
+    old = tmp_path / "old"
+    old.mkdir()
+    want = convert_with_transformers(gguf, old, torch.float32, scheme)
+    assert convert.convert(gguf, tmp_path / "new", torch.float32, scheme) == want
+
+
 def test_a_first_start_converts_in_a_child_with_progress(tmp_path, monkeypatch):
     monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path / "cache"))
     gguf = write_qwen2_gguf(tmp_path / "tiny.gguf", seed=7)

@@ -11,12 +11,14 @@ map those files: no float copy, no quantization, no from_pretrained (docs/startu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +112,22 @@ def runtime_dir(cache_name: str) -> Path:
     return cache_root() / "runtime" / cache_name
 
 
+_progress = threading.local()  # the listener conversion_progress set on this thread
+
+
+@contextlib.contextmanager
+def conversion_progress(on_progress: Callable[[str, float], None]):
+    """Conversions that this thread runs meanwhile (a first start's target or draft) report their
+    progress to `on_progress(what, fraction done)` (what: e.g. "qwen2.5-coder-1.5b int4") unless
+    given a listener of their own."""
+    before = getattr(_progress, "listener", None)
+    _progress.listener = on_progress
+    try:
+        yield
+    finally:
+        _progress.listener = before
+
+
 def ensure_runtime(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progress: bool = True,
                    on_progress: Callable[[float], None] | None = None) -> None:
     """Make `folder` hold the runtime form of `gguf` for (dtype, scheme), intact: converted once,
@@ -145,6 +163,10 @@ def ensure_runtime(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, pr
             why = f"no runtime form ({form}) in {folder} yet"
         print(f"completiond: {why}: converting {gguf.name} ({form}) once, about a minute on 2 cores",
               file=sys.stderr)
+        listener = getattr(_progress, "listener", None)
+        if on_progress is None and listener is not None:
+            label = f"{gguf.stem} {scheme}" if scheme != "none" else gguf.stem
+            on_progress = lambda f: listener(label, f)  # noqa: E731
         _convert(gguf, folder, dtype, scheme, progress, on_progress)
         if (old / "model.safetensors").exists():
             size = sum(f.stat().st_size for f in old.iterdir() if f.is_file()) / 1e9

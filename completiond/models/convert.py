@@ -37,6 +37,7 @@ from torch import nn
 from . import runtime
 
 ROW_BYTES = 32 << 20  # GGUF bytes de-quantized at a time (a block of rows of a big tensor)
+HEAD_BLOCKS = 4  # output layer rows quantized at a time, in blocks of quant._ROWS
 Progress = Callable[[int, int], None]  # (bytes of GGUF tensors done, total)
 
 
@@ -71,13 +72,15 @@ class _Source:
         ta, tb = self.tensors[a], self.tensors[b]
         return ta.tensor_type == tb.tensor_type and np.array_equal(ta.data, tb.data)
 
-    def rows(self, name: str, shape: torch.Size, dtype: torch.dtype) -> Iterator[torch.Tensor]:
-        """The tensor in `dtype`, as blocks of rows (one block unless it is big)."""
+    def rows(self, name: str, shape: torch.Size, dtype: torch.dtype, step: int = 0) -> Iterator[torch.Tensor]:
+        """The tensor in `dtype`, as blocks of `step` rows (default: one block unless it is big)."""
         import gguf
 
         t = self.tensors[name]
         data = t.data  # [rows, bytes per row] for quantized types, the values for float ones
-        step = len(data) if not self.by_rows or data.ndim < 2 else max(1, ROW_BYTES // max(1, data[0].nbytes))
+        if not self.by_rows or data.ndim < 2:
+            step = len(data)
+        step = step or max(1, ROW_BYTES // max(1, data[0].nbytes))
         rows_done = 0
         for at in range(0, max(1, len(data)), step):
             w = gguf.dequantize(data[at:at + step], t.tensor_type)  # float32
@@ -147,11 +150,38 @@ def _buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: b for n, b in model.named_buffers()}
 
 
+def _head(blocks: Iterator[torch.Tensor], bias: torch.Tensor | None, tied: bool, scheme: str) -> nn.Module:
+    """The output layer as `quant.quantize_head` makes it from its whole weight, made from blocks of
+    HEAD_BLOCKS * quant._ROWS rows of it: quantize_head works a block of quant._ROWS rows at a time (quantized
+    weights, scales, error norms and residual are per row), so the blocks' results concatenated are
+    its result, without the weight ever whole in memory (0.9 GB in float32 for the 1.5B). A tied
+    head's full_weight is the embedding: not kept here (the file stores an alias)."""
+    from .quant import QuantLinear, quantize_head
+
+    parts = []
+    for w in blocks:
+        part = quantize_head(SimpleNamespace(weight=w, bias=None), w if tied else None, scheme)
+        part.full_weight = None
+        parts.append(part)
+        del w
+    cat = lambda ts: None if ts[0] is None else torch.cat(ts)  # noqa: E731
+    first = parts[0]
+    q = QuantLinear(first.scheme, cat([p.packed for p in parts]), cat([p.scales for p in parts]),
+                    sum(p.out_features for p in parts), first.in_features, bias, first.group, checked=True)
+    q.err_norm, q.deq_norm = cat([p.err_norm for p in parts]), cat([p.deq_norm for p in parts])
+    if first.residual is not None:
+        q.residual = (cat([p.residual[0] for p in parts]), cat([p.residual[1] for p in parts]))
+    if tied:
+        q.full_weight = torch.empty(0)  # stands for the embedding: written as an alias of it
+    return q
+
+
 def _items(model: nn.Module, src: _Source, dtype: torch.dtype, scheme: str,
            layout: dict) -> Iterator[tuple[str, torch.Tensor, str]]:
     """(name, tensor, group) in runtime._ordered's order for `model` loaded and quantized, made one
     module at a time from the GGUF; fills layout as _ordered does."""
-    from .quant import quantize_head, quantize_linear
+    from . import quant
+    from .quant import quantize_linear
 
     embed = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
@@ -193,13 +223,13 @@ def _items(model: nn.Module, src: _Source, dtype: torch.dtype, scheme: str,
                 continue
             bias = None if c.bias is None else src.dense(f"{pre}{n}.bias", c.bias.shape, c.bias.dtype)
             if linears[id(c)] == "head":
-                w = src.dense(embed_name if tied and not src.has(f"{pre}{n}.weight") else f"{pre}{n}.weight",
-                              c.weight.shape, c.weight.dtype)
-                q = quantize_head(SimpleNamespace(weight=w, bias=bias), w if tied else None, scheme)
+                name = embed_name if tied and not src.has(f"{pre}{n}.weight") else f"{pre}{n}.weight"
+                step = HEAD_BLOCKS * quant._ROWS
+                q = _head(src.rows(name, c.weight.shape, c.weight.dtype, step), bias, tied, scheme)
             else:
                 w = src.dense(f"{pre}{n}.weight", c.weight.shape, c.weight.dtype)
                 q = quantize_linear(n, SimpleNamespace(weight=w, bias=bias), scheme)
-            del w
+                del w
             quants.append((n, q))
             layout["quant"][pre + n] = {
                 "scheme": q.scheme, "group": q.group, "out": q.out_features, "in": q.in_features,
