@@ -14,9 +14,10 @@ skeleton, config.json, generation_config.json and tokenizer still come from tran
 only; the skeleton on the meta device); buffers (rotary tables) are initialised as from_pretrained
 initialises them.
 
-`python -m completiond.models.convert GGUF FOLDER DTYPE SCHEME` runs it in a child process
-(`models.ensure_runtime` does: the daemon then keeps none of the conversion's memory), printing
-`progress DONE TOTAL` lines and last `digests {json}`.
+`python -m completiond.models.convert GGUF FOLDER DTYPE SCHEME [PARENT_PID]` runs it in a child
+process (`models.ensure_runtime` does: the daemon then keeps none of the conversion's memory; with
+PARENT_PID it dies with that process), printing `progress DONE TOTAL` lines, and last
+`digests {json}` or `error <one line>`.
 """
 
 from __future__ import annotations
@@ -355,7 +356,7 @@ def run_child(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progres
     root = str(Path(__file__).resolve().parents[2])  # this checkout's completiond wins in the child too
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     cmd = [sys.executable, "-m", "completiond.models.convert", str(gguf), str(folder),
-           runtime.dtype_name(dtype), scheme]
+           runtime.dtype_name(dtype), scheme, str(os.getpid())]
     digests, error = None, None
     with tempfile.TemporaryFile("w+") as err, tqdm(total=100, disable=None if progress else True, file=sys.stderr,
                                                    desc=f"converting {gguf.name}", bar_format=BAR) as bar:
@@ -392,8 +393,24 @@ def run_child(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progres
 BAR = "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]"
 
 
+def _die_with_parent(parent: int) -> None:
+    """Linux: this process is killed when the process that started it dies (a killed start leaves no
+    orphan writing into its partial folder, which the next start removes)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the call
+        os._exit(1)
+
+
 def main(argv: list[str]) -> int:
-    gguf, folder, dtype, scheme = argv
+    gguf, folder, dtype, scheme = argv[:4]
+    if len(argv) > 4:
+        _die_with_parent(int(argv[4]))
 
     def progress(done: int, total: int) -> None:
         print(f"progress {done} {total}", flush=True)
