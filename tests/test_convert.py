@@ -93,7 +93,7 @@ def test_too_little_memory_or_disk_is_one_line_before_any_work(tmp_path, monkeyp
     gguf = write_qwen2_gguf(tmp_path / "tiny.gguf", seed=8)
     out = tmp_path / "out"
     out.mkdir()
-    mem, disk = convert.needs(__import__("gguf").GGUFReader(str(gguf)), torch.bfloat16, "int8")
+    mem, disk = convert.needs(convert.read_gguf(gguf)[1], torch.bfloat16, "int8")
     monkeypatch.setattr(convert, "available_memory", lambda: mem - 1)
     with pytest.raises(convert.ResourceError, match=r"^not enough memory to convert tiny.gguf: it needs [\d.]+ GB"):
         convert.convert(gguf, out, torch.bfloat16, "int8")

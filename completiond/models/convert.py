@@ -22,14 +22,18 @@ PARENT_PID it dies with that process), printing `progress DONE TOTAL` lines, and
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import mmap
 import os
 import shutil
+import struct
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -42,26 +46,111 @@ HEAD_BLOCKS = 4  # output layer rows quantized at a time, in blocks of quant._RO
 Progress = Callable[[int, int], None]  # (bytes of GGUF tensors done, total)
 
 
+class Tensor(NamedTuple):
+    """One tensor of a GGUF: its type, shape (numpy order: rows first) and bytes in the mapping."""
+
+    name: str
+    qtype: int
+    shape: tuple[int, ...]
+    data: np.ndarray  # uint8 [rows, bytes per row] (one row for a 1-D tensor), a view of the mapping
+    offset: int  # of its first byte in the file
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.size
+
+    @property
+    def elements(self) -> int:
+        return int(np.prod(self.shape))
+
+
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def read_gguf(path: Path) -> tuple[str, list[Tensor], np.ndarray]:
+    """(architecture, tensors, the file's mapping) from a GGUF's header and tensor table (format v2/v3).
+
+    gguf-py's GGUFReader also parses every value of every metadata array (the 151,936 tokens and
+    their merges: ~8 CPU-s for a Qwen file); the tensors need only the table, so values are skipped."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    mm = np.memmap(path, mode="r", dtype=np.uint8)
+    buf = memoryview(mm)
+    if bytes(buf[:4]) != b"GGUF" or struct.unpack_from("<I", buf, 4)[0] not in (2, 3):
+        raise ValueError(f"{path.name} is not a GGUF file of version 2 or 3")
+    n_tensors, n_kv = struct.unpack_from("<QQ", buf, 8)
+    at = 24
+
+    def string() -> str:
+        nonlocal at
+        (n,) = struct.unpack_from("<Q", buf, at)
+        at += 8 + n
+        return bytes(buf[at - n:at]).decode("utf-8", "replace")
+
+    def value(kind: int):
+        nonlocal at
+        if kind == 8:
+            return string()
+        if kind == 9:
+            item, count = struct.unpack_from("<IQ", buf, at)
+            at += 12
+            if item in _SCALARS:
+                at += count * struct.calcsize("<" + _SCALARS[item])
+            else:
+                for _ in range(count):
+                    value(item)
+            return None
+        fmt = "<" + _SCALARS[kind]
+        (v,) = struct.unpack_from(fmt, buf, at)
+        at += struct.calcsize(fmt)
+        return v
+
+    meta = {}
+    for _ in range(n_kv):
+        key = string()
+        (kind,) = struct.unpack_from("<I", buf, at)
+        at += 4
+        meta[key] = value(kind)
+    table = []
+    for _ in range(n_tensors):
+        name = string()
+        (dims,) = struct.unpack_from("<I", buf, at)
+        shape = struct.unpack_from(f"<{dims}Q", buf, at + 4)[::-1]  # GGUF lists the innermost first
+        qtype, offset = struct.unpack_from("<IQ", buf, at + 4 + 8 * dims)
+        at += 4 + 8 * dims + 12
+        table.append((name, GGMLQuantizationType(qtype), tuple(int(d) for d in shape), offset))
+    align = int(meta.get("general.alignment") or 32)
+    start = -(-at // align) * align
+    tensors = []
+    for name, qtype, shape, offset in table:
+        block, size = GGML_QUANT_SIZES[qtype]
+        cols = shape[-1]
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        row_bytes = cols // block * size
+        first = start + offset
+        data = mm[first:first + rows * row_bytes].reshape(rows, row_bytes)
+        tensors.append(Tensor(name, qtype, shape, data, first))
+    return str(meta.get("general.architecture", "")), tensors, mm
+
+
 class _Source:
     """The GGUF's tensors by their transformers name, de-quantized on demand (float32 -> dtype)."""
 
-    def __init__(self, gguf: Path, model: nn.Module, on_progress: Progress | None):
-        from gguf import GGUFReader
+    def __init__(self, gguf: tuple[str, list[Tensor], np.ndarray], model: nn.Module, on_progress: Progress | None):
         from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
-                                                              get_gguf_hf_weights_map, load_gguf_checkpoint)
+                                                              get_gguf_hf_weights_map)
 
-        self.reader = GGUFReader(str(gguf))
-        arch = str(self.reader.fields["general.architecture"].contents())
-        config = load_gguf_checkpoint(str(gguf), return_tensors=False)["config"]
-        self.processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config)
+        arch, tensors, self.mapped = gguf
+        # the processor's config: the GGUF's as transformers parsed it, i.e. the model's (Llama: head counts)
+        self.processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=model.config.to_dict())
         kind = type(self.processor).__name__
         if kind not in ("TensorProcessor", "LlamaTensorProcessor", "Gemma2TensorProcessor"):
             raise ValueError(f"GGUF architecture {arch!r} ({kind}) is not supported by the streaming converter")
         # rows can be done a block at a time unless the processor reorders rows (Llama's q/k permutation)
         self.by_rows = kind != "LlamaTensorProcessor"
         self.mapping = get_gguf_hf_weights_map(model, self.processor)  # GGUF name -> transformers name
-        self.tensors = {self.mapping[t.name]: t for t in self.reader.tensors if t.name in self.mapping}
-        self.total = sum(int(t.n_bytes) for t in self.tensors.values())
+        self.tensors = {self.mapping[t.name]: t for t in tensors if t.name in self.mapping}
+        self.total = sum(t.nbytes for t in self.tensors.values())
         self.done = 0
         self.on_progress = on_progress
         self._page = mmap.PAGESIZE
@@ -71,29 +160,27 @@ class _Source:
 
     def same_bytes(self, a: str, b: str) -> bool:
         ta, tb = self.tensors[a], self.tensors[b]
-        return ta.tensor_type == tb.tensor_type and np.array_equal(ta.data, tb.data)
+        return ta.qtype == tb.qtype and ta.shape == tb.shape and np.array_equal(ta.data, tb.data)
 
     def rows(self, name: str, shape: torch.Size, dtype: torch.dtype, step: int = 0) -> Iterator[torch.Tensor]:
         """The tensor in `dtype`, as blocks of `step` rows (default: one block unless it is big)."""
         import gguf
 
         t = self.tensors[name]
-        data = t.data  # [rows, bytes per row] for quantized types, the values for float ones
-        if not self.by_rows or data.ndim < 2:
+        data = t.data  # uint8 [rows, bytes per row]
+        if not self.by_rows or len(shape) < 2:
             step = len(data)
-        step = step or max(1, ROW_BYTES // max(1, data[0].nbytes))
-        rows_done = 0
-        for at in range(0, max(1, len(data)), step):
-            w = gguf.dequantize(data[at:at + step], t.tensor_type)  # float32
-            w = self.processor.process(weights=w, name=t.name).weights
+        step = step or max(1, ROW_BYTES // max(1, data.shape[1]))
+        for at in range(0, len(data), step):
+            w = gguf.dequantize(data[at:at + step], t.qtype)  # float32 [rows, columns]
+            w = self.processor.process(weights=w.reshape(-1, *t.shape[1:]) if len(t.shape) > 1 else w.reshape(t.shape),
+                                       name=t.name).weights
             w = np.ascontiguousarray(w, dtype=np.float32)
             # float32 tensors come back as views of the read-only mapping: copied, not aliased
             block = torch.from_numpy(w if w.flags.writeable else w.copy()).to(dtype)
-            n = block.shape[0] if len(shape) > 1 else 1
-            yield block.reshape(n, *shape[1:]) if len(shape) > 1 else block.reshape(shape)
-            rows_done += n
-            self._drop(t, at, step)
-            self.done += int(t.n_bytes) * len(data[at:at + step]) // max(1, len(data))
+            yield block.reshape(-1, *shape[1:]) if len(shape) > 1 else block.reshape(shape)
+            self._drop(data[at:at + step])
+            self.done += data[at:at + step].size
             if self.on_progress:
                 self.on_progress(min(self.done, self.total), self.total)
 
@@ -110,19 +197,14 @@ class _Source:
             at += len(block)
         return out
 
-    def _drop(self, t, at: int, step: int) -> None:
-        """Drop the mapping's pages of rows [at, at + step) of t from this process (clean pages of
-        the page cache: the kernel keeps them, but they no longer count in this process's RSS)."""
-        mm = getattr(self.reader.data, "_mmap", None)
-        if mm is None:
-            return
-        row = t.data[0].nbytes if t.data.ndim > 1 else t.data.itemsize
-        start = int(t.data_offset) + at * row
-        end = min(int(t.data_offset) + int(t.n_bytes), start + step * row)
-        lo, hi = start // self._page * self._page, -(-end // self._page) * self._page
+    def _drop(self, part: np.ndarray) -> None:
+        """Drop the mapping's pages under `part` (a view of it) from this process: clean pages of the
+        page cache, which the kernel keeps, but no longer counted in this process's RSS."""
+        start = part.ctypes.data - self.mapped.ctypes.data
+        lo, hi = start // self._page * self._page, -(-(start + part.size) // self._page) * self._page
         try:
-            mm.madvise(mmap.MADV_DONTNEED, lo, min(hi, len(mm)) - lo)
-        except (OSError, ValueError):
+            self.mapped._mmap.madvise(mmap.MADV_DONTNEED, lo, min(hi, len(self.mapped)) - lo)
+        except (AttributeError, OSError, ValueError):
             pass  # an advice only
 
 
@@ -189,7 +271,7 @@ def _items(model: nn.Module, src: _Source, dtype: torch.dtype, scheme: str,
     embed_name = next(n for n, p in model.named_parameters() if p is embed)
     tied = head.weight is embed or (src.has("lm_head.weight") and src.same_bytes(embed_name, "lm_head.weight"))
     if tied and scheme != "none":
-        src.total += int(src.tensors[embed_name].n_bytes)  # read for the output layer, and for the embedding file
+        src.total += src.tensors[embed_name].nbytes  # read for the output layer, and for the embedding file
     linears = _linears(model, scheme)
     buffers = _buffers(model)
     seen: dict[tuple, str] = {}  # buffers are all alive at once: shared ones are stored once, as _ordered does
@@ -249,6 +331,28 @@ def _items(model: nn.Module, src: _Source, dtype: torch.dtype, scheme: str,
         raise runtime.RuntimeFormError("the input embedding is not a parameter of the model")
 
 
+@contextlib.contextmanager
+def _metadata_once():
+    """transformers parses a GGUF's metadata with gguf-py for the tokenizer's config and again for
+    AutoConfig (~9 CPU-s each for a Qwen file: every token and merge): meanwhile, once."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    real, parsed = gguf_utils.load_gguf_checkpoint, {}
+
+    def once(path, return_tensors=False, **kwargs):
+        if return_tensors or kwargs:
+            return real(path, return_tensors=return_tensors, **kwargs)
+        if path not in parsed:
+            parsed[path] = real(path, return_tensors=False)
+        return copy.deepcopy(parsed[path])  # callers may change what they get
+
+    gguf_utils.load_gguf_checkpoint = once
+    try:
+        yield
+    finally:
+        gguf_utils.load_gguf_checkpoint = real
+
+
 def convert(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str,
             on_progress: Progress | None = None) -> dict[str, str]:
     """Write the runtime form of `gguf` for (dtype, scheme) into `folder` (a fresh partial folder):
@@ -258,15 +362,15 @@ def convert(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str,
 
     from .integrity import sha256_file
 
-    from gguf import GGUFReader
-
     folder.mkdir(parents=True, exist_ok=True)
-    check_room(gguf, folder, dtype, scheme, GGUFReader(str(gguf)))  # before any work
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    tok.save_pretrained(str(folder))
-    del tok
-    # config.json and generation_config.json as a float32 model loaded from the GGUF saves them
-    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    table = read_gguf(gguf)
+    check_room(gguf, folder, dtype, scheme, table[1])  # before any work
+    with _metadata_once():
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tok.save_pretrained(str(folder))
+        del tok
+        # config.json and generation_config.json as a float32 model loaded from the GGUF saves them
+        config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     with torch.device("meta"):
         dense = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     dense.config.architectures = [type(dense).__name__]
@@ -277,7 +381,7 @@ def convert(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str,
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-    src = _Source(gguf, model, on_progress)
+    src = _Source(table, model, on_progress)
     layout: dict = {"quant": {}, "aliases": {}, "embed": ""}
     embed = model.get_input_embeddings().weight
     embed_name = next(n for n, p in model.named_parameters() if p is embed)
@@ -296,18 +400,18 @@ BASE_BYTES = 1_000_000_000
 HEAD_FACTOR = 2.5
 
 
-def needs(reader, dtype: torch.dtype, scheme: str) -> tuple[int, int]:
-    """(memory, disk) in bytes the conversion of this GGUF needs, from its tensors' sizes: memory for
-    the libraries and the largest tensor being quantized; disk for the weights file twice (the data
-    is written to a scratch file, then behind the header) and the embedding."""
+def needs(tensors: list[Tensor], dtype: torch.dtype, scheme: str) -> tuple[int, int]:
+    """(memory, disk) in bytes the conversion of a GGUF with these tensors needs: memory for the
+    libraries and the largest tensor's work (docs/conversion.md); disk for the weights file twice
+    (the data is written to a scratch file, then behind the header) and the embedding."""
     size = torch.tensor([], dtype=dtype).element_size()
-    elems = [int(t.n_elements) for t in reader.tensors]
-    embed = next((int(t.n_elements) for t in reader.tensors if t.name == "token_embd.weight"), max(elems))
+    elems = [t.elements for t in tensors]
+    embed = next((t.elements for t in tensors if t.name == "token_embd.weight"), max(elems))
     per_weight = size if scheme == "none" else 1  # int8; int4's forms are smaller
     head = max(elems)
     residual = head if scheme != "none" else 0  # an untied output layer keeps an int8 residual
     disk = 2 * (sum(elems) * per_weight + residual) + embed * size
-    return BASE_BYTES + int(HEAD_FACTOR * head * size), disk
+    return BASE_BYTES + int(HEAD_FACTOR * head * (size if scheme == "none" else 2)), disk
 
 
 def available_memory() -> int:
@@ -321,11 +425,9 @@ def available_memory() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def check_room(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, reader=None) -> None:
+def check_room(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, tensors: list[Tensor]) -> None:
     """One line (ResourceError) when this machine lacks the memory or disk to convert `gguf`."""
-    from gguf import GGUFReader
-
-    mem, disk = needs(reader or GGUFReader(str(gguf)), dtype, scheme)
+    mem, disk = needs(tensors, dtype, scheme)
     free_mem, free_disk = available_memory(), shutil.disk_usage(folder).free
     gb = lambda n: f"{n / 1e9:.1f} GB"  # noqa: E731
     if free_disk < disk:
