@@ -95,6 +95,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--cache", default="/tmp/b68cache")
     ap.add_argument("--old", action="store_true", help="also convert with the transformers path")
+    ap.add_argument("--no-new", action="store_true", help="skip the streaming conversion (kept from an earlier run)")
     ap.add_argument("--daemon", action="store_true", help="also compare a converting start with a converted one")
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "convert-rss.json"))
     a = ap.parse_args()
@@ -107,14 +108,26 @@ def main() -> None:
     out: dict = {"target": a.target, "quant": a.quant, "dtype": a.dtype, "gguf_bytes": gguf.stat().st_size,
                  "cpu": cpu_name(), "cores": os.cpu_count(), "mem_total_gb": round(
                      os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2 ** 30, 1),
-                 "command": "flock /work/wt/CONVERT.lock python " + " ".join(sys.argv),
                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    path = Path(a.json)
+    runs = json.loads(path.read_text()) if path.exists() else {}
+    key = f"{a.target}@{a.quant}-{a.dtype}"
+    out = {**runs.get(key, {}), **out}
+    out["commands"] = out.get("commands", []) + ["flock /work/wt/CONVERT.lock nice -n 5 python " + " ".join(sys.argv)]
+
+    def save() -> None:  # after each step: a long run stopped midway keeps what it measured
+        runs[key] = out
+        path.write_text(json.dumps(runs, indent=1) + "\n")
+
     with tempfile.TemporaryDirectory(dir=cache.parent) as scratch:
-        new_dir = Path(scratch) / "new"
-        out["new"] = timed([sys.executable, "-m", "completiond.models.convert", str(gguf), str(new_dir), a.dtype,
-                            a.quant], env)
-        print("new", {k: v for k, v in out["new"].items() if k != "digests"}, flush=True)
-        shutil.rmtree(new_dir)
+        if not a.no_new:
+            new_dir = Path(scratch) / "new"
+            out["new"] = timed([sys.executable, "-m", "completiond.models.convert", str(gguf), str(new_dir), a.dtype,
+                                a.quant], env)
+            out["new_command"] = f"python -m completiond.models.convert {gguf.name} DIR {a.dtype} {a.quant}"
+            print("new", {k: v for k, v in out["new"].items() if k != "digests"}, flush=True)
+            shutil.rmtree(new_dir)
+            save()
         if a.old:
             old_dir = Path(scratch) / "old"
             old_dir.mkdir()
@@ -126,6 +139,7 @@ def main() -> None:
             print("old", {k: v for k, v in out["old"].items() if k != "digests"}, "same bytes:", out["same_bytes"],
                   flush=True)
             shutil.rmtree(old_dir)
+            save()
     if a.daemon:  # an empty cache but for the assembled GGUF (hard-linked) and the built kernels
         shutil.rmtree(cache, ignore_errors=True)
         (cache / "gguf").mkdir(parents=True, mode=0o700)
@@ -142,10 +156,7 @@ def main() -> None:
                          "rss_ratio_converting_over_converted": round(
                              converting["rss_ready_mb"]["VmRSS"] / converted["rss_ready_mb"]["VmRSS"], 3)}
         print("daemon", json.dumps(out["daemon"]), flush=True)
-    path = Path(a.json)
-    runs = json.loads(path.read_text()) if path.exists() else {}
-    runs[f"{a.target}@{a.quant}-{a.dtype}"] = out
-    path.write_text(json.dumps(runs, indent=1) + "\n")
+        save()
 
 
 if __name__ == "__main__":
