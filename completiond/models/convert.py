@@ -233,27 +233,41 @@ def _buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: b for n, b in model.named_buffers()}
 
 
-def _head(blocks: Iterator[torch.Tensor], bias: torch.Tensor | None, tied: bool, scheme: str) -> nn.Module:
+def _head(blocks: Iterator[torch.Tensor], count: int, bias: torch.Tensor | None, tied: bool, scheme: str) -> nn.Module:
     """The output layer as `quant.quantize_head` makes it from its whole weight, made from blocks of
     HEAD_BLOCKS * quant._ROWS rows of it: quantize_head works a block of quant._ROWS rows at a time (quantized
     weights, scales, error norms and residual are per row), so the blocks' results concatenated are
-    its result, without the weight ever whole in memory (0.9 GB in float32 for the 1.5B). A tied
-    head's full_weight is the embedding: not kept here (the file stores an alias)."""
+    its result, without the weight ever whole in memory (0.9 GB in float32 for the 1.5B); each block's
+    results are copied into place as they come (`count` blocks). A tied head's full_weight is the
+    embedding: not kept here (the file stores an alias)."""
     from .quant import QuantLinear, quantize_head
 
-    parts = []
+    whole: dict[str, list] = {}  # attribute -> [tensor for every block's rows, rows filled]
+
+    def put(attr: str, t: torch.Tensor | None) -> None:
+        if t is None:
+            return
+        if attr not in whole:  # room for `count` blocks like the first (the last may be shorter); pages
+            whole[attr] = [t.new_empty((len(t) * count, *t.shape[1:])), 0]  # never written stay unallocated
+        buf, at = whole[attr]
+        buf[at:at + len(t)] = t
+        whole[attr][1] = at + len(t)
+
+    form, rows = None, 0
     for w in blocks:
         part = quantize_head(SimpleNamespace(weight=w, bias=None), w if tied else None, scheme)
-        part.full_weight = None
-        parts.append(part)
-        del w
-    cat = lambda ts: None if ts[0] is None else torch.cat(ts)  # noqa: E731
-    first = parts[0]
-    q = QuantLinear(first.scheme, cat([p.packed for p in parts]), cat([p.scales for p in parts]),
-                    sum(p.out_features for p in parts), first.in_features, bias, first.group, checked=True)
-    q.err_norm, q.deq_norm = cat([p.err_norm for p in parts]), cat([p.deq_norm for p in parts])
-    if first.residual is not None:
-        q.residual = (cat([p.residual[0] for p in parts]), cat([p.residual[1] for p in parts]))
+        form, rows = (part.scheme, part.in_features, part.group), rows + len(w)
+        for attr in ("packed", "scales", "err_norm", "deq_norm"):
+            put(attr, getattr(part, attr))
+        put("residual_q", None if part.residual is None else part.residual[0])
+        put("residual_s", None if part.residual is None else part.residual[1])
+        del w, part
+    got = {attr: buf[:at] for attr, (buf, at) in whole.items()}
+    scheme_, k, group = form
+    q = QuantLinear(scheme_, got["packed"], got["scales"], rows, k, bias, group, checked=True)
+    q.err_norm, q.deq_norm = got.get("err_norm"), got.get("deq_norm")
+    if "residual_q" in got:
+        q.residual = (got["residual_q"], got["residual_s"])
     if tied:
         q.full_weight = torch.empty(0)  # stands for the embedding: written as an alias of it
     return q
@@ -308,7 +322,8 @@ def _items(model: nn.Module, src: _Source, dtype: torch.dtype, scheme: str,
             if linears[id(c)] == "head":
                 name = embed_name if tied and not src.has(f"{pre}{n}.weight") else f"{pre}{n}.weight"
                 step = HEAD_BLOCKS * quant._ROWS
-                q = _head(src.rows(name, c.weight.shape, c.weight.dtype, step), bias, tied, scheme)
+                count = -(-c.weight.shape[0] // step)
+                q = _head(src.rows(name, c.weight.shape, c.weight.dtype, step), count, bias, tied, scheme)
             else:
                 w = src.dense(f"{pre}{n}.weight", c.weight.shape, c.weight.dtype)
                 q = quantize_linear(n, SimpleNamespace(weight=w, bias=bias), scheme)
