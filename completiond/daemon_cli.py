@@ -138,16 +138,18 @@ def cmd_serve(a: argparse.Namespace) -> int:
                 raise RuntimeError(str(e)) from None
             return engine, {**P.model_info(engine.target, None), "draft": None}
         from .core.engine import Engine, draft_for
-        from .models import draft_label, load
+        from .models import conversion_progress, draft_label, load
         from .core.prompt import prepare_tokenizer
         from .models.device import trim_heap
 
-        phase(f"loading target {a.target}")
-        target = load(a.target, "target", a.device, a.dtype, a.quant)
-        log.info("start-up: target %s (%s, %s, quant %s) loaded in %.1f s", target.name, target.device,
-                 str(target.dtype).replace("torch.", ""), target.meta.get("quant", "none"), time.perf_counter() - t0)
-        phase(f"loading draft {a.draft}")
-        draft, unloaded = draft_for(a.draft, target)
+        # a first start converts the GGUFs (a minute or more): status says "converting X int4", progress 43
+        with conversion_progress(lambda what, f: phase(f"converting {what}", round(100 * f, 1))):
+            phase(f"loading target {a.target}")
+            target = load(a.target, "target", a.device, a.dtype, a.quant)
+            log.info("start-up: target %s (%s, %s, quant %s) loaded in %.1f s", target.name, target.device,
+                     str(target.dtype).replace("torch.", ""), target.meta.get("quant", "none"), time.perf_counter() - t0)
+            phase(f"loading draft {a.draft}")
+            draft, unloaded = draft_for(a.draft, target)
         engine = Engine(target, draft, index=index, backend=a.backend)
         phase("calibrating")
         t1 = time.perf_counter()

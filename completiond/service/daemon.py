@@ -43,7 +43,7 @@ log = logging.getLogger("completiond.daemon")
 
 EARLY = {"initialize", "status", "shutdown", "document/open", "document/change"}  # answered while loading
 CALIBRATION_SAVE_S = 300.0  # how often the pass costs that real requests measured are written back
-Loader = Callable[[TokenIndex, Callable[[str], None]], "tuple[Engine, dict]"]
+Loader = Callable[[TokenIndex, Callable[..., None]], "tuple[Engine, dict]"]
 
 
 class Daemon:
@@ -78,6 +78,7 @@ class Daemon:
             self.watcher.add_root(root)
         self.ready = asyncio.Event()
         self.phases: list[tuple[str, float]] = [("ready" if self.engine else "starting", time.time())]
+        self.progress: float | None = None  # percent done of the phase under way, where known
         self.error: str | None = None  # why loading failed; the daemon then exits
         self._calibration_saved = time.time()
         self.sessions: dict[int, Session] = {}
@@ -104,12 +105,15 @@ class Daemon:
         phase, since = self.phases[-1]
         done = [{"phase": a, "s": round(b_t - a_t, 1)} for (a, a_t), (_, b_t) in zip(self.phases, self.phases[1:])]
         return {**self.info, "state": "failed" if self.error else "loading", "phase": phase,
-                "phase_s": round(now - since, 1), "phases_done": done, "error": self.error,
+                "phase_s": round(now - since, 1), "phases_done": done, "error": self.error, "progress": self.progress,
                 "pid": os.getpid(), "uptime_s": round(now - self.started, 1),
                 "clients": len(self.sessions) - 1, "requests_served": 0}
 
     async def _load(self) -> None:
-        def phase(name: str) -> None:  # engine thread; a list append is atomic under the GIL
+        def phase(name: str, progress: float | None = None) -> None:  # engine thread; appends are atomic
+            self.progress = progress  # percent done of the phase, where known (a conversion's)
+            if self.phases[-1][0] == name:
+                return
             self.phases.append((name, time.time()))
             log.info("start-up: %s (%.1f s in)", name, time.time() - self.started)
 
