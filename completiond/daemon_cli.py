@@ -142,6 +142,13 @@ def cmd_serve(a: argparse.Namespace) -> int:
         from .core.prompt import prepare_tokenizer
         from .models.device import trim_heap
 
+        if a.target == "default":  # the first start on a CPU measures which target runs fast enough here
+            from .models.choice import cpu_default
+            from .models.device import pick_device
+
+            if pick_device(a.device).type == "cpu":
+                phase("choosing the default target (this CPU's pass costs, measured once)")
+                cpu_default()
         # a first start converts the GGUFs (a minute or more): status says "converting X int4", progress 43
         with conversion_progress(lambda what, f: phase(f"converting {what}", round(100 * f, 1))):
             phase(f"loading target {a.target}")

@@ -80,10 +80,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
     targets = [t.strip() for t in (a.targets or "").split(",") if t.strip()]
     if a.targets is not None and (len(targets) < 2 or len(set(targets)) < len(targets)):
         raise UsageError("--targets takes a comma list of two or more different targets")
-    from ..models.quant import QUANTS
+    from ..models.catalog import ModelError, split_form
 
-    if bad := [t for t in targets if "@" in t and t.partition("@")[2] not in QUANTS]:
-        raise UsageError(f"--targets: {bad[0]!r}: a target's @QUANT is one of {', '.join(QUANTS)}")
+    try:
+        forms = {t: split_form(t) for t in targets}  # NAME@FORM: that target's --quant
+    except ModelError as e:
+        raise UsageError(f"--targets: {e}") from None
     if a.replay_open_pause and any(s < 0 for s in a.replay_open_pause):
         raise UsageError("--replay-open-pause takes seconds, 0 or more")
     if a.threads:
@@ -103,8 +105,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
             plot(summary, Path(a.plot))
         text = table(summary)
     else:
-        # NAME@int4: this target's --quant
-        specs = {t: argparse.Namespace(**{**vars(a), "target": t.partition("@")[0], "quant": t.partition("@")[2] or a.quant})
+        specs = {t: argparse.Namespace(**{**vars(a), "target": forms[t][0], "quant": forms[t][1] or a.quant})
                  for t in targets}
         runs = bench_targets(specs, root, label, positions, modes, peers)
         if a.plot:
@@ -292,10 +293,11 @@ def side_by_side(runs: dict[str, dict], label: str) -> dict:
 def record_default(runs: dict[str, dict]) -> dict | None:
     """A CPU run of both Qwen targets with `combined` and `ar` on enough positions decides which one
     `--target default` means on this CPU (models/choice.py): kept in the cache."""
+    from ..models.catalog import split_form
     from ..models.choice import MEASURED_PAIR, MIN_POSITIONS, default_target, record_choice
 
     # the larger target as `NAME` (its default weights) or `NAME@QUANT`: the fastest `combined` of those run
-    named = [t for t in runs if t.partition("@")[0] == MEASURED_PAIR[0] and "combined" in runs[t]["modes"]]
+    named = [t for t in runs if split_form(t)[0] == MEASURED_PAIR[0] and "combined" in runs[t]["modes"]]
     key = min(named, key=lambda t: runs[t]["modes"]["combined"]["p50_ms"], default=None)
     larger, smaller = runs.get(key) if key else None, runs.get(MEASURED_PAIR[1])
     if (larger is None or smaller is None or {larger["device"], smaller["device"]} != {"cpu"}
@@ -305,7 +307,7 @@ def record_default(runs: dict[str, dict]) -> dict | None:
     record_choice({"larger_combined_p50_ms": larger["modes"]["combined"]["p50_ms"],
                    "smaller_ar_p50_ms": smaller["modes"]["ar"]["p50_ms"],
                    "positions": larger["positions"], "repo": larger["repo"], "date": larger["date"],
-                   "command": larger["command"], "larger_quant": key.partition("@")[2] or "auto",
+                   "command": larger["command"], "larger_quant": split_form(key)[1] or "auto",
                    "larger_weights": larger.get("weights_file")})
     target, why = default_target("cpu")
     return {"target": target, "why": why}

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from . import integrity, pages, runtime
-from .catalog import GEMMA_270M, NAMED, ModelError, assemble, file_lock
-from .choice import default_quant, default_target
+from .catalog import GEMMA_270M, NAMED, ModelError, assemble, file_lock, split_form
+from .choice import choose_default, default_quant, default_target  # noqa: F401 (re-exported)
 from .device import cpu_has_fast_bf16, pick_bulk_dtype, pick_device, pick_dtype  # noqa: F401 (re-exported)
 from .quant import pick_quant  # noqa: F401 (re-exported)
 from ..paths import cache_root  # torch-free, shared with the LSP
@@ -177,6 +177,12 @@ def ensure_runtime(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, pr
                   f"from {folder}", file=sys.stderr)
 
 
+def converted(name: str, dtype: torch.dtype, scheme: str) -> bool:
+    """Whether a named model's runtime form for (dtype, scheme) is in the cache (a stat check)."""
+    folder = runtime_dir(GEMMA_CACHE_NAME if name == GEMMA_270M else name)
+    return integrity.unchanged(folder, _needed(folder, dtype, scheme))
+
+
 def _needed(folder: Path, dtype: torch.dtype, scheme: str) -> list[str]:
     """The files a form needs: its weights and embedding, config.json and every other shared file
     the conversion recorded (tokenizer, generation config)."""
@@ -306,13 +312,14 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
          quant: str = "none", on_progress: Callable[[float], None] | None = None) -> LoadedModel:
     """Load a model from a spec; errors become ModelError with a message a user can act on.
     `on_progress(fraction)`: called while a GGUF converts (a first start)."""
+    spec, form = split_form(spec)  # NAME@FORM: that weights form (catalog.FORMS), whatever `quant` said
+    quant = form or quant
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     why = None
-    if spec == "default" and role == "target":
-        if quant == "auto":  # the weights the measurement that chose the default ran with
-            quant = default_quant(dev.type)
-        spec, why = default_target(dev.type)
+    if spec == "default" and role == "target":  # by this machine's measurement (choice.py), and why
+        spec, quant, why = choose_default(dev, quant, lambda q: pick_quant(q, dev, dt, dtype_asked=dtype != "auto"),
+                                          lambda name, form: converted(name, dt, form))
     scheme = pick_quant(quant, dev, dt, dtype_asked=dtype != "auto")
     where, name, gguf = resolve(spec, role, dev.type)
     loaded = _load(where, name, gguf, role, spec, dev, dt, scheme, on_progress)

@@ -41,6 +41,9 @@ if TYPE_CHECKING:  # torch is imported by the loader, after the socket is up
 log = logging.getLogger("completiond.daemon")
 
 
+# what initialize says of the models: the target (NAME@FORM for a named one), its weights form and,
+# for `--target default`, why this target and form are the default here
+MODEL_KEYS = ("target", "draft", "device", "state", "quant", "default_reason")
 EARLY = {"initialize", "status", "shutdown", "document/open", "document/change"}  # answered while loading
 CALIBRATION_SAVE_S = 300.0  # how often the pass costs that real requests measured are written back
 Loader = Callable[[TokenIndex, Callable[..., None]], "tuple[Engine, dict]"]
@@ -97,7 +100,7 @@ class Daemon:
             self.ready.set()
 
     def model_info(self) -> dict:
-        return {k: self.info[k] for k in ("target", "draft", "device", "state") if k in self.info}
+        return {k: self.info[k] for k in MODEL_KEYS if k in self.info}
 
     def loading_status(self) -> dict:
         """`status` before the models are in: the phase, how long it has run, and the ones before it."""
