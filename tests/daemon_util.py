@@ -248,6 +248,12 @@ class Misbehaving:
                     writer.write(b'data: {"choices": [{"text": "", "finish_reason": null}]}\n\n')
                     await writer.drain()
                     await asyncio.sleep(0.2)
+            elif mode == "long":  # 1,000 events of a 128-character line each, one at a time, then the end
+                for _ in range(1000):
+                    writer.write(b'data: {"choices": [{"text": "%s\\n", "finish_reason": null}]}\n\n' % (b"x" * 127))
+                    await writer.drain()
+                    await asyncio.sleep(0.003)
+                writer.write(b"data: [DONE]\n\n")
             elif mode == "badtext":
                 writer.write(b'data: {"choices": [{"text": 5, "finish_reason": null}]}\n\n')
             elif mode == "good":

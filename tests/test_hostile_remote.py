@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+import tiny
+
 from completiond.service.client import Client, DaemonError
 from daemon_util import Misbehaving, start_daemon, stop_daemon
 
@@ -117,3 +119,39 @@ async def test_malformed_answers_are_one_line_errors_naming_the_url(laptop, mode
         assert "\n" not in e.value.message
     finally:
         await c.close()
+
+
+async def test_stop_rules_read_a_long_answer_a_bounded_number_of_times():
+    """1,000 events of one line each (128 KB for max_tokens 2048), a few ms apart: the stop rules read
+    the text once per batch while it is short, then at each quarter of growth; not once per event
+    (quadratic: 1,000 reads, 64 M characters)."""
+    from completiond.core.prompt.stops import StopRules
+    from completiond.core.remote import RemoteEngine, parse_remote
+    from completiond.core.request import Request
+
+    class Counting(StopRules):
+        calls = chars = 0
+
+        def cut(self, text: str) -> int | None:
+            Counting.calls += 1
+            Counting.chars += len(text)
+            return super().cut(text)
+
+    tok = tiny.tokenizer()
+    async with Misbehaving() as srv:
+        engine = RemoteEngine(parse_remote(f"openai:http://127.0.0.1:{srv.port}/v1#x"), tok, timeout_s=10)
+        req = Request(prompt=tok.encode("# mode: long\nx = 1\n"), max_tokens=2048,
+                      stops=Counting(line_rules=False, stop_strings=("NEVER",)))
+        shown: list[str] = []
+
+        def drive():
+            steps = engine.run(req, lambda step: shown.append(step.text))
+            try:
+                while True:
+                    next(steps)
+            except StopIteration as done:
+                return done.value
+
+        res = await asyncio.to_thread(drive)
+    assert res.text == ("x" * 127 + "\n") * 1000 and "".join(shown) == res.text
+    assert Counting.calls < 100 and Counting.chars < 2_000_000, (Counting.calls, Counting.chars)

@@ -45,6 +45,7 @@ SLICE_S = 0.02  # an engine-thread step waits at most this for the server (then 
 MAX_TOKEN_CHARS = 64  # characters per token of max_tokens: an answer longer than that is cut
 MAX_LINE_BYTES = 1 << 20  # one SSE line (llama.cpp's last event repeats the prompt)
 QUEUE_EVENTS = 64  # events read ahead of the engine thread
+STOP_EVERY_CHARS = 2048  # up to this, the stop rules see every batch of events; beyond, every +25 %
 DEADLINE_S = 120.0  # a whole answer, however the server streams it
 
 
@@ -248,6 +249,7 @@ class RemoteEngine:
         tok, limit = self.target.tokenizer, max(1, req.max_tokens)
         deadline = t0 + min(self.deadline_s, req.deadline_ms / 1000 if req.deadline_ms is not None else self.deadline_s)
         text, n_events, n_texts, stopped, ms_first, cancelled = "", 0, 0, "", 0.0, False
+        checked = emitted = 0  # text[:checked] has been through the stop rules, text[:emitted] streamed
         # The work a step reports is the turns this answer has had (the work left is the server's,
         # unknown here): the scheduler's least-work-first is then round robin among remote answers,
         # and a new request goes first.
@@ -283,14 +285,16 @@ class RemoteEngine:
                     finish = finish or "max_tokens"
                 if new:
                     ms_first = ms_first or (time.monotonic() - t0) * 1000
-                    # the stop rules see the text once per batch of events, never per byte
-                    old = len(text)
                     text += new
-                    cut = req.stops.cut(text) if req.stops is not None else None
-                    if cut is not None:
-                        text, finish = text[:cut], "stop_rule"
-                    if len(text) > old:
-                        on_step(Step([], text[old:]))
+                if new or finish:
+                    # The stop rules read the whole text: once per batch of events while it is short,
+                    # then each time it has grown by a quarter (O(text) in all, not O(text^2)); only
+                    # text they have seen is streamed.
+                    if finish or len(text) <= STOP_EVERY_CHARS or len(text) >= checked * 5 // 4:
+                        text, finish, checked = self._stop(req, text, finish)
+                    if checked > emitted:
+                        on_step(Step([], text[emitted:checked]))
+                        emitted = checked
                 stopped = finish
                 if not stopped:
                     turns += 1
@@ -300,6 +304,8 @@ class RemoteEngine:
             raise
         finally:
             stream.close()  # an early stop closes the stream: the server cancels its generation
+        if checked < len(text):  # cancelled or out of time between two checks
+            text = self._stop(req, text, stopped)[0]
         ids = tok.encode(text, add_special_tokens=False) if text else []
         self.stats["requests"] += 1
         if cancelled:
@@ -309,6 +315,14 @@ class RemoteEngine:
                       mode=req.mode, target_passes=0, mean_accepted=0.0, ms_first_token=ms_first,
                       ms_total=(time.monotonic() - t0) * 1000, stopped_by=stopped or "eos", cancelled=cancelled,
                       prompt_tokens=len(req.prompt), reused_tokens=0, accepted_by_depth=[], served_tokens=0)
+
+    @staticmethod
+    def _stop(req: Request, text: str, finish: str) -> tuple[str, str, int]:
+        """(text cut by the request's stop rules, the finish reason, its length)."""
+        cut = req.stops.cut(text) if req.stops is not None else None
+        if cut is not None:
+            text, finish = text[:cut], "stop_rule"
+        return text, finish, len(text)
 
     # ---- HTTP (on a _Stream's thread) ---------------------------------------------------------------
     def _open(self, body: dict, stream: _Stream) -> Iterator[tuple[str, str]]:

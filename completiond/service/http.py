@@ -13,7 +13,9 @@ completion cancelled; one client's request never supersedes another's (no latest
 `input_extra` chunks are one context buffer: prompt lookup reads it, the warm-up never takes it.
 
 Loopback only; every path but /health needs `Authorization: Bearer <token>` (the --token-file
-token, as for --tcp). llama.cpp's own behaviour is kept where clients see it: `stop`, `n_indent`
+token, as for --tcp), checked on the request's head before any of its body is read; idle
+connections that never sent the token make room for those that do (HttpServer; limits in
+docs/hostile-peers.md). llama.cpp's own behaviour is kept where clients see it: `stop`, `n_indent`
 and `t_max_predict_ms` (stop once a line is done and the time is up), `response_fields` (flat
 "a/b" keys), `n_cmpl` / `n` alternatives, SSE streams (`data: {...}`; OpenAI's end `data: [DONE]`).
 Sampling: a request without `temperature` is greedy (the daemon's lossless default), not
