@@ -37,7 +37,11 @@ def add_parser(sub) -> None:
     b.add_argument("--seed", type=int, default=0, help="seed of the position sample (and of the edit tasks)")
     b.add_argument("--peers", default="", help=f"comma list of {', '.join(PEERS)} (or 'all')")
     b.add_argument("--replay", type=int, default=0, metavar="LINES",
-                   help="also replay typing LINES lines through a real daemon (keystroke latency)")
+                   help="also replay typing LINES lines through a real daemon (keystroke latency), and score "
+                        "what it shows after typing up to the first LINES positions' cursors")
+    b.add_argument("--replay-open-pause", type=float, action="append", default=None, metavar="S",
+                   help="seconds a file is open before typing starts, for the shown suggestions of --replay "
+                        "(repeat for several; default: 2 and 30)")
     b.add_argument("--edits", type=int, default=0, metavar="N", help="also run N rewrite (edit) tasks")
     b.add_argument("--prompt-tokens", type=int, default=2048, metavar="N",
                    help="prompt budget per completion (the daemon's quick prompt: 256)")
@@ -82,6 +86,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         forms = {t: split_form(t) for t in targets}  # NAME@FORM: that target's --quant
     except ModelError as e:
         raise UsageError(f"--targets: {e}") from None
+    if a.replay_open_pause and any(s < 0 for s in a.replay_open_pause):
+        raise UsageError("--replay-open-pause takes seconds, 0 or more")
     if a.threads:
         torch.set_num_threads(a.threads)
     try:
@@ -250,7 +256,12 @@ def finish_target(r: TargetRun, root: Path, label: str, positions: list, modes: 
     if a.replay:
         from .replay import replay
 
-        summary["keystroke_replay"] = replay(a, root, positions[: a.replay])
+        # the engine's quality on the positions the replay types to, beside what the daemon shows there
+        same = [pp.runs["ar"] for pp in prepared[: a.replay]]
+        engine_scores = {"mode": "ar", "positions": len(same), "prompt_tokens": a.prompt_tokens,
+                         "exact_line": round(sum(r.exact for r in same) / len(same), 3),
+                         "edit_sim": round(sum(r.similarity for r in same) / len(same), 3)}
+        summary["keystroke_replay"] = replay(a, root, positions[: a.replay], engine_scores)
     if a.edits:
         from .edits import run_edits
 
@@ -336,6 +347,10 @@ def table(summary: dict) -> str:
                      f"{r['tokens_per_s']:>8.1f}{r.get('mean_accepted', float('nan')):>9.2f}{r['speedup_vs_ar']:>7.2f}"
                      f"{r['identical_rate']:>7.2f}{r.get('exact_match', float('nan')):>7.2f}"
                      f"{r.get('edit_similarity', float('nan')):>9.2f}")
+    if r := summary.get("keystroke_replay"):
+        from .report import shown_table
+
+        lines += shown_table(r)
     if p := summary.get("prefill"):
         lines.append(f"cold prefill, {p['prompts']} prompts, {p['tokens']} tokens: ours {p['ours_tokens_per_s']} tokens/s, "
                      f"llama.cpp {p['llama_cpp_tokens_per_s']} ({p['ratio_vs_llama_cpp']}x llama.cpp)")

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..files import write_atomic
 from ..paths import cache_root
 from .integrity import make_partial_file, remove_stale_partials, sha256_file
 from .integrity import stamp as file_stamp
@@ -188,7 +189,8 @@ def assemble(m: NamedModel, progress: bool = True) -> Path:
 
 
 def _write_stamp(out: Path, stamp: Path, sha256: str) -> None:
-    stamp.write_text(f"{sha256} {' '.join(map(str, file_stamp(out)))}\n")
+    """Atomically (temp file + rename): a reader never sees half a stamp, a link is replaced, not followed."""
+    write_atomic(stamp, f"{sha256} {' '.join(map(str, file_stamp(out)))}\n")
 
 
 def _verified(out: Path, stamp: Path, sha256: str) -> bool:

@@ -112,6 +112,7 @@ async def doc_cursor(d: Daemon, s: Session, p: P.DocumentCursor, msgid) -> None:
     """The editor's cursor rests here (LSP sends no cursor): once it stays, warm this position."""
     s.offset(s.doc(p.uri), p.position)  # -32602 for a position outside the document
     d.warmer.touched(s, p.uri, p.position, 0.0)  # editors send it once the cursor rests: warm at once
+    d.next_edits.touched(s, p.uri, p.position, 0.0)
 
 
 async def cancel(d: Daemon, s: Session, p: P.Cancel, msgid) -> None:
