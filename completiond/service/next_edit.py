@@ -91,8 +91,10 @@ def prepare(d: Daemon, s: Session, p: P.NextEdit, ahead: bool = False) -> Prepar
         else:
             d.engine.index.close(draft_key)
         max_tokens = min(P.MAX_REWRITE_TOKENS, 2 * n_region + 64) if p.max_tokens is None else p.max_tokens
-        # typed_through: a next edit computed ahead for this prompt (greedy, verified) is served as is
-        return Built(request=Request(prompt=ids, mode=mode, max_tokens=max_tokens, stops=stops, typed_through=True))
+        # typed_through: a next edit computed ahead for this prompt (greedy, verified) is served as is;
+        # not when a mode is named (a comparison of modes computes each)
+        return Built(request=Request(prompt=ids, mode=mode, max_tokens=max_tokens, stops=stops,
+                                     typed_through=p.mode is None))
 
     def wire(e: TextEdit) -> dict:
         return {"range": {"start": position_of(text, starts, e.start, s.encoding),
