@@ -1,11 +1,11 @@
 """Whole target passes of two checkouts side by side: an older one (a `git worktree` of it) and this
 one, each in its own process (its own kernel library), alternated round by round, on a quiet machine
 and beside busy processes, OpenMP waiting as the daemon has it (OMP_WAIT_POLICY=PASSIVE). Each cell
-is the fastest round's mean pass (benchmarks/omp_wait.py's child).
+is the fastest round's mean pass (benchmarks/experiments/omp_wait.py's child).
 
     git worktree add /tmp/old <commit>
-    python benchmarks/checkout_ab.py /tmp/old --target qwen2.5-coder-0.5b --json out.json
-    python benchmarks/checkout_ab.py /tmp/old --target qwen2.5-coder-1.5b --quant int4 --sizes 1,4,8 --load 0
+    python -m benchmarks.checkout_ab /tmp/old --target qwen2.5-coder-0.5b --json out.json
+    python -m benchmarks.checkout_ab /tmp/old --target qwen2.5-coder-1.5b --quant int4 --sizes 1,4,8 --load 0
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from omp_wait import measure
+from benchmarks.experiments.omp_wait import measure
 
 HERE = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""Target pass cost by tree size on CUDA (issue 14 point 5, issue 37), Qwen2.5-Coder 0.5B and 1.5B
+"""Target pass cost by tree size on CUDA, Qwen2.5-Coder 0.5B and 1.5B
 shapes with random weights (a pass costs the same whatever the values, and the device machine cannot
 fetch the real files), bf16, 1,536 tokens of context: the lean forward replayed from CUDA graphs
 (graphs.py, the default on CUDA), the lean forward launched op by op, and transformers' forward.
@@ -7,8 +7,8 @@ refinement included; the first two passes of a size are reported apart (with gra
 use, uncaptured, then the pass that captures it).
 Run by benchmarks/gpu.sh.
 
-    python benchmarks/gpu_pass_cost.py --json benchmarks/results/gpu-pass-cost.json
-    python benchmarks/gpu_pass_cost.py --from A.json B.json --plot gpu.png   # draw saved runs
+    python -m benchmarks.gpu_pass_cost --json benchmarks/results/gpu-pass-cost.json
+    python -m benchmarks.gpu_pass_cost --from A.json B.json --plot gpu.png   # draw saved runs
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from pass_cost import SIZES, fill_cache, tree  # noqa: E402
+from benchmarks.pass_cost import SIZES, fill_cache, tree  # noqa: E402
 
 from completiond.core.forward.runner import Runner  # noqa: E402
 from completiond.models import LoadedModel  # noqa: E402

@@ -12,7 +12,7 @@ openai:http://127.0.0.1:PORT/v1#<target>`), asked over its wire protocol: the ne
 team's shared server (on loopback here: no network time, the protocol's and the second hop's).
 Positions: one per stdlib file, a llama.vim-shaped window around the cursor (n_prefix / n_suffix lines).
 
-    python benchmarks/http_latency.py --positions 8 --out benchmarks/results/http-latency.json
+    python -m benchmarks.http_latency --positions 8 --out benchmarks/results/http-latency.json
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from daemon_util import stop_daemon, wait_for_socket, wait_ready  # noqa: E402
+from tests.daemon_util import stop_daemon, wait_for_socket, wait_ready  # noqa: E402
 
 from completiond.service.client import Client  # noqa: E402
 
@@ -182,7 +181,7 @@ async def main() -> None:
                      and r["path"] == path and w["path"] == "wire" and r["file"] == w["file"]
                      and r.get("iter") == w.get("iter")]
             summary[f"{case}_{path}_over_wire_paired_p50"] = round(statistics.median(x / y for x, y in pairs), 3)
-    out = {"command": " ".join(["python", "benchmarks/http_latency.py", *sys.argv[1:]]),
+    out = {"command": " ".join(["python", "-m", "benchmarks.http_latency", *sys.argv[1:]]),
            "target": info.get("target"), "device": info.get("device"), "dtype": info.get("dtype"),
            "quant": info.get("quant"), "positions": a.positions, "paths": paths, "max_tokens": a.max_tokens,
            "n_prefix": a.n_prefix, "n_suffix": a.n_suffix, "machine": "2-core EPYC, shared with other agents",

@@ -1,11 +1,11 @@
-"""Keystroke latency, side by side in one run (issue 15): the same lines typed character by
+"""Keystroke latency, side by side in one run: the same lines typed character by
 character (120 ms/char) through real `completiond serve` daemons, one per code version, one after
 the other on this machine; time from each keystroke to its first streamed token, and after the
 last keystroke of each line (what a user waits for when they pause). With --accept the user then
 accepts the suggestion and the editor asks again (ms to that first token). Each run also reports
 the daemon's CPU time per keystroke and the stale work `status` counted (cancelled passes, warm-ups).
 
-    python benchmarks/keystroke.py --repo pypi:toolz==1.0.0 --lines 8 --baseline /tmp/old-checkout \\
+    python -m benchmarks.keystroke --repo pypi:toolz==1.0.0 --lines 8 --baseline /tmp/old-checkout \\
         --json benchmarks/results/keystroke-toolz.json --plot benchmarks/results/keystroke-toolz.png
 
 --baseline is a checkout of an older completiond (its package dir is put first on PYTHONPATH of
@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from completiond.bench.replay import _type_line  # noqa: E402
 from completiond.bench.repo import read_text_file, resolve_repo, sample_positions  # noqa: E402
@@ -169,7 +168,7 @@ def main() -> int:
     ap.add_argument("--accept", action="store_true", help="accept each line's last suggestion and ask again")
     ap.add_argument("--cold", action="store_true", help="also a run that types as soon as the file is open")
     ap.add_argument("--no-quick", action="store_true",
-                    help="also run the current daemon (with the cursor) without the quick prompt (issue 15)")
+                    help="also run the current daemon (with the cursor) without the quick prompt")
     ap.add_argument("--cursor-only", action="store_true", help="only the run with the cursor sent")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)

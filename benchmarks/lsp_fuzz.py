@@ -1,8 +1,8 @@
-"""Fuzz the real `completiond-lsp` (issue 38): thousands of malformed and out-of-order LSP messages
+"""Fuzz the real `completiond-lsp`: thousands of malformed and out-of-order LSP messages
 through its stdio, against a real `completiond serve`; every request must be answered (result or
 error), the server must stay up and still complete afterwards.
 
-    python benchmarks/lsp_fuzz.py [--target qwen2.5-coder-0.5b] [--messages 2000] [--seed 38]
+    python -m benchmarks.lsp_fuzz [--target qwen2.5-coder-0.5b] [--messages 2000] [--seed 38]
 
 Messages (tests/lsp_util.fuzz_messages): document opens, valid / out-of-range / backwards / older-
 version / malformed edits, closes of unopened documents, inline completions at good and bad positions
@@ -28,10 +28,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "lsp"), str(ROOT / "tests")]
 
-from daemon_util import wait_for_socket, wait_ready  # noqa: E402
-from lsp_util import RawLsp, doc_item, fuzz_messages, position_params, run_fuzz  # noqa: E402
+from tests.daemon_util import wait_for_socket, wait_ready  # noqa: E402
+from tests.lsp_util import RawLsp, doc_item, fuzz_messages, position_params, run_fuzz  # noqa: E402
 
 
 async def fuzz(sock: Path, a: argparse.Namespace, log_file: Path) -> dict:

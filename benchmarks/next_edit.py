@@ -18,7 +18,7 @@ prefills every prompt cold (the daemon before it warmed next edits). Plain decod
 the first `--ar` cases) must give the same tokens (greedy, lossless). Reported per case kind: passes,
 latency p50/p95, prompt tokens reused, exact-edit rate and edit similarity.
 
-    python benchmarks/next_edit.py --target qwen2.5-coder-0.5b --renames 16 --releases 2 \\
+    python -m benchmarks.next_edit --target qwen2.5-coder-0.5b --renames 16 --releases 2 \\
         --json benchmarks/results/next-edit-0.5b-warm.json
 
 Before numbers come from the same script on an older checkout (PYTHONPATH at it, the script copied
@@ -47,7 +47,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from completiond.core.prompt.next_edit import answer_text, edits, next_edit_prompt, window_at  # noqa: E402
 from completiond.models import cache_root  # noqa: E402

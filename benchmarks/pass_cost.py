@@ -16,10 +16,10 @@ int8 activations, on the AVX2 loop or AVX512-VNNI sums; --kinds picks them).
 output layer refined as the daemon does), each cell's ratio to the same variant's one-node pass:
 the old and new kernels side by side.
 
-    python benchmarks/pass_cost.py --random-0.5b --threads 1 --clock cpu \
+    python -m benchmarks.pass_cost --random-0.5b --threads 1 --clock cpu \
         --json benchmarks/results/pass-cost-random-0.5b.json --plot benchmarks/results/pass-cost-random-0.5b.png
-    python benchmarks/pass_cost.py --target qwen2.5-coder-1.5b --kernels-only --threads 2 ...
-    python benchmarks/pass_cost.py --model PATH ...     # a local HF model directory
+    python -m benchmarks.pass_cost --target qwen2.5-coder-1.5b --kernels-only --threads 2 ...
+    python -m benchmarks.pass_cost --model PATH ...     # a local HF model directory
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ has no tree attention here; a chain of n costs it what a tree of n would). Both 
 context (the first --context tokens of a source file), use the same threads, and are timed by the
 wall clock rep by rep, sizes interleaved; each cell is the fastest of the reps (noise only adds).
 
-    python benchmarks/pass_cost_vs_llama_cpp.py --threads 2 \
+    python -m benchmarks.pass_cost_vs_llama_cpp --threads 2 \
         --json benchmarks/results/pass-cost-vs-llama-cpp.json --plot benchmarks/results/pass-cost-vs-llama-cpp.png
 """
 
@@ -29,8 +29,7 @@ from completiond.core.engine import Engine
 from completiond.models import load
 from completiond.models.device import cpu_name
 
-sys.path.insert(0, str(Path(__file__).parent))
-from pass_cost import SIZES, tree  # noqa: E402  (the same sizes and tree shape as our own pass-cost table)
+from benchmarks.pass_cost import SIZES, tree  # noqa: E402  (the same sizes and tree shape as our own pass-cost table)
 
 
 def main(argv: list[str] | None = None) -> int:

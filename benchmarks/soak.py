@@ -1,7 +1,7 @@
-"""Soak a real `completiond serve` (issue 13): keystroke storm, concurrent clients, a 4M-character
+"""Soak a real `completiond serve`: keystroke storm, concurrent clients, a 4M-character
 document and a 2,000-line rewrite, against one daemon on a temporary socket.
 
-    python benchmarks/soak.py [--target qwen2.5-coder-0.5b] [--draft none] [--threads 1] [--storm-s 10]
+    python -m benchmarks.soak [--target qwen2.5-coder-0.5b] [--draft none] [--threads 1] [--storm-s 10]
 
 Prints p50/p95 latencies, the daemon's RSS at each phase and error counts; writes
 benchmarks/results/soak-<model>.json (with the CPU's name).
@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from completiond.service import protocol as P  # noqa: E402
 from completiond.service.client import Client, DaemonError  # noqa: E402
@@ -288,7 +287,7 @@ async def big_rewrite(sock: Path, max_tokens: int, fit_lines: int) -> dict:
 
 
 async def cancelled(sock: Path, pid: int, settle_s: float) -> dict:
-    """RSS before and after each kind of cancelled request (issue 13: within 10 % of its start).
+    """RSS before and after each kind of cancelled request (the goal: within 10 % of its start).
     "before" is read before the request's document is opened, so the document, its warm-up and the
     cancelled request's own cache and activations all count against it."""
     c = await connect(sock)

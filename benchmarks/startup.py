@@ -1,15 +1,15 @@
-"""Start-up cost of a converted model (issue 39): daemon start -> `state: ready`, the daemon's RSS
+"""Start-up cost of a converted model: daemon start -> `state: ready`, the daemon's RSS
 when ready and after its first completion, the cache's size, a second `completiond complete` with
 no daemon, and one answered by a running daemon.
 
-    python benchmarks/startup.py [--target qwen2.5-coder-0.5b] [--cache DIR] [--repeat 3]
+    python -m benchmarks.startup [--target qwen2.5-coder-0.5b] [--cache DIR] [--repeat 3]
         [--baseline /work/main --baseline-cache ~/.cache/completiond] [--ready-only | --load-cpu-only]
         [--draft none --baseline-draft SPEC]
 
 --draft: the daemons' and completions' --draft (default none); --baseline-draft: the baseline's
 (default --draft); --quant: every daemon's and completion's. `--target qwen2.5-coder-1.5b --quant int4
 --baseline . --draft default --baseline-draft qwen2.5-coder-0.5b` compares, in this checkout, a
-default draft left unloaded because this machine measured it slower (docs/drafts.md "Round 18")
+default draft left unloaded because this machine measured it slower (docs/drafts.md "The gate")
 with the same draft loaded.
 
 --ready-only: only daemon starts -> `ready` (wall, the daemon's CPU seconds, RSS, load average).
@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 FILE = ROOT / "completiond" / "paths.py"  # a short real file: the prompt's prefill stays small
 LINE, COL = 14, 5

@@ -1,4 +1,4 @@
-"""Drafts that read the target's own hidden states (issue 16): Medusa heads and an EAGLE-style
+"""Drafts that read the target's own hidden states: Medusa heads and an EAGLE-style
 feature draft. Both read out through the target's own output layer over a fixed sub-vocabulary
 (E[vocab], V' rows), and need no extra target pass: their input h is a row of the verify pass that
 just ran (`Runner.last_hidden`: the final hidden state, after the final norm, that gave the root).

@@ -4,7 +4,7 @@ A pass streams every weight, ~1 GB for the int4 1.5B. Mapped from the file, the 
 pages (this kernel gives ext4 files no huge pages: FilePmdMapped stays 0), so the stream needs a
 new TLB entry every 4 KB, and in a VM each miss walks two page tables. In anonymous memory with
 transparent huge pages the same passes cost 6-13 % less for the int4 1.5B and 3-13 % less for
-the 0.5B on this 2-core Zen 5 (benchmarks/huge_pages.py; docs/kernels.md "Round 15").
+the 0.5B on this 2-core Zen 5 (benchmarks.experiments huge_pages; docs/kernels.md "2 MB pages").
 
 Reading the file into huge pages at start would delay `ready`: on this VM a fresh process's first
 1.2 GB of huge pages took 4.5 s to allocate (memory the host had not backed yet), later ones 0.08 s.

@@ -41,9 +41,12 @@ if TYPE_CHECKING:  # torch is imported by the loader, after the socket is up
 log = logging.getLogger("completiond.daemon")
 
 
+# what initialize says of the models: the target (NAME@FORM for a named one), its weights form and,
+# for `--target default`, why this target and form are the default here
+MODEL_KEYS = ("target", "draft", "device", "state", "quant", "default_reason")
 EARLY = {"initialize", "status", "shutdown", "document/open", "document/change"}  # answered while loading
 CALIBRATION_SAVE_S = 300.0  # how often the pass costs that real requests measured are written back
-Loader = Callable[[TokenIndex, Callable[[str], None]], "tuple[Engine, dict]"]
+Loader = Callable[[TokenIndex, Callable[..., None]], "tuple[Engine, dict]"]
 
 
 class Daemon:
@@ -64,7 +67,7 @@ class Daemon:
         # a completion whose full prompt lacks more prefill than this (ms) answers from the quick
         # prompt around the cursor while the full one warms (handlers.Lane); < 0: never
         self.quick_prompt_ms = quick_prompt_ms
-        # other files in the prompt (core.prompt.context.related_files); off by default: README "Repository context"
+        # other files in the prompt (core.prompt.context.related_files); off by default: docs/models.md "The prompt"
         self.repo_context = repo_context
         self.engine: Engine | None = None if callable(engine) else engine
         # model work: one engine thread, every client's jobs in turns (core/scheduler.py)
@@ -78,6 +81,7 @@ class Daemon:
             self.watcher.add_root(root)
         self.ready = asyncio.Event()
         self.phases: list[tuple[str, float]] = [("ready" if self.engine else "starting", time.time())]
+        self.progress: float | None = None  # percent done of the phase under way, where known
         self.error: str | None = None  # why loading failed; the daemon then exits
         self._calibration_saved = time.time()
         self.sessions: dict[int, Session] = {}
@@ -96,7 +100,7 @@ class Daemon:
             self.ready.set()
 
     def model_info(self) -> dict:
-        return {k: self.info[k] for k in ("target", "draft", "device", "state") if k in self.info}
+        return {k: self.info[k] for k in MODEL_KEYS if k in self.info}
 
     def loading_status(self) -> dict:
         """`status` before the models are in: the phase, how long it has run, and the ones before it."""
@@ -104,12 +108,15 @@ class Daemon:
         phase, since = self.phases[-1]
         done = [{"phase": a, "s": round(b_t - a_t, 1)} for (a, a_t), (_, b_t) in zip(self.phases, self.phases[1:])]
         return {**self.info, "state": "failed" if self.error else "loading", "phase": phase,
-                "phase_s": round(now - since, 1), "phases_done": done, "error": self.error,
+                "phase_s": round(now - since, 1), "phases_done": done, "error": self.error, "progress": self.progress,
                 "pid": os.getpid(), "uptime_s": round(now - self.started, 1),
                 "clients": len(self.sessions) - 1, "requests_served": 0}
 
     async def _load(self) -> None:
-        def phase(name: str) -> None:  # engine thread; a list append is atomic under the GIL
+        def phase(name: str, progress: float | None = None) -> None:  # engine thread; appends are atomic
+            self.progress = progress  # percent done of the phase, where known (a conversion's)
+            if self.phases[-1][0] == name:
+                return
             self.phases.append((name, time.time()))
             log.info("start-up: %s (%.1f s in)", name, time.time() - self.started)
 
@@ -257,8 +264,11 @@ class Daemon:
         if isinstance(e, P.RpcError):
             s.send(P.response(frame.msgid, e))
             s.closed = s.closed or e.close
-        else:  # a bug must cost one request, not the daemon
-            log.exception("%s failed", frame.method, exc_info=e)
+        else:  # a bug must cost one request, not the daemon (a `quiet` error, a remote's failure: one line)
+            if getattr(e, "quiet", False):
+                log.warning("%s failed: %s", frame.method, e)
+            else:
+                log.exception("%s failed", frame.method, exc_info=e)
             s.send(P.response(frame.msgid, P.RpcError(P.INTERNAL_ERROR, f"{type(e).__name__}: {e}")))
 
     async def _run(self, s: Session, job: InFlight, prep: Prepared) -> dict:

@@ -318,6 +318,17 @@ def build_completion(d: Daemon, plan: CompletionPlan) -> Built:
                  anchor=Anchor(text, offset, full, quick, fim=fim_tokens(tok) is not None))
 
 
+def shown_text(cursor_head: str, out: str, final: bool) -> str | None:
+    """What a client is shown of the engine's text `out` so far: without a repeat of the line's last
+    words, and nothing while it is whitespace alone (after an accept the model often starts with the
+    line break: drawn alone it is a blank ghost line, and Tab would insert it). None while undecided
+    (a partial held back); "" when the final text shows nothing."""
+    out = drop_repeated_head(cursor_head, out, final)
+    if out is not None and not out.strip():
+        return "" if final else None
+    return out
+
+
 def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
     plan = plan_completion(d, s, p)
     text, offset = plan.text, plan.offset
@@ -325,7 +336,7 @@ def complete(d: Daemon, s: Session, p: P.Complete) -> Prepared:
     cursor_head = text[text.rfind("\n", 0, offset) + 1:offset]
 
     def clean(out: str, final: bool) -> str | None:
-        return drop_repeated_head(cursor_head, out, final)
+        return shown_text(cursor_head, out, final)
 
     def learned(built: Built) -> None:  # on the event loop, once the engine built the prompt
         if built.anchor is not None:

@@ -106,7 +106,7 @@ def window_at(text: str, offset: int, before: int = LINES_BEFORE, after: int = L
     function whose signature was edited, the `if` it is in) when that is at most `before` lines above,
     else `before` lines above it; `after` lines below it; at most `max_chars` (lines are dropped from
     the far end below first, then above). A region that opened in the previous function's tail or a
-    docstring's end is where both Qwen targets copied a rename back unchanged (bench, round 4)."""
+    docstring's end is where both Qwen targets copied a rename back unchanged (benchmarks/next_edit.py, docs/next-edit.md)."""
     line_start = text.rfind("\n", 0, offset) + 1
     a = block_start(text, line_start, before)
     if a is None:

@@ -30,8 +30,8 @@
 #define NB 24  // output channels per thread work item: 8 tiles of 4 x 3 (8-row trees), 24 of 1 x 1 (one row)
 // A matmul of 1-3 rows: one channel a tile, so a thread reads its channels' rows back to back (one
 // stream the hardware prefetcher follows); 4 channels a tile (4 streams) was ~15% slower at one row
-// and ~8% at 2-3 on Zen 4 (round 10, benchmarks/w4_matmul.py --rows 1 with int8 and w4 side by
-// side). The 1-3 rows left after runs of 4 read the weights from cache: CR channels a tile (round 21).
+// and ~8% at 2-3 on Zen 4 (python -m benchmarks.experiments w4_matmul --rows 1 with int8 and w4 side by
+// side). The 1-3 rows left after runs of 4 read the weights from cache: CR channels a tile.
 #define KB COMPLETIOND_A8_KB  // activations per int8 block (one scale each); a multiple of 64
 
 typedef CompletiondA8Rows A8Rows;

@@ -88,7 +88,7 @@ KINDS = {"float32": 0, "int16": 1, "int16+avx512-vnni": 2, "int8": 3, "int8+avx5
          "w4": 6, "w4+avx512-vnni": 7, "w4+avx-vnni": 8}  # w4: int4 weights (w4_mm.c), int8 activations
 ACTIVATIONS = ("float32", "int16", "int8")
 # int4 weights per scale and zero along K: w4_mm.c's W4_G (quant.pack_w4 writes them). Groups of 64
-# read 0.5625 bytes a weight (32: 0.625) and halve the float steps; docs/kernels.md "Round 22".
+# read 0.5625 bytes a weight (32: 0.625) and halve the float steps; docs/kernels.md "int4 weights".
 W4_GROUP = 64
 NAME = "completiond-avx2"  # what status / --json report as the int8 kernel
 SUFFIX = {"float32": "", "int16": "+int16-activations", "int8": "+int8-activations"}  # appended to NAME
@@ -335,7 +335,7 @@ def attention() -> str:
     """What the native Qwen2 layer's attention scores multiply in this process, where its KV cache
     is bf16: "bf16" (`vdpbf16ps`: the queries rounded to bf16, as the cache's keys already are; two
     exact products a lane per instruction) where the CPU has AVX512-BF16, else "float32". A long
-    prompt makes every node of a tree attend over it (docs/kernels.md "Round 11": 6-11 % off a pass
+    prompt makes every node of a tree attend over it (docs/kernels.md "Attention": 6-11 % off a pass
     of either Qwen target at 2,048 tokens); rounding the queries changes the model a little, the same way in every
     pass, so greedy speculation stays identical to `ar`. COMPLETIOND_ATTENTION=float32 keeps the
     float32 scores (bf16 is used only where the CPU has it)."""
@@ -355,7 +355,7 @@ def zmm() -> bool:
     native layer's attention value sums. Same bits either way; only the time differs, so it is
     measured once per CPU and kernel build (`_zmm_choice`): on Zen 5 a 512-bit instruction does
     twice a 256-bit one's work in the same time (an 8-row int4 matmul of the 1.5B's shapes: 0.77x,
-    docs/kernels.md "Round 13"), where Zen 4 splits it in two halves and some Intel CPUs lower their
+    docs/kernels.md "512-bit tiles"), where Zen 4 splits it in two halves and some Intel CPUs lower their
     clock for it.
     COMPLETIOND_ZMM=0 / 1 skips the measurement (1: only where the CPU has AVX512-VNNI)."""
     return library() is not None and _zmm_rows > 0
@@ -370,7 +370,7 @@ def _zmm_choice(lib: ctypes.CDLL) -> int:
     """The fewest rows of an int4 matmul that run the 512-bit code on this CPU, 0 where it is off:
     forced by COMPLETIOND_ZMM (1: from 3 rows), else timed once per CPU and kernel build and cached.
     It is on where 8 rows gain at least ZMM_GAIN; it runs from the smallest timed row count from which
-    every timed count gains that (docs/kernels.md "Round 16": on this Zen 5 from 3 rows; one row reads
+    every timed count gains that (docs/kernels.md "512-bit tiles": on a Zen 5 from 3 rows; one row reads
     as fast either way)."""
     if not AVX512_VNNI <= cpu_flags():
         return 0
@@ -385,7 +385,7 @@ def _zmm_choice(lib: ctypes.CDLL) -> int:
         log.info("512-bit kernels on this CPU (%s): %s (%s)", cpu_key(), f"from {rows} rows" if rows else "off", ms)
         return {"zmm_rows": rows, "ms": ms}
 
-    # per build too: a kernel change moves the two widths' times apart (round 23's broadcasts: the
+    # per build too: a kernel change moves the two widths' times apart (the activation broadcasts inside vpdpbusd: the
     # 256-bit tiles' 2 rows 0.88x, the 512-bit tiles' 8 rows 0.97x)
     return calibrated(f"zmm-v2-{_build_of(lib)}", measure, ("zmm_rows",))["zmm_rows"]
 

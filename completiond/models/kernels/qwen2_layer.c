@@ -215,7 +215,7 @@ static void scores_in_place_bf16(const uint16_t *q, int64_t nq, const uint16_t *
 // d / 2 vdpbf16ps in dim order, each adding that key's two exact bf16 products, times scale. No
 // horizontal sums: at 64 dims they cost about as much as the products, and the transposition, once
 // per block, costs less than they do from a few queries on (at 128 dims it does not pay at one row:
-// docs/kernels.md "Round 19"). d is the model's, so each model computes
+// docs/kernels.md "Attention"). d is the model's, so each model computes
 // a (query, key) by one of the two ways in every pass (batch invariance).
 
 // 16 rows of 16 uint32 -> their transpose, in registers (4 stages of 16 shuffles).

@@ -3,7 +3,7 @@
 // with its scales reads 0.5625 of int8's.
 //
 // Weights: w = q * scale + zero per group of 64 along K, q in [0, 15] (asymmetric min / max; groups
-// of 32 until round 22, docs/kernels.md), scale and zero bf16. Channels go in vectors of 8 (N padded to a multiple of
+// of 32 before, docs/decisions.md), scale and zero bf16. Channels go in vectors of 8 (N padded to a multiple of
 // 8 with zero weights), one channel per int32 lane, so the products of many rows run on the integer
 // units and a float step comes once per 64 products of a lane, not once per 4. Vector v's piece p
 // (32 bytes) holds, in lane l's 4 bytes, channel 8 v + l's weights 8 p .. 8 p + 3 (low nibbles) and
@@ -11,7 +11,7 @@
 // 2 u + 1 one stream (rows 16 u .. 16 u + 15 of the uint8 [N8, kp / 2] tensor): piece p of the first,
 // piece p of the second, piece p + 1 ...; its scales [2, G, 2 x 8] (G = kp / 64; rows 16 u .. of the
 // bf16 [N8, 2, G] tensor): group g's 8 of the first vector, then the second's, then the zeros alike.
-// So a 512-bit tile reads a pair as one stream of aligned 64-byte loads (docs/kernels.md "Round 16").
+// So a 512-bit tile reads a pair as one stream of aligned 64-byte loads (docs/kernels.md "int4 weights").
 // A last odd vector is a stream of its own (32-byte pieces, [2, G, 8]). quant.pack_w4 writes this;
 // K is padded to 128 with zero weights.
 // Activations: a8_mm.c's int8 rows (blocks of 128, the same rounding); 4 of them are broadcast to
@@ -80,7 +80,7 @@ static inline W4Prefetch w4_item(const uint8_t *w, int64_t half, int64_t b, int6
 // from memory within vpdpbusd ({1toN}, written out: GCC 12 loads each quad into a register of its
 // own and, in the 512-bit tile, copies the sums between registers, ~3 instructions a vpdpbusd at 8
 // rows; the products and sums are the same). Matmuls of 2 rows 0.88x the time, 5 rows 0.93x, 8-16
-// rows 0.96-0.98x on Zen 4 (docs/kernels.md "Round 23").
+// rows 0.96-0.98x on Zen 4 (docs/kernels.md "int4 weights").
 typedef struct {
     int8_t b[4];
 } W4Quad;  // the asm's memory operand: 4 int8 (a char type may alias the activations)
@@ -103,7 +103,7 @@ static inline __attribute__((always_inline)) __m256i dot_avx2(__m256i acc, __m25
 #define DOTQ(acc, u, p) W4_DOTQ_SET1(dot_avx2, acc, u, p)
 #define SUFFIX _avx2
 // 16 registers: a pair of vectors' 8 sums and 8 accumulators spill (2-16 rows run up to 20 % slower
-// than with vectors one after the other, one row 8-10 % faster: docs/kernels.md "Round 16")
+// than with vectors one after the other, one row 8-10 % faster: docs/kernels.md "int4 weights")
 #define RB 4
 #include "w4_tiles.h"
 
@@ -169,7 +169,7 @@ static inline __attribute__((always_inline)) void w4_tile_zmm(int R, const Compl
 
 // Rows from which a matmul runs the 512-bit tiles (completiond_w4_zmm_rows): fewer rows are bound by
 // the weights' bytes, which either tile reads at the same speed. Timed per CPU (cpu_kernel.py); on the
-// Zen 5 of docs/kernels.md "Round 16" from 3 rows (before pairs of vectors were interleaved, when a
+// Zen 5 of docs/kernels.md "512-bit tiles" from 3 rows (before pairs of vectors were interleaved, when a
 // 512-bit tile read two streams, from 5). The rest of a larger matmul (12 rows: 8 + 4) stays in
 // 512-bit tiles: it reads the weights from cache, where the arithmetic bounds it.
 static int w4_zmm_rows = 4;

@@ -62,7 +62,7 @@ static inline __attribute__((always_inline)) void TILE(int R, int P, const Compl
 
 // Channels [n0, n1) (n0 a multiple of 16) for rows [m0, m0 + R), a pair of vectors at a time (a last
 // odd vector alone): a thread reads its pairs back to back, one stream the hardware prefetcher follows
-// (round 10: tiles of 2-3 vectors read as 2-3 streams made one-row matmuls ~25 % slower on Zen 4).
+// (tiles of 2-3 vectors read as 2-3 streams made one-row matmuls ~25 % slower on Zen 4).
 static inline __attribute__((always_inline)) void ROWS(int R, const CompletiondA8Rows *a, const uint8_t *w,
                                                         const uint16_t *sz, const float *xsum, int64_t N, float *y,
                                                         int64_t m0, int64_t n0, int64_t n1, W4Prefetch *pf) {
