@@ -182,6 +182,8 @@ class Ahead:
         d = self.d
         if d.engine is None or s.closed or uri not in s.docs:
             return
+        if getattr(d.engine, "typed", None) is None:  # a remote target: no memory of verified tokens to serve from
+            return
         if any(c.jobs for c in d.sessions.values()):  # a request is queued or running: after it
             self.timers[key] = asyncio.get_running_loop().call_later(RETRY_S, self._start, s, uri)
             return
