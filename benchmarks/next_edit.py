@@ -364,6 +364,30 @@ def write(a: argparse.Namespace, rows: list[dict], n_cases: int, target, engine,
     return result
 
 
+def plot(runs: list[Path], out: Path) -> None:
+    """Latency per rename case (sorted) and prompt tokens reused, one line per run JSON, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for path in runs:
+        run = json.loads(path.read_text())
+        rows = [r for r in run["cases"] if r["kind"] == "rename"]
+        summ = run["summary"]["rename"]
+        label = f"{path.stem}: {summ['exact']} right"
+        ax1.plot(sorted(r["latency_ms"] / 1000 for r in rows), marker="o", label=label)
+        ax2.plot(sorted(r["reused_tokens"] / r["prompt_tokens"] for r in rows), marker="o", label=path.stem)
+    ax1.set(title="next edit after a rename: request to answer", xlabel="case (sorted)", ylabel="s")
+    ax2.set(title="prompt tokens cached at the request", xlabel="case (sorted)", ylabel="fraction", ylim=(0, 1))
+    ax1.legend(fontsize=8)
+    ax2.legend(fontsize=8)
+    fig.suptitle(f"qwen2.5-coder-0.5b, {json.loads(runs[0].read_text())['cpu']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="qwen2.5-coder-0.5b")
@@ -380,7 +404,11 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     p.add_argument("--note", default="2-core machine shared with other agents: ms are noisy; passes and identity are not",
                    help="how the machine was used during the run (kept in the JSON)")
+    p.add_argument("--plot", nargs="+", type=Path, metavar="PATH",
+                   help="OUT.png RUN.json...: plot committed runs side by side (no model run)")
     a = p.parse_args()
+    if a.plot:
+        return plot(a.plot[1:], a.plot[0])
 
     import torch
 

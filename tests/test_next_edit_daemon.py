@@ -109,6 +109,11 @@ async def test_a_pause_computes_the_next_edit_ahead(daemon):
                                                          "position": {"line": 0, "character": 15}}), 120)
     assert res["served_tokens"] > 0 and res["target_passes"] == 0, res
     assert res["reused_tokens"] == res["prompt_tokens"] - 1 and res["cancelled"] is False
+    # a named mode computes it (a comparison): the same answer as the one served
+    plain = await asyncio.wait_for(c.request("next_edit", {"uri": URI, "version": version, "mode": "ar",
+                                                           "position": {"line": 0, "character": 15}}), 120)
+    assert plain["served_tokens"] == 0 and plain["target_passes"] >= 1
+    assert (plain["text"], plain["edits"]) == (res["text"], res["edits"])
     # a client that never asked: nothing computed ahead for it (another text: the engine's memory is shared)
     other = await Client.connect(daemon)
     await other.request("initialize", {"client": "test", "protocol": 1})

@@ -244,10 +244,10 @@ class Daemon:
         uri = frame.params.get("uri") if isinstance(frame.params, dict) else None
         if frame.method in ("document/open", "document/change") and s.authed and isinstance(uri, str) \
                 and uri in s.docs:  # a rejected frame's uri may be any value (a map is unhashable)
-            cursor, after_s = cursor_after(frame.params.get("changes"), s.encoding), \
-                0.0 if frame.method == "document/open" else WARM_AFTER_S
-            self.warmer.touched(s, uri, cursor, after_s)
-            self.next_edits.touched(s, uri, cursor, after_s)
+            self.warmer.touched(s, uri, cursor_after(frame.params.get("changes"), s.encoding),
+                                0.0 if frame.method == "document/open" else WARM_AFTER_S)
+            self.next_edits.touched(s, uri, cursor_after(frame.params.get("changes"), s.encoding),
+                                    0.0 if frame.method == "document/open" else WARM_AFTER_S)
 
     async def _call(self, s: Session, frame: P.Frame, method: Method):
         return await method.fn(self, s, method.params.parse(frame.params), frame.msgid)

@@ -91,8 +91,10 @@ def prepare(d: Daemon, s: Session, p: P.NextEdit, ahead: bool = False) -> Prepar
         else:
             d.engine.index.close(draft_key)
         max_tokens = min(P.MAX_REWRITE_TOKENS, 2 * n_region + 64) if p.max_tokens is None else p.max_tokens
-        # typed_through: a next edit computed ahead for this prompt (greedy, verified) is served as is
-        return Built(request=Request(prompt=ids, mode=mode, max_tokens=max_tokens, stops=stops, typed_through=True))
+        # typed_through: a next edit computed ahead for this prompt (greedy, verified) is served as is;
+        # not when a mode is named (a comparison of modes computes each)
+        return Built(request=Request(prompt=ids, mode=mode, max_tokens=max_tokens, stops=stops,
+                                     typed_through=p.mode is None))
 
     def wire(e: TextEdit) -> dict:
         return {"range": {"start": position_of(text, starts, e.start, s.encoding),
@@ -179,6 +181,8 @@ class Ahead:
         self.timers.pop(key, None)
         d = self.d
         if d.engine is None or s.closed or uri not in s.docs:
+            return
+        if getattr(d.engine, "typed", None) is None:  # a remote target: no memory of verified tokens to serve from
             return
         if any(c.jobs for c in d.sessions.values()):  # a request is queued or running: after it
             self.timers[key] = asyncio.get_running_loop().call_later(RETRY_S, self._start, s, uri)

@@ -36,6 +36,8 @@ CONTEXT_CHARS = 1500  # code shown above the region, first in the prompt (cached
 AFTER_CHARS = 1200  # ... and below it (both shrink to fit the budget); the region itself comes last.
 # Round 4 (the region inline, 3000 characters around it): the 1.5B copied a rename case back whose
 # other methods used the old name; with 1200 it renamed
+SCOPE_LINES = 1000  # the header of the anchor's block is looked for this far up, its uses ...
+SCOPE_CHARS = 20_000  # ... this far down (both scans are Python loops on the event loop: bounded)
 FOLLOW_LINES = 12  # the region grows down by up to this many lines to reach the next use of a name the
 # last edit removed; a use further down gets a region of its own there (a jump)
 MAX_HINT_CHARS = 60  # the last change named in words only when it is this short (a rename, a literal)
@@ -195,7 +197,7 @@ def scope_end(text: str, offset: int) -> int:
     signature) or the one it is in (its nearest less-indented line above), at the first code line
     indented no deeper than that header; the end of the text for a top-level line. By indentation."""
     line_start = text.rfind("\n", 0, offset) + 1
-    head = block_start(text, line_start, before=len(text))
+    head = block_start(text, line_start, before=SCOPE_LINES)
     if head is None:
         return len(text)
     while text[head:text.find("\n", head)].lstrip().startswith("@"):  # a decorator: its `def` is the header
@@ -242,7 +244,7 @@ def next_edit_window(text: str, offset: int, names: list[str] = (), follow_lines
     line_end = text.find("\n", offset)
     below = len(text) if line_end < 0 else line_end + 1
     block_end = scope_end(text, offset)
-    use = next_use(text, below, block_end, list(names))
+    use = next_use(text, below, min(block_end, below + SCOPE_CHARS), list(names))
     if use is None:
         opens = block_start(text, line_start, before=0) == line_start
         return Window(w.start, max(min(w.end, block_end), below)) if opens else w
