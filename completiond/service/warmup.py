@@ -112,6 +112,9 @@ class Warmer:
         if self.cancel is not None and self.cancel_key == (s.id, uri):
             finish, active = self.finish or (None, [False])
             (finish if active[0] else self.cancel).set()  # mid-chunk of the quick prompt: end after it
+            # and once the request is done, warm on from what it finished (nothing else re-arms it when
+            # no edit follows: the full prompt stayed cold)
+            self.touched(s, uri, None, WARM_AFTER_S)
 
     def context_only(self, s: Session, uri: str) -> None:
         """`uri` holds context for other documents' prompts (read by prompt lookup): never warm it."""
@@ -184,6 +187,8 @@ class Warmer:
                     return None
                 d.scheduler.move(full.slot)  # then the full prompt, which later completions move to
                 yield from d.engine.warming(full.ids, ctx)
+            if cancel.is_set():  # a request came (warming ends quietly when cancelled): it goes now, not
+                return None  # after the follow-up's first prefill chunk, which runs whole once begun
             if ask is not None:  # llama.vim's speculative follow-up: the whole completion, preemptible;
                 # on the full prompt, the one a request picks once it is warm (its memory is per prompt:
                 # computed on the quick one, it went unused as soon as the full one was warm)
