@@ -14,7 +14,7 @@ similarity; an /infill answer as llama.vim shows it (s:fim_render: on a line of 
 llama.vim sends as an empty line, the suggestion's first line loses as many leading blanks as the
 line has). Latency: wall ms per request (HTTP: a new connection per request, as curl makes).
 
-    python benchmarks/infill_quality.py --packages jinja2,requests --positions 16 \
+    python -m benchmarks.experiments infill_quality --packages jinja2,requests --positions 16 \
         --out benchmarks/results/infill-quality.json
 """
 
@@ -33,8 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from daemon_util import stop_daemon, wait_for_socket, wait_ready  # noqa: E402
+from tests.daemon_util import stop_daemon, wait_for_socket, wait_ready
 
 from completiond.bench.repo import read_text_file, sample_positions, score  # noqa: E402
 from completiond.service.client import Client  # noqa: E402
