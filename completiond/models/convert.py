@@ -408,11 +408,11 @@ def convert(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str,
     return digests
 
 
-# Measured on the Qwen2.5-Coder GGUFs (docs/conversion.md): the libraries and the tokenizer take
-# ~1 GB; the output layer (the largest tensor) is held in the dtype with its quantized forms and
-# float32 temporaries of a block of rows, ~2.5x its size in the dtype.
+# Peak RSS measured on the Qwen2.5-Coder GGUFs (docs/conversion.md: 1.30 GB for the 0.5B, 1.45 GB for
+# the 1.5B int4): ~1 GB of libraries, tokenizer and metadata, plus the output layer's quantized forms
+# and a block's temporaries, ~1.5x its int8 size (the whole layer in the dtype under scheme none).
 BASE_BYTES = 1_000_000_000
-HEAD_FACTOR = 2.5
+HEAD_FACTOR = 1.5
 
 
 def needs(tensors: list[Tensor], dtype: torch.dtype, scheme: str) -> tuple[int, int]:
