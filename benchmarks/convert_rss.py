@@ -120,6 +120,9 @@ def main() -> None:
     out["commands"] = out.get("commands", []) + ["flock /work/wt/CONVERT.lock nice -n 5 python " + " ".join(sys.argv)]
 
     def save() -> None:  # after each step: a long run stopped midway keeps what it measured
+        if "old" in out and "new" in out:  # the latest of each (they may come from separate runs)
+            out["same_bytes"] = out["old"]["digests"] == out["new"]["digests"]
+            out["peak_rss_ratio_new_over_old"] = round(out["new"]["peak_rss_mb"] / out["old"]["peak_rss_mb"], 3)
         runs[key] = out
         path.write_text(json.dumps(runs, indent=1) + "\n")
 
@@ -138,8 +141,7 @@ def main() -> None:
             code = OLD.format(tests=str(ROOT / "tests"), gguf=str(gguf), out=str(old_dir), dtype=a.dtype,
                               scheme=a.quant)
             out["old"] = timed([sys.executable, "-c", code], env)
-            out["same_bytes"] = out["old"]["digests"] == out["new"]["digests"]
-            out["peak_rss_ratio_new_over_old"] = round(out["new"]["peak_rss_mb"] / out["old"]["peak_rss_mb"], 3)
+            save()
             print("old", {k: v for k, v in out["old"].items() if k != "digests"}, "same bytes:", out["same_bytes"],
                   flush=True)
             shutil.rmtree(old_dir)

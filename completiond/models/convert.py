@@ -2,10 +2,11 @@
 
 The GGUF is memory-mapped and its tensor table read (`read_gguf`); each tensor is de-quantized by
 gguf-py's own vectorized numpy code (the one transformers' GGUF loader calls for these
-architectures), a block of rows at a time for the big ones, processed as transformers processes it (e.g. Gemma's norms), cast to the model's dtype,
-quantized as `quant.quantize` quantizes a loaded model, written and freed; the pages of the mapping
-it read are dropped from this process. No float copy of the model ever exists, on disk or in memory:
-peak memory is the largest layer (the output layer) plus the libraries, not the model.
+architectures), a block of rows at a time for the big ones, processed as transformers processes it
+(e.g. Gemma's norms), cast to the model's dtype, quantized as `quant.quantize` quantizes a loaded
+model, written and freed; the pages of the mapping it read are dropped from this process. No float
+copy of the model ever exists, on disk or in memory: peak memory is the output layer's work (a block
+of its rows at a time, its quantized forms whole) plus the libraries, not the model.
 
 What it writes is what the transformers path wrote (de-quantize the whole GGUF into a float32
 checkpoint, load that in the dtype, `quantize`, `runtime.save`): the same files, byte for byte
@@ -409,7 +410,7 @@ def convert(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str,
     return digests
 
 
-# Peak RSS measured on the Qwen2.5-Coder GGUFs (docs/conversion.md: 1.30 GB for the 0.5B, 1.45 GB for
+# Peak RSS measured on the Qwen2.5-Coder GGUFs (docs/conversion.md: 1.07 GB for the 0.5B, 1.45 GB for
 # the 1.5B int4): ~1 GB of libraries, tokenizer and metadata, plus the output layer's quantized forms
 # and a block's temporaries, ~1.5x its int8 size (the whole layer in the dtype under scheme none).
 BASE_BYTES = 1_000_000_000
