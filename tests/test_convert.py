@@ -115,3 +115,29 @@ def test_a_broken_gguf_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
         ensure_runtime(gguf, folder, torch.bfloat16, "int8", progress=False)
     assert "\n" not in str(e.value) and "Traceback" not in str(e.value)
     assert not folder.exists() and not [p for p in folder.parent.iterdir() if p.name.endswith(".partial")]
+
+
+def test_status_shows_the_converting_phase_and_its_progress():
+    """The daemon's loader reports a conversion as one phase whose progress moves (what the editors show)."""
+    import asyncio
+
+    from completiond.service.daemon import Daemon
+
+    seen = []
+
+    def loader(index, phase):
+        phase("loading target qwen2.5-coder-1.5b")
+        for percent in (0.0, 42.5, 100.0):
+            phase("converting qwen2.5-coder-1.5b int4", percent)
+            seen.append(daemon.loading_status())
+        phase("loading draft none")
+        seen.append(daemon.loading_status())
+        raise RuntimeError("stop here")
+
+    daemon = Daemon(loader, {"target": "qwen2.5-coder-1.5b"})
+    asyncio.run(daemon._load())
+    assert [(s["phase"], s["progress"]) for s in seen] == [
+        ("converting qwen2.5-coder-1.5b int4", 0.0), ("converting qwen2.5-coder-1.5b int4", 42.5),
+        ("converting qwen2.5-coder-1.5b int4", 100.0), ("loading draft none", None)]
+    assert [p["phase"] for p in seen[-1]["phases_done"]] == [
+        "starting", "loading target qwen2.5-coder-1.5b", "converting qwen2.5-coder-1.5b int4"]

@@ -1,15 +1,18 @@
 """GGUF -> runtime form (runtime.py), one tensor at a time, in bounded memory.
 
-The GGUF is memory-mapped by gguf-py's reader; each tensor is de-quantized by gguf-py's own
-vectorized numpy code (the one transformers' GGUF loader calls), a block of rows at a time for the
-big ones, processed as transformers processes it (e.g. Gemma's norms), cast to the model's dtype,
-quantized as `quant.quantize` quantizes a loaded model, written and freed; the pages of the mapping
-it read are dropped from this process. No float copy of the model ever exists, on disk or in memory:
-peak memory is the largest layer (the output layer) plus the libraries, not the model.
+The GGUF is memory-mapped and its tensor table read (`read_gguf`); each tensor is de-quantized by
+gguf-py's own vectorized numpy code (the one transformers' GGUF loader calls for these
+architectures), a block of rows at a time for the big ones, processed as transformers processes it
+(e.g. Gemma's norms), cast to the model's dtype, quantized as `quant.quantize` quantizes a loaded
+model, written and freed; the pages of the mapping it read are dropped from this process. No float
+copy of the model ever exists, on disk or in memory: peak memory is the output layer's work (a block
+of its rows at a time, its quantized forms whole) plus the libraries, not the model.
 
 What it writes is what the transformers path wrote (de-quantize the whole GGUF into a float32
 checkpoint, load that in the dtype, `quantize`, `runtime.save`): the same files, byte for byte
-(tests/test_convert.py checks every form against that path, kept in tests/tiny_gguf.py). The module
+(tests/test_convert.py checks every form against that path, kept in tests/tiny_gguf.py). One
+difference by design: an output layer stored apart from the embedding but with the same bytes is
+taken as tied (its full weight an alias of the embedding, where the old path stored a copy). The module
 skeleton, config.json, generation_config.json and tokenizer still come from transformers (metadata
 only; the skeleton on the meta device); buffers (rotary tables) are initialised as from_pretrained
 initialises them.
@@ -273,8 +276,7 @@ def _head(blocks: Iterator[torch.Tensor], count: int, bias: torch.Tensor | None,
     return q
 
 
-def _items(model: nn.Module, src: _Source, dtype: torch.dtype, scheme: str,
-           layout: dict) -> Iterator[tuple[str, torch.Tensor, str]]:
+def _items(model: nn.Module, src: _Source, scheme: str, layout: dict) -> Iterator[tuple[str, torch.Tensor, str]]:
     """(name, tensor, group) in runtime._ordered's order for `model` loaded and quantized, made one
     module at a time from the GGUF; fills layout as _ordered does."""
     from . import quant
@@ -400,7 +402,7 @@ def convert(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str,
     layout: dict = {"quant": {}, "aliases": {}, "embed": ""}
     embed = model.get_input_embeddings().weight
     embed_name = next(n for n, p in model.named_parameters() if p is embed)
-    digests = runtime.write(folder, dtype, scheme, _items(model, src, dtype, scheme, layout), layout,
+    digests = runtime.write(folder, dtype, scheme, _items(model, src, scheme, layout), layout,
                             src.rows(embed_name, embed.shape, embed.dtype))
     for f in sorted(folder.iterdir()):  # config, generation config, tokenizer
         if f.is_file() and f.name not in digests:
@@ -408,11 +410,11 @@ def convert(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str,
     return digests
 
 
-# Measured on the Qwen2.5-Coder GGUFs (docs/conversion.md): the libraries and the tokenizer take
-# ~1 GB; the output layer (the largest tensor) is held in the dtype with its quantized forms and
-# float32 temporaries of a block of rows, ~2.5x its size in the dtype.
+# Peak RSS measured on the Qwen2.5-Coder GGUFs (docs/conversion.md: 1.07 GB for the 0.5B, 1.45 GB for
+# the 1.5B int4): ~1 GB of libraries, tokenizer and metadata, plus the output layer's quantized forms
+# and a block's temporaries, ~1.5x its int8 size (the whole layer in the dtype under scheme none).
 BASE_BYTES = 1_000_000_000
-HEAD_FACTOR = 2.5
+HEAD_FACTOR = 1.5
 
 
 def needs(tensors: list[Tensor], dtype: torch.dtype, scheme: str) -> tuple[int, int]:
