@@ -1,7 +1,7 @@
 """Peak memory of a first start's GGUF conversion, the streaming converter against the transformers
 path it replaced, and the daemon's memory after a converting start against a converted one.
 
-    flock /work/wt/CONVERT.lock python benchmarks/convert_rss.py --target qwen2.5-coder-0.5b \
+    flock /work/wt/CONVERT.lock python -m benchmarks.experiments convert_rss --target qwen2.5-coder-0.5b \
         [--quant int8] [--dtype float32] [--old] [--daemon] [--json benchmarks/results/convert-rss.json]
 
 Each conversion runs as its own process under `/usr/bin/time -v` (its "Maximum resident set size")
@@ -29,17 +29,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.startup import cpu_name, mem_mb, status
 
-from startup import cpu_name, mem_mb, status  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 OLD = """
-import json, sys, torch
-sys.path.insert(0, {tests!r})
+import json, torch
 from pathlib import Path
-from tiny_gguf import convert_with_transformers
+from tiny_gguf import convert_with_transformers  # tests/ is on PYTHONPATH (see below)
 print('digests ' + json.dumps(convert_with_transformers(Path({gguf!r}), Path({out!r}), torch.{dtype}, {scheme!r})))
 """
 
@@ -138,9 +135,8 @@ def main() -> None:
         if a.old:
             old_dir = Path(scratch) / "old"
             old_dir.mkdir()
-            code = OLD.format(tests=str(ROOT / "tests"), gguf=str(gguf), out=str(old_dir), dtype=a.dtype,
-                              scheme=a.quant)
-            out["old"] = timed([sys.executable, "-c", code], env)
+            code = OLD.format(gguf=str(gguf), out=str(old_dir), dtype=a.dtype, scheme=a.quant)
+            out["old"] = timed([sys.executable, "-c", code], {**env, "PYTHONPATH": f"{env['PYTHONPATH']}:{ROOT / 'tests'}"})
             save()
             print("old", {k: v for k, v in out["old"].items() if k != "digests"}, "same bytes:", out["same_bytes"],
                   flush=True)
