@@ -150,7 +150,7 @@ class Ahead:
         if running is not None and running[1] != plan:
             running[0].set()
 
-    def touched(self, s: Session, uri: str, cursor: P.Position | None = None, after_s: float | None = None) -> None:
+    def touched(self, s: Session, uri: str, cursor: P.Position | None, after_s: float) -> None:
         """The document was edited (the cursor now at `cursor`, if known) or the cursor rests: what ran
         ahead for it is stale; compute the next edit once the edits pause."""
         key = (s.id, uri)
@@ -162,9 +162,6 @@ class Ahead:
             running[0].set()
         if (t := self.timers.pop(key, None)) is not None:
             t.cancel()
-        if after_s is None:
-            from .warmup import WARM_AFTER_S  # not at the top: warmup imports handlers, which imports this
-            after_s = WARM_AFTER_S
         self.timers[key] = asyncio.get_running_loop().call_later(after_s + LATER_S, self._start, s, uri)
 
     def forget(self, s: Session) -> None:
