@@ -1,4 +1,4 @@
-"""Command line: `completiond complete | serve | status | stop | bench | train-draft | setup`.
+"""Command line: `completiond complete | convert | serve | status | stop | bench | train-draft | setup`.
 
 Bad input (missing file, position out of range, unknown model, bad flag) prints one line on stderr
 and exits with status 2, never a traceback.
@@ -43,6 +43,14 @@ def build_parser() -> Parser:
                         "warm, when it serves what the flags ask for)")
     c.add_argument("--socket", default=None, help="the daemon's socket (default: $COMPLETIOND_SOCKET or the per-user one)")
 
+    v = sub.add_parser("convert", help="convert a model to its runtime form in the cache now (what its first start "
+                                       "would do), e.g. qwen2.5-coder-1.5b@int4")
+    v.add_argument("model", help="a named model with its weights form (NAME@FORM), a .gguf file, or 'default'")
+    v.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="the activations it will run with (auto: as a daemon on this CPU)")
+    v.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "int4"],
+                   help="its weights form, the same as the model's @FORM")
+
     daemon_cli.add_parsers(sub)  # serve / status / stop
     draft_cli.add_parser(sub)
     bench_cli.add_parser(sub)
@@ -78,6 +86,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
     if a.temperature < 0 or not 0 < a.top_p <= 1 or a.top_k < 0:
         raise UsageError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
     check_model_flags(a)
+    check_target_form(a)
     try:
         offset = offset_at(text, a.line - 1, a.col - 1, encoding="utf-32")
     except PositionError:
@@ -102,6 +111,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
     with paused_gc():  # imports and loading (gc_pause.py)
         from .core.engine import Engine, Request, draft_for
         from .models import ModelError, draft_label, load, load_draft
+        from .models.catalog import spelled
         from .core.prompt import build_prompt
         from .core.speculation.verify import Sampling
         from .service.protocol import prefill_dtype
@@ -133,7 +143,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
             "text": res.text, "token_ids": res.token_ids, "tokens": res.tokens, "mode": res.mode,
             "target_passes": res.target_passes, "mean_accepted": round(res.mean_accepted, 4),
             "ms_first_token": round(res.ms_first_token, 2), "ms_total": round(res.ms_total, 2),
-            "target": target.name, "draft": draft_label(a.draft, draft, target, unloaded),
+            "target": spelled(target.name, target.meta.get("quant")), "draft": draft_label(a.draft, draft, target, unloaded),
             "dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device),
             "quant": target.meta.get("quant", "none"), "backend": engine.runner.backend,
             "prefill_dtype": prefill_dtype(target), "int8_kernel": target.meta.get("int8_kernel"),
@@ -146,6 +156,54 @@ def cmd_complete(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_convert(a: argparse.Namespace) -> int:
+    """Convert (assemble, hash-check, quantize) a model's runtime form into the cache and say where,
+    so that the next start maps it: what a daemon that chose a not yet converted default asks for."""
+    a.target = a.model
+    check_target_form(a)
+    from .gc_pause import paused_gc
+
+    with paused_gc():
+        from .models import ModelError, load
+        from .models.catalog import spelled
+
+        try:
+            m = load(a.model, "target", "cpu", a.dtype, a.quant)
+        except ModelError as e:
+            raise UsageError(str(e)) from None
+    where = m.meta.get("runtime") or m.name
+    print(f"completiond: {spelled(m.name, m.meta.get('quant'))} ({str(m.dtype).replace('torch.', '')}) is converted: "
+          f"{where}; a daemon started now loads it (`completiond stop` ends a running one; editors start it again)",
+          file=sys.stderr)
+    return 0
+
+
+def check_target_form(a: argparse.Namespace) -> None:
+    """`--target NAME@FORM`: a known form, and no --quant that says otherwise (one line, exit 2).
+    Only a spec with an @ is parsed here: models.catalog's package imports torch, which a completion
+    a running daemon answers does not need."""
+    if "@" not in a.target:
+        return
+    from .models.catalog import ModelError, split_form
+
+    try:
+        name, form = split_form(a.target)
+    except ModelError as e:
+        raise UsageError(f"--target {e}") from None
+    if form and a.quant not in ("auto", form):
+        raise UsageError(f"--target {a.target} runs its {form} weights but --quant says {a.quant}: give one "
+                         f"of them (e.g. --target {name}@{a.quant})")
+
+
+def _target_form(spec: str) -> tuple[str, str | None]:
+    """(model, weights form or None) of a --target (see check_target_form)."""
+    if "@" not in spec:
+        return spec, None
+    from .models.catalog import split_form
+
+    return split_form(spec)
+
+
 def daemon_mismatch(a: argparse.Namespace, info: dict) -> str | None:
     """Why the running daemon (its `status`) would not answer as a local load with these flags
     would; None when it would. Flags left at their defaults take what the daemon runs (its target is
@@ -155,8 +213,12 @@ def daemon_mismatch(a: argparse.Namespace, info: dict) -> str | None:
         asked, runs = getattr(a, flag), str(info.get(flag))
         if asked != "auto" and not runs.startswith(asked):
             return f"--{flag} {asked}: it runs {runs}"
-    if a.target != "default" and not _same_model(a.target, str(info.get("target"))):
-        return f"--target {a.target}: it serves {info.get('target')}"
+    name, form = _target_form(a.target)
+    served = str(info.get("target"))
+    if name != "default" and not _same_model(name, served):
+        return f"--target {a.target}: it serves {served}"
+    if form and str(info.get("quant")) != form:  # a bare name takes the form the daemon runs, as --quant auto
+        return f"--target {a.target}: it serves {served} ({info.get('quant')} weights)"
     if a.backend != "auto":
         return f"--backend {a.backend}: the daemon chooses its own"
     daemon_draft = str(info.get("draft") or "none").split(" (")[0]
@@ -166,7 +228,8 @@ def daemon_mismatch(a: argparse.Namespace, info: dict) -> str | None:
 
 
 def _same_model(spec: str, served: str) -> bool:
-    if spec == served:
+    """Whether the daemon's `target` (a named model spelled with its form, NAME@FORM) is `spec`."""
+    if spec == served or served.startswith(spec + "@"):
         return True
     try:
         return Path(spec).expanduser().resolve() == Path(served).expanduser().resolve() and Path(spec).exists()
@@ -228,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
             _check_cache()
         if args.command == "complete":
             return cmd_complete(args)
+        if args.command == "convert":
+            return cmd_convert(args)
         return args.func(args)
     except UsageError as e:
         print(f"completiond: error: {e}", file=sys.stderr)

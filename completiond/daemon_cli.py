@@ -8,12 +8,12 @@ import json
 import logging
 import os
 import secrets
-import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from .files import read_secret
 from .service import protocol as P
 from .flags import model_flags
 from .paths import socket_path
@@ -44,7 +44,10 @@ def add_parsers(sub) -> None:
                    help="show the model the other open buffers and the workspace modules the file imports, in "
                         "Qwen's repository format (off: on 64 bench positions it cost the 0.5B exact lines)")
     s.add_argument("--remote-timeout", type=float, default=30.0, metavar="S",
-                   help="with --target openai:URL / llamacpp:URL: seconds a silent server is waited on")
+                   help="with --target openai:URL / llamacpp:URL: seconds a server may go without sending a whole "
+                        "event (a byte at a time does not count) before the request fails")
+    s.add_argument("--remote-deadline", type=float, default=120.0, metavar="S",
+                   help="with a remote --target: seconds one answer may stream in all (then it ends with what came)")
     s.add_argument("--remote-token-file", default=None, metavar="F",
                    help="with a remote --target: the server's API key / token, sent as 'Authorization: Bearer'")
     s.add_argument("--log-level", default="INFO")
@@ -63,30 +66,28 @@ def _sock(a) -> Path:
 
 
 def read_token(path: Path) -> str:
-    """The TCP token; a file another user owns or can read is refused (it would let them in)."""
+    """The TCP / HTTP token (--token-file), created 0600 if missing; a file that is not a regular
+    file, another user's, readable by others or over MAX_SECRET_BYTES is refused (files.read_secret)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        return read_secret(path, "token file")
     except FileNotFoundError:
-        token = secrets.token_urlsafe(32)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
-        return token
-    except OSError as e:  # ELOOP: a symlink
-        raise ValueError(f"token file {path}: {e.strerror} (a regular file of ours is needed)") from None
-    with os.fdopen(fd) as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"token file {path} is not a regular file")
-        if st.st_uid != os.getuid():
-            raise ValueError(f"token file {path} belongs to another user (uid {st.st_uid}); refusing it")
-        if st.st_mode & 0o077:
-            raise ValueError(f"token file {path} is readable or writable by others (mode "
-                             f"{stat.S_IMODE(st.st_mode):o}); run `chmod 600 {path}`")
-        token = f.read().strip()
-    if not token:
-        raise ValueError(f"token file {path} is empty")
+        pass
+    token = secrets.token_urlsafe(32)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:  # made meanwhile, a dangling symlink, a missing folder
+        raise ValueError(f"token file {path}: cannot create it: {e.strerror}") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
     return token
+
+
+def read_remote_token(path: Path) -> str:
+    """--remote-token-file: the same rules as --token-file (files.read_secret), but never created."""
+    try:
+        return read_secret(path, "remote token file")
+    except FileNotFoundError:
+        raise ValueError(f"remote token file {path} does not exist") from None
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
@@ -112,7 +113,14 @@ def cmd_serve(a: argparse.Namespace) -> int:
                 raise StartError(f"--workspace {root}: not a directory")
         if is_remote(a.target):
             parse_remote(a.target)  # a malformed spec stops here, before the socket
-        remote_token = Path(a.remote_token_file).read_text().strip() if a.remote_token_file else None
+        elif "@" in a.target:  # NAME@FORM: an unknown form stops here too (models' package imports torch)
+            from .models.catalog import ModelError, split_form
+
+            try:
+                split_form(a.target)
+            except ModelError as e:
+                raise StartError(f"--target {e}") from None
+        remote_token = read_remote_token(Path(a.remote_token_file)) if a.remote_token_file else None
         lock = claim(sock)  # before the slow model load: a second `serve` on this path stops here
     except (StartError, RemoteError, ValueError, OSError) as e:
         raise UsageError(str(e)) from None
@@ -132,21 +140,30 @@ def cmd_serve(a: argparse.Namespace) -> int:
         if is_remote(a.target):  # the model runs on a server: only its tokenizer is loaded here
             phase(f"loading the tokenizer for {a.target}")
             try:
-                engine = load_remote(a.target, index, a.remote_timeout, remote_token)
+                engine = load_remote(a.target, index, a.remote_timeout, remote_token, a.remote_deadline)
             except RemoteError as e:
                 raise RuntimeError(str(e)) from None
             return engine, {**P.model_info(engine.target, None), "draft": None}
         from .core.engine import Engine, draft_for
-        from .models import draft_label, load
+        from .models import conversion_progress, draft_label, load
         from .core.prompt import prepare_tokenizer
         from .models.device import trim_heap
 
-        phase(f"loading target {a.target}")
-        target = load(a.target, "target", a.device, a.dtype, a.quant)
-        log.info("start-up: target %s (%s, %s, quant %s) loaded in %.1f s", target.name, target.device,
-                 str(target.dtype).replace("torch.", ""), target.meta.get("quant", "none"), time.perf_counter() - t0)
-        phase(f"loading draft {a.draft}")
-        draft, unloaded = draft_for(a.draft, target)
+        if a.target == "default":  # the first start on a CPU measures which target runs fast enough here
+            from .models.choice import cpu_default
+            from .models.device import pick_device
+
+            if pick_device(a.device).type == "cpu":
+                phase("choosing the default target (this CPU's pass costs, measured once)")
+                cpu_default()
+        # a first start converts the GGUFs (a minute or more): status says "converting X int4", progress 43
+        with conversion_progress(lambda what, f: phase(f"converting {what}", round(100 * f, 1))):
+            phase(f"loading target {a.target}")
+            target = load(a.target, "target", a.device, a.dtype, a.quant)
+            log.info("start-up: target %s (%s, %s, quant %s) loaded in %.1f s", target.name, target.device,
+                     str(target.dtype).replace("torch.", ""), target.meta.get("quant", "none"), time.perf_counter() - t0)
+            phase(f"loading draft {a.draft}")
+            draft, unloaded = draft_for(a.draft, target)
         engine = Engine(target, draft, index=index, backend=a.backend)
         phase("calibrating")
         t1 = time.perf_counter()

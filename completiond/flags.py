@@ -29,7 +29,8 @@ class Parser(argparse.ArgumentParser):
 
 
 MODEL_HELP = ("a named model (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, gemma3-270m), an HF id, a local "
-              "directory, a .gguf file, or 'default' (by device: see README)")
+              "directory, a .gguf file, or 'default' (by device: see README); NAME@FORM picks its weights "
+              "form (int8, int4, none), e.g. qwen2.5-coder-1.5b@int4")
 
 
 def model_flags(p: argparse.ArgumentParser) -> None:
@@ -42,7 +43,8 @@ def model_flags(p: argparse.ArgumentParser) -> None:
                    help="weights/activations (auto: bf16 on CUDA and on CPUs where it measures faster, else fp32)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: CUDA when present")
     p.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "int4"],
-                   help="weight-only quantization of the target (auto: int8 on CPU with bf16, none on CUDA)")
+                   help="weight-only quantization of the target (auto: int8 on CPU with bf16, none on CUDA); "
+                        "the same as the target's @FORM")
     p.add_argument("--backend", default="auto", choices=["auto", "lean", "transformers"],
                    help="target forward: lean (ours, Gemma 3 / Qwen2) or transformers (the reference)")
 

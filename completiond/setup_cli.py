@@ -59,31 +59,45 @@ def lsp_command() -> str | None:
 
 def cmd_neovim(a: argparse.Namespace) -> int:
     src = plugin_source("neovim")
-    dest = Path(a.pack_dir).expanduser() if a.pack_dir else default_pack_dir()
-    dest = dest / "completiond" / "start" / "completiond"
-    if dest.is_symlink() and dest.resolve() == src.resolve() and not a.copy:
-        action = "already linked"
-    else:
-        if dest.is_symlink() or dest.exists():
-            if not a.force:
-                raise UsageError(f"{dest} exists and is not a link to {src}: pass --force to replace it")
-            if dest.is_symlink() or dest.is_file():
-                dest.unlink()
-            else:
-                shutil.rmtree(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if a.copy:
-            shutil.copytree(src, dest)
-            action = "copied"
-        else:
-            dest.symlink_to(src, target_is_directory=True)
-            action = "linked"
+    pack = Path(a.pack_dir).expanduser() if a.pack_dir else default_pack_dir()
+    if a.pack_dir and pack.exists() and not pack.is_dir():
+        raise UsageError(f"--pack-dir {pack} is not a directory")
+    dest = pack / "completiond" / "start" / "completiond"
+    try:
+        action = _install_neovim(src, dest, a.copy, a.force)
+    except (OSError, RuntimeError) as e:  # a symlink loop (ELOOP, or RuntimeError from resolve), a file in the way
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        where = f" ({e.filename})" if isinstance(e, OSError) and e.filename else ""
+        raise UsageError(f"cannot install the Neovim plugin at {dest}: {why}{where}") from None
     print(f"completiond: Neovim plugin {action}: {dest} -> {src}")
     cmd = lsp_command()
     line = LSP_LINE if cmd is None else "require('completiond').setup({ cmd = %s })" % cmd
     print("Add this line to your init.lua (Neovim >= 0.10):")
     print(f"  {line}")
     return 0
+
+
+def _install_neovim(src: Path, dest: Path, copy: bool, force: bool) -> str:
+    """Link (or copy) src at dest; what was done. OSError / RuntimeError from the file system."""
+    if dest.is_symlink() and not copy:
+        try:
+            if os.path.realpath(dest, strict=True) == str(src.resolve()):
+                return "already linked"
+        except OSError:  # a dangling or looping link: not ours, replaced with --force
+            pass
+    if dest.is_symlink() or dest.exists():
+        if not force:
+            raise UsageError(f"{dest} exists and is not a link to {src}: pass --force to replace it")
+        if dest.is_symlink() or dest.is_file():
+            dest.unlink()
+        else:
+            shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if copy:
+        shutil.copytree(src, dest)
+        return "copied"
+    dest.symlink_to(src, target_is_directory=True)
+    return "linked"
 
 
 def run(cmd: list[str], cwd: Path) -> None:
@@ -99,9 +113,13 @@ def cmd_vscode(a: argparse.Namespace) -> int:
     npm = shutil.which("npm")
     if npm is None:
         raise UsageError("npm is not on PATH: the VS Code extension is built with Node.js 20 and npm")
+    vsix = src / "completiond.vsix"
+    try:  # a .vsix from an earlier build must not pass for this one's
+        vsix.unlink(missing_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot remove the old {vsix}: {e.strerror}") from None
     run([npm, "ci", "--no-audit", "--no-fund"], src)
     run([npm, "run", "package"], src)
-    vsix = src / "completiond.vsix"
     if not vsix.is_file():
         raise UsageError(f"the build did not write {vsix}")
     print(f"completiond: built {vsix}")

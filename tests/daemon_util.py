@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -202,3 +204,92 @@ async def fuzz_send(sock: Path, frames: list[bytes], per_connection: int = 500, 
         w.close()
     return {"frames": len(frames), "connections": -(-len(frames) // per_connection), "answered": answered,
             "closed_by_daemon": closed_early, "internal_errors": len(internal), "internal_error_frames": internal[:3]}
+
+
+# ---- a misbehaving remote target (tests/test_hostile_remote.py, benchmarks/fuzz.py --surface remote) ---
+class Misbehaving:
+    """(tests/test_hostile_remote.py, benchmarks/fuzz.py --surface remote) An OpenAI-style /v1/completions server whose answer depends on the word after '# mode:' in
+    the prompt; records when each connection closed (the daemon's cancel reaching the server)."""
+
+    def __init__(self):
+        self.closed_at: dict[str, float] = {}
+        self.events_sent: dict[str, int] = {}
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        mode = "?"
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next(l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")))
+            body = json.loads(await reader.readexactly(length))
+            mode = body["prompt"].split("# mode:", 1)[1].split()[0]
+            if mode == "badstatus":
+                writer.write(b"HTTP/1.1 2x0 Fine\r\n\r\n")
+                await writer.drain()
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+            n = 0
+            if mode == "trickle":  # one byte at a time, never a whole line
+                for b in b'data: {"choices": [{"text": "never"}]}' * 1000:
+                    writer.write(bytes([b]))
+                    await writer.drain()
+                    try:  # a 0.3 s pause that notices the daemon's close (EOF) at once
+                        if not await asyncio.wait_for(reader.read(1), 0.3):
+                            break
+                    except asyncio.TimeoutError:
+                        pass
+            elif mode == "endless":  # valid text events, as fast as the daemon reads them
+                while True:
+                    writer.write(b'data: {"choices": [{"text": "xy", "finish_reason": null}]}\n\n' * 50)
+                    n += 50
+                    self.events_sent[mode] = n
+                    await writer.drain()
+            elif mode == "empty":  # whole events (each resets an idle timer) with no text, forever
+                while True:
+                    writer.write(b'data: {"choices": [{"text": "", "finish_reason": null}]}\n\n')
+                    await writer.drain()
+                    await asyncio.sleep(0.2)
+            elif mode == "long":  # 1,000 events of a 128-character line each, one at a time, then the end
+                for _ in range(1000):
+                    writer.write(b'data: {"choices": [{"text": "%s\\n", "finish_reason": null}]}\n\n' % (b"x" * 127))
+                    await writer.drain()
+                    await asyncio.sleep(0.003)
+                writer.write(b"data: [DONE]\n\n")
+            elif mode == "badtext":
+                writer.write(b'data: {"choices": [{"text": 5, "finish_reason": null}]}\n\n')
+            elif mode == "good":
+                writer.write(b'data: {"choices": [{"text": "r * r", "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n')
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, OSError, asyncio.CancelledError):
+            pass  # the daemon closed the stream (what the tests wait for), or the server is stopping
+        finally:
+            self.closed_at[mode] = time.monotonic()
+            writer.close()
+
+    async def __aenter__(self):
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc):
+        self.server.close()
+
+
+def mangled_requests(good: bytes, n: int, seed: int) -> list[bytes]:
+    """n copies of an HTTP request with 1-6 random byte edits each (flips, cuts, inserted framing)."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 6)):
+            i = rng.randrange(len(data))
+            op = rng.random()
+            if op < 0.4:
+                data[i] = rng.randrange(256)
+            elif op < 0.7:
+                del data[i:i + rng.randint(1, 8)]
+            else:
+                data[i:i] = rng.choice([b"\r\n", b":", b" ", b"-1", b"\x00", b"chunked", b"999999999"])
+        out.append(bytes(data))
+    return out

@@ -372,3 +372,22 @@ def test_a_kernel_change_starts_a_new_calibration_table(monkeypatch):
     monkeypatch.setattr(cpu_kernel, "build_id", lambda: "bbbb")
     assert B.calibration_path(target) != first
     assert B.gates_path(target).stem.startswith(B.calibration_path(target).stem)
+
+
+def test_a_draft_is_not_asked_where_even_a_perfect_draft_would_not_pay():
+    """`could_pay`: each draft pass adds at most one accepted token, and prompt lookup's own guess
+    saves its path values already. The 1.5B's 2-core numbers (pass 49.5 ms, the 0.5B's step 17 ms,
+    a node 14 ms, 4 useful nodes): with nothing found it could pay; beside a long confident prompt
+    lookup candidate (expected 3+ tokens of 4) it cannot, whatever its acceptance; a draft whose
+    pass costs a target pass never can; one not measured yet (step 0) may run."""
+    from completiond.core.speculation.tree import Candidate
+
+    long_pld = [Candidate(list(range(16)), [0.8] * 16, "pld")]
+    short_pld = [Candidate([7], [0.3], "pld")]
+    assert B.could_pay([], 4, 17.0, 49.5, 14.0)
+    assert B.could_pay(short_pld, 4, 17.0, 49.5, 14.0)  # 3.7 passes to win, 4 x 31 ms to pay
+    assert not B.could_pay(long_pld, 4, 17.0, 49.5, 14.0)  # 0.8 + 0.64 + ... = 3.9 saved already
+    assert not B.could_pay([], 4, 49.5, 49.5, 0.0)  # as dear as the pass it would save
+    assert B.could_pay(long_pld, 4, 0.0, 49.5, 14.0)
+    assert B.could_pay([], 0, 30.0, 49.5, 0.0) and not B.could_pay([], 0, 60.0, 49.5, 0.0)  # depth 0: one pass
+    assert B._path_value([0.5, 0.5]) == 0.75

@@ -18,11 +18,11 @@ import pytest
 import torch
 
 import tiny
-from tiny_gguf import write_qwen2_gguf
+from tiny_gguf import dequantize_with_transformers, write_qwen2_gguf
 from completiond import cli
 from completiond.core.engine import Engine, Request
 from completiond.models.quant import QuantLinear
-from completiond.models import _dequantize, integrity, load, runtime, runtime_dir
+from completiond.models import integrity, load, runtime, runtime_dir
 
 FORMS = [("bfloat16", "int8"), ("float32", "int8"), ("bfloat16", "none"), ("float32", "int4")]
 
@@ -78,7 +78,7 @@ def test_runtime_form_is_bit_identical_to_quantizing_the_float_checkpoint(gguf, 
     """Today's path (the float32 checkpoint loaded in the dtype, then quantized) and the mapped
     runtime form hold the same tensors bit for bit, and complete the same."""
     dense = tmp_path / "float32"
-    _dequantize(gguf, dense)
+    dequantize_with_transformers(gguf, dense)
     before = load(str(dense), "target", "cpu", dtype, quant)
     after = load(str(gguf), "target", "cpu", dtype, quant)
     assert after.meta["runtime"].endswith(runtime.weights_file(getattr(torch, dtype), quant))
@@ -224,13 +224,11 @@ def test_stale_partial_folders_of_dead_processes_are_removed(gguf, capsys):
 
 
 def test_a_conversion_killed_midway_leaves_nothing_that_is_trusted(gguf, tmp_path):
-    """A process killed while converting leaves its partial folder; the next start removes it and converts."""
+    """A process killed while converting leaves its partial folder (its converting child dies with it);
+    the next start removes it and converts."""
     code = (f"import os, sys; sys.path[:0] = {sys.path!r}\n"
-            "import completiond.models.runtime as r\n"
-            "def die(*a, **k): os._exit(9)\n"
-            "r.save = die\n"
             "from completiond.models import load\n"
-            f"load({str(gguf)!r}, 'target', 'cpu', 'float32', 'int8')\n")
+            f"load({str(gguf)!r}, 'target', 'cpu', 'float32', 'int8', on_progress=lambda f: os._exit(9))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={**os.environ})
     assert proc.returncode == 9, proc.stderr

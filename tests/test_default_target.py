@@ -9,6 +9,7 @@ from completiond.models import choice, default_target
 from completiond.models.device import cpu_file
 
 LARGER, SMALLER = choice.MEASURED_PAIR
+MEASURE = choice.pass_estimate  # the real one (the fixture below stands in for it)
 
 
 @pytest.fixture(autouse=True)
@@ -17,14 +18,26 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+SLOW = {"smaller_ms": 30.0, "larger_ms": {"int8": 90.0, "int4": 75.0}, "ratio": {"int8": 3.0, "int4": 2.5},
+        "threads": 2, "date": "2026-12-06"}
+
+
+@pytest.fixture(autouse=True)
+def estimate(monkeypatch):
+    """The pass-cost measurement (seconds, ~2 GB) stands in: the larger target 2.5x the smaller."""
+    monkeypatch.setattr(choice, "pass_estimate", lambda: SLOW)
+
+
 def run(target: str, mode: str, p50: float, positions: int = 40, device: str = "cpu") -> dict:
     return {"target": target, "device": device, "positions": positions, "repo": "toolz", "date": "2026-12-03",
             "command": "completiond bench --targets ...", "modes": {mode: {"p50_ms": p50}, "pld": {"p50_ms": 1.0}}}
 
 
-def test_without_a_measurement_the_cpu_default_is_the_smaller_target():
+def test_without_a_bench_the_pass_costs_decide_and_the_reason_says_so():
     target, why = default_target("cpu")
-    assert target == SMALLER and "no side-by-side measurement" in why and "--targets" in why
+    assert target == SMALLER and "one-token pass measured 2.50x" in why and f"{LARGER}@int4" in why
+    assert "`combined` p50 expected at 1.55x" in why
+    assert "within 1.25x" in why and "--targets" in why and "--repo" in why
 
 
 @pytest.mark.parametrize("larger_ms, installed, expected", [
@@ -64,7 +77,7 @@ def test_a_damaged_record_is_no_measurement(cache):
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     target, why = default_target("cpu")
-    assert target == SMALLER and "no side-by-side measurement" in why
+    assert target == SMALLER and "one-token pass measured" in why  # the pass costs decide, as without one
 
 
 def test_the_larger_target_measured_with_int4_is_the_default_with_int4(monkeypatch):
@@ -87,20 +100,105 @@ def test_the_larger_target_measured_with_int4_is_the_default_with_int4(monkeypat
 
 
 def test_load_default_takes_the_measured_quant(monkeypatch):
-    """models.load("default", quant="auto") asks pick_quant for the measured weights; a named quant is kept."""
+    """models.load("default", quant="auto") asks pick_quant for the measured weights; a named quant is
+    kept; the reason names the model with the form that runs, and why that form."""
     import types
 
     import completiond.models as models
 
-    asked = []
-    monkeypatch.setattr(models, "default_quant", lambda device: "int4")
-    monkeypatch.setattr(models, "default_target", lambda device: (LARGER, "measured"))
+    asked, loaded = [], []
+    monkeypatch.setattr(choice, "cpu_default", lambda: choice.Choice(LARGER, "int4", "measured"))
+    monkeypatch.setattr(models, "converted", lambda *a: True)
     monkeypatch.setattr(models, "pick_quant", lambda quant, *a, **k: asked.append(quant) or quant)
-    monkeypatch.setattr(models, "resolve", lambda *a: (None, LARGER, None))
+    monkeypatch.setattr(models, "resolve", lambda spec, *a: loaded.append(spec) or (None, spec, None))
     monkeypatch.setattr(models, "_load", lambda *a: types.SimpleNamespace(meta={}))
-    models.load("default", "target", "cpu", "auto", "auto")
-    models.load("default", "target", "cpu", "auto", "int8")
-    assert asked == ["int4", "int8"]
+    m = models.load("default", "target", "cpu", "auto", "auto")
+    assert m.meta["default_reason"] == f"{LARGER}@int4: measured; int4: the weights form measured fastest"
+    m = models.load("default", "target", "cpu", "auto", "int8")
+    assert m.meta["default_reason"] == f"{LARGER}@int8: measured; int8: as --quant asked"
+    assert "int4" in asked and "int8" in asked and loaded == [LARGER, LARGER]
+
+
+def test_a_chosen_larger_target_not_converted_yet_leaves_the_smaller_serving(monkeypatch):
+    """Converting the 1.5B takes a minute and gigabytes: a start never does it unasked. The 0.5B
+    serves, and the reason says which model would be the default and the command that converts it."""
+    import types
+
+    import completiond.models as models
+
+    loaded = []
+    monkeypatch.setattr(choice, "cpu_default", lambda: choice.Choice(LARGER, "int4", "measured"))
+    monkeypatch.setattr(models, "converted", lambda name, dtype, form: name != LARGER)
+    monkeypatch.setattr(models, "pick_quant", lambda quant, *a, **k: "int8" if quant == "auto" else quant)
+    monkeypatch.setattr(models, "resolve", lambda spec, *a: loaded.append(spec) or (None, spec, None))
+    monkeypatch.setattr(models, "_load", lambda *a: types.SimpleNamespace(meta={}))
+    m = models.load("default", "target", "cpu", "auto", "auto")
+    why = m.meta["default_reason"]
+    assert loaded == [SMALLER] and why.startswith(f"{SMALLER}@int8 serves while {LARGER}@int4")
+    command = why.split("`")[1]
+    assert command == f"completiond convert {LARGER}@int4" and "converts it once" in why
+    from completiond import cli  # the command runs as printed
+    a = cli.build_parser().parse_args(command.split()[1:])
+    assert a.command == "convert" and a.model == f"{LARGER}@int4"
+
+
+@pytest.mark.parametrize("costs, installed, expected, form", [
+    ({"int8": 90.0, "int4": 54.0}, True, LARGER, "int4"),  # pass 1.80x in int4: expected 1.12x, the faster form
+    ({"int8": 60.0, "int4": 63.0}, True, LARGER, "int8"),  # 2.00x in int8: expected 1.24x, within 1.25x
+    ({"int8": 90.0, "int4": 63.0}, True, SMALLER, None),   # 2.10x at best: expected 1.30x
+    ({"int8": 90.0, "int4": 54.0}, False, SMALLER, None),  # close enough, but not installed
+])
+def test_the_pass_costs_decide_without_a_bench(costs, installed, expected, form, monkeypatch):
+    monkeypatch.setattr(choice, "pass_estimate", lambda: {**SLOW, "larger_ms": costs,
+                                                          "ratio": {f: ms / 30.0 for f, ms in costs.items()}})
+    monkeypatch.setattr(choice, "installed", lambda m: installed)
+    c = choice.cpu_default()
+    assert (c.name, c.form) == (expected, form)
+    best = min(costs, key=costs.get)
+    assert f"{LARGER}@{best}'s one-token pass measured {costs[best] / 30.0:.2f}x" in c.why
+    assert f"expected at {costs[best] / 30.0 * choice.PASS_TO_COMPLETION:.2f}x" in c.why
+    assert ("not installed" in c.why) == (not installed)
+    from completiond.models import default_quant
+    assert default_quant("cpu") == (form or "auto")
+
+
+def test_pass_costs_measured_under_load_keep_the_smaller_target(monkeypatch):
+    monkeypatch.setattr(choice, "installed", lambda m: True)
+    monkeypatch.setattr(choice, "pass_estimate", lambda: {**SLOW, "ratio": {"int8": 3.0, "int4": 1.5},
+                                                          "others_busy": 0.9})
+    c = choice.cpu_default()
+    assert c.name == SMALLER and "other processes used 90% of the CPUs" in c.why and "quiet" in c.why
+
+
+def test_a_bench_overrides_the_pass_costs(monkeypatch):
+    monkeypatch.setattr(choice, "installed", lambda m: True)
+    monkeypatch.setattr(choice, "pass_estimate", lambda: {**SLOW, "larger_ms": {"int8": 33.0, "int4": 31.0},
+                                                          "ratio": {"int8": 1.1, "int4": 1.03}})
+    assert default_target("cpu")[0] == LARGER  # the pass costs alone: 1.03x
+    record_default({LARGER: run(LARGER, "combined", 300.0), SMALLER: run(SMALLER, "ar", 200.0)})
+    target, why = default_target("cpu")
+    assert target == SMALLER and "`combined` p50 is 1.50x" in why
+
+
+def test_the_estimate_is_kept_per_cpu_kernels_torch_and_threads(monkeypatch):
+    """Measured once; the kept record answers while the kernels, torch and the thread count are the
+    ones it was measured with, and a change of any of them measures again."""
+    from completiond.models import estimate
+
+    monkeypatch.setattr(choice, "pass_estimate", MEASURE)  # the real one, with the measurement standing in
+    monkeypatch.setattr(choice, "_kernels", lambda: "build-a")
+    monkeypatch.setattr(estimate, "available", lambda: None)
+    calls = []
+    monkeypatch.setattr(estimate, "pass_costs", lambda small, large: calls.append(1) or
+                        {"smaller_ms": 30.0, "larger_ms": {"int8": 90.0, "int4": 45.0}, "ratio": {"int8": 3.0, "int4": 1.5},
+                         "threads": 2})
+    monkeypatch.setattr(choice, "OthersBusy", lambda: type("Quiet", (), {"share": lambda self: 0.0})())
+    first = choice.pass_estimate()
+    assert choice.pass_estimate()["larger_ms"] == first["larger_ms"] and len(calls) == 1
+    assert cpu_file(choice.ESTIMATE_KIND).exists() and first["kernels"] == "build-a"
+    monkeypatch.setattr(choice, "_kernels", lambda: "build-b")  # the kernels changed
+    choice.pass_estimate()
+    assert len(calls) == 2
 
 
 def test_the_slowest_package_measured_decides(monkeypatch):

@@ -347,15 +347,19 @@ def test_broken_http_is_refused_and_the_daemon_lives(srv):
     assert raw_exchange(srv, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400")
     assert raw_exchange(srv, b"GET /health HTTP/2.0\r\n\r\n").startswith(b"HTTP/1.1 505")
     assert raw_exchange(srv, b"GET /health HTTP/1.1\r\nX: " + b"a" * 70_000 + b"\r\n\r\n").startswith(b"HTTP/1.1 431")
-    assert raw_exchange(srv, b"POST /infill HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n").startswith(b"HTTP/1.1 413")
-    assert raw_exchange(srv, b"POST /infill HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 411")
+    auth = b"Authorization: Bearer " + srv["token"].encode() + b"\r\n"  # a body is read only after the token
+    assert raw_exchange(srv, b"POST /infill HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n").startswith(b"HTTP/1.1 401")
+    assert raw_exchange(srv, b"POST /infill HTTP/1.1\r\n" + auth + b"Content-Length: 99999999999\r\n\r\n") \
+        .startswith(b"HTTP/1.1 413")
+    assert raw_exchange(srv, b"POST /infill HTTP/1.1\r\n" + auth + b"\r\n").startswith(b"HTTP/1.1 411")
     # a chunked body, and a body cut short by the client's close
     body = json.dumps({"prompt": "x = ", "max_tokens": 2}).encode()
     chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
     reply = raw_exchange(srv, b"POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer " + srv["token"].encode()
                          + b"\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n" + chunked)
     assert reply.startswith(b"HTTP/1.1 200") and b"text_completion" in reply
-    assert raw_exchange(srv, b"POST /infill HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"a\"", half_close=True) == b""
+    assert raw_exchange(srv, b"POST /infill HTTP/1.1\r\n" + auth + b"Content-Length: 100\r\n\r\n{\"a\"",
+                        half_close=True).startswith(b"HTTP/1.1 400")
     alive(srv)
 
 

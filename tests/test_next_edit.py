@@ -5,7 +5,7 @@ import pytest
 import tiny
 from completiond.core.engine import Engine, Request
 from completiond.core.prompt.next_edit import (END, START, Window, answer_text, edits, last_change_hint, next_edit_prompt,
-                                               window_at)
+                                               next_edit_window, removed_names, renamed_draft, window_at)
 from completiond.service.history import History, common_span
 
 SRC = "def area(w, h):\n    return w * h\n\n\ndef scale(x, k):\n    y = x * k\n    return y + x\n"
@@ -97,6 +97,82 @@ def test_window_starts_at_the_anchor_block():
     assert ("def f():\n" + body)[w.start:].startswith("    x2 = 2\n")
     w = window_at(text, text.index("    y = x"), before=0)  # not further up than `before` allows
     assert text[w.start:].startswith("    y = x")
+
+
+LOAD = ('import os\n\n\ndef load(path, mode="r"):\n    """Read a file.\n\n    path: where it is.\n'
+        + "".join(f"    More words {i}.\n" for i in range(12))
+        + '    """\n    if not os.path.exists(path):\n        raise OSError(path)\n    return open(path, mode).read()\n'
+        '\n\ndef other(path):\n    return path\n')
+
+
+def test_the_window_follows_a_removed_name_past_a_docstring():
+    """A renamed parameter's first use below a 15-line docstring is in the region (the plain window
+    ended inside the docstring: the model rewrote only that); the next function's own `path` is not."""
+    text = LOAD.replace("def load(path", "def load(file_name")
+    at = text.index("file_name") + len("file_name")
+    assert removed_names("path", "file_name", "def load(", ", mode") == ["path"]
+    assert removed_names("x", "value", "f(", ")") == ["x"] and removed_names("", ", k", "f(x", ")") == []
+    assert removed_names("ath", "", "def load(p", ")") == ["path"]  # widened to the whole identifier
+    plain = window_at(text, at)
+    assert "os.path.exists(path)" not in text[plain.start:plain.end]
+    w = next_edit_window(text, at, ["path"])
+    region = text[w.start:w.end]
+    assert region.startswith("def load(file_name") and "os.path.exists(path)" in region
+    assert "def other" not in region  # the region ends with the function
+    assert next_edit_window(text, at, []) == plain  # no removed name: the plain window
+    assert next_edit_window(text, at, ["mode"]) != plain  # `mode`'s use is further down too
+    far = text.replace("    \"\"\"\n    if", "    \"\"\"\n" + "    x = 1\n" * 30 + "    if")
+    w = next_edit_window(far, at, ["path"])  # too far to grow to: the region is around the use (a jump)
+    assert far[w.start:w.end].startswith("    if not os.path.exists(path):") and "def other" not in far[w.start:w.end]
+
+
+def test_a_rename_drafts_its_other_code_uses():
+    region = 'def f(value, k):\n    """x is it"""\n    y = x * k  # x\n    return y.x + x + f(x=1)\n'
+    draft = renamed_draft(region, "x", "value", "def f(", ", k)")
+    assert draft == 'def f(value, k):\n    """x is it"""\n    y = value * k  # x\n    return y.x + value + f(value=1)\n'
+    assert renamed_draft(region, "", ", k", "def f(x", ")") is None  # an added parameter: no rename
+    assert renamed_draft("def g(a):\n    return a\n", "x", "value", "def f(", ")") is None  # no use
+
+
+def test_the_prompt_keeps_what_an_edit_changes_last():
+    """A prompt warmed before an edit (the cursor at the parameter) shares everything up to the diffs
+    with the prompt after it, and the diffs shown before it: only the new diff, the region and the code
+    below it are new (before, the diffs came first and a new one changed the whole prompt)."""
+    tok = tiny.qwen_tokenizer()
+    head = "".join(f"def f{i}(a, b):\n    return a + b * {i}\n\n\n" for i in range(12))
+    text0 = head + 'def load(path, mode="r"):\n    return open(path, mode).read()\n\n\n' + head.replace("def f", "def g")
+    h = History()
+    text1 = text0.replace("def f3(a", "def f3(alpha").replace("return a + b * 3", "return alpha + b * 3")
+    h.record("file:///a.py", text0, text1, now=1.0)
+    at = text1.index("def load(path") + len("def load(")
+    w0 = next_edit_window(text1, at, [])
+    before, _ = next_edit_prompt(tok, text1, w0, [e.diff("a.py") for e in h.shown()], "a.py", "python")
+    text2 = text1.replace("def load(path", "def load(file_name")
+    h.record("file:///a.py", text1, text2, now=10.0)
+    w = next_edit_window(text2, at + len("file_name"), ["path"])
+    assert w.start == w0.start
+    after, _ = next_edit_prompt(tok, text2, w, [e.diff("a.py") for e in h.shown()], "a.py", "python")
+    common = 0
+    while common < min(len(before), len(after)) and before[common] == after[common]:
+        common += 1
+    shared = tok.decode(after[:common])
+    assert "def f11(a, b):" in shared and "def g11(a, b):" in shared  # the code above and below the region
+    assert "+def f3(alpha, b):" in shared  # and the older diff
+    new = tok.decode(after[common:])
+    assert "file_name" not in shared and new.startswith("--- a/a.py\n+++ b/a.py\n@@ -47")  # new from the new diff on
+    assert common >= 0.75 * len(after)  # the diffs-first prompt shared only the system prompt
+
+
+def test_the_diffs_shown_move_on_in_steps():
+    h, text = History(), "a\n" * 30
+    seen = []
+    for i in range(10):
+        new = text[:2 * i] + "z" + text[2 * i + 1:]
+        h.record("u", text, new, now=10.0 * i)
+        text = new
+        seen.append([e.seq for e in h.shown(6, 3)])
+    assert seen[5] == [1, 2, 3, 4, 5, 6] and seen[6] == [4, 5, 6, 7] and seen[8] == [4, 5, 6, 7, 8, 9]
+    assert seen[9] == [7, 8, 9, 10] and all(len(s) <= 6 for s in seen)
 
 
 def test_edits_are_the_smallest_spans():
@@ -205,13 +281,39 @@ def test_speculative_next_edit_is_identical_to_plain_decoding(engine):
         w = window_at(text, anchor)
         ids, stops = next_edit_prompt(tok, text, w, [e.diff("a.py") for e in h.recent()], "a.py", "python")
         region = text[w.start:w.end]
+        draft = renamed_draft(region, "x", "value", "def scale(", ", k")  # proposed from, verified
+        engine.index.set_open("draft", tok.encode(draft or region, add_special_tokens=False))
         results = {}
         for mode in ("ar", "pld", "combined"):
             res = engine.complete(Request(prompt=ids, mode=mode, max_tokens=48, stops=stops, reuse_prefix=False))
             found = edits(region, answer_text(res.text, region), w.start, res.stopped_by != "max_tokens")
             results[mode] = (res.token_ids, [(e.start, e.end, e.text) for e in found], res.target_passes)
+        engine.index.close("draft")
         assert results["pld"][:2] == results["ar"][:2] == results["combined"][:2]
         assert results["ar"][2] == len(results["ar"][0]) - 1  # plain decoding: one pass per token after the first
+
+
+def test_a_next_edit_computed_ahead_is_served_as_plain_decoding_gives_it(engine):
+    """A pause computes the next edit ahead (service/next_edit.Ahead: Engine.run, greedy); the request
+    for the same prompt is then served from the engine's memory: the tokens plain decoding gives (fp32)."""
+    from completiond.core.engine import drain
+
+    tok = engine.target.tokenizer
+    h = History()
+    at = SRC.index("x, k")
+    text = SRC[:at] + "value" + SRC[at + 1:]
+    h.record("file:///a.py", SRC, text, now=1.0)
+    w = next_edit_window(text, at, ["x"])
+    ids, stops = next_edit_prompt(tok, text, w, [e.diff("a.py") for e in h.shown()], "a.py", "python")
+    engine.typed.clear()
+    with engine.turn(("s", "a#next_edit")):  # ahead, in the next edit's own sequence
+        ahead = drain(engine.run(Request(prompt=ids, mode="pld", max_tokens=48, stops=stops, typed_through=True)))
+    with engine.turn(("s", "a#next_edit")):
+        served = drain(engine.run(Request(prompt=ids, mode="pld", max_tokens=48, stops=stops, typed_through=True)))
+    plain = engine.complete(Request(prompt=ids, mode="ar", max_tokens=48, stops=stops, reuse_prefix=False))
+    assert ahead.served_tokens == 0 and ahead.target_passes > 0
+    assert served.served_tokens > 0 and served.target_passes == 0 and served.reused_tokens == len(ids) - 1
+    assert served.token_ids == plain.token_ids and served.text == plain.text
 
 
 def test_a_change_event_records_the_same_edit_as_comparing_texts():

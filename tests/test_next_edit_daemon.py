@@ -79,7 +79,9 @@ async def test_next_edit_is_cancelled_by_cancel_and_by_an_edit(daemon):
 
 
 async def test_completion_goes_before_a_running_next_edit(daemon):
-    c = await connect(daemon)
+    c = await Client.connect(daemon)  # a text of its own: a next edit of a prompt the engine remembers is served
+    await c.request("initialize", {"client": "test", "protocol": 1})
+    await c.request("document/open", {"uri": URI, "text": SRC + "# priority\n", "version": 1, "language_id": "python"})
     order = []
     # a completion with more work left (1000 tokens allowed) than the next edit (300) still goes first
     _, slow = c.send_request("next_edit", {"uri": URI, "version": 1, "max_tokens": 300})
@@ -89,6 +91,36 @@ async def test_completion_goes_before_a_running_next_edit(daemon):
                                                         "max_tokens": 1000, "mode": "ar"}), 60)
     order.append("complete")
     ne = await asyncio.wait_for(slow, 120)
-    assert order == ["complete", "next_edit"], order
+    assert order == ["complete", "next_edit"], (order, ne)
     assert isinstance(res["text"], str) and ne["cancelled"] is False
     await c.close()
+
+
+async def test_a_pause_computes_the_next_edit_ahead(daemon):
+    """Once the client asked for a next edit, the pause after its next edit computes one ahead: the
+    request at the cursor waits for it and is served from the engine's memory (no pass of its own)."""
+    c = await Client.connect(daemon)  # a text of its own: the engine's memory is shared by the module's tests
+    await c.request("initialize", {"client": "test", "protocol": 1})
+    await c.request("document/open", {"uri": URI, "text": SRC + "# ahead\n", "version": 1, "language_id": "python"})
+    await asyncio.wait_for(c.request("next_edit", {"uri": URI, "version": 1, "max_tokens": 4}), 120)
+    version = await rename_x(c)
+    await asyncio.sleep(1.0)  # the pause (0.35 s), and the computation under way
+    res = await asyncio.wait_for(c.request("next_edit", {"uri": URI, "version": version,
+                                                         "position": {"line": 0, "character": 15}}), 120)
+    assert res["served_tokens"] > 0 and res["target_passes"] == 0, res
+    assert res["reused_tokens"] == res["prompt_tokens"] - 1 and res["cancelled"] is False
+    # a named mode computes it (a comparison): the same answer as the one served
+    plain = await asyncio.wait_for(c.request("next_edit", {"uri": URI, "version": version, "mode": "ar",
+                                                           "position": {"line": 0, "character": 15}}), 120)
+    assert plain["served_tokens"] == 0 and plain["target_passes"] >= 1
+    assert (plain["text"], plain["edits"]) == (res["text"], res["edits"])
+    # a client that never asked: nothing computed ahead for it (another text: the engine's memory is shared)
+    other = await Client.connect(daemon)
+    await other.request("initialize", {"client": "test", "protocol": 1})
+    await other.request("document/open", {"uri": URI, "text": SRC + "# other\n", "version": 1, "language_id": "python"})
+    version = await rename_x(other)
+    await asyncio.sleep(1.0)
+    res = await asyncio.wait_for(other.request("next_edit", {"uri": URI, "version": version, "max_tokens": 8}), 120)
+    assert res["served_tokens"] == 0 and res["target_passes"] >= 1
+    await c.close()
+    await other.close()

@@ -227,3 +227,45 @@ def test_the_engine_reports_each_tested_node_by_the_path_prompt_lookup_proposed(
     res = engine.complete(Request(prompt=prompt, mode="pld", max_tokens=16))
     assert res.token_ids == ar.token_ids
     assert seen and any(k > 0 for k in seen)  # leading first tokens were tested
+
+
+class Priced:
+    """A proposer's measured step (an Ewma's `value`), fixed to a share of the target pass as it costs now."""
+
+    def __init__(self, ms):
+        self.ms = ms
+
+    @property
+    def value(self) -> float:
+        return self.ms()
+
+    def add(self, ms: float) -> None:
+        pass
+
+
+def test_a_draft_as_dear_as_a_target_pass_is_never_asked_once_measured(code_ids):
+    """A draft whose measured pass costs what a target pass does cannot pay at any step (each of its
+    passes saves at most one target pass): after its first proposal measures that, the engine asks
+    neither its `pays` nor its gate (no warm-up, no probes) and the output stays the target's. The
+    same draft measured cheap is asked where prompt lookup finds nothing."""
+    from completiond.core.engine import Engine, Request
+    from completiond.models import self_draft
+
+    target = tiny.loaded(tiny.gemma_config(window=16, layers=4), seed=1, scale=4.0)
+    prompt = code_ids[40:80]
+    ar = Engine(target).complete(Request(prompt=prompt, mode="ar", max_tokens=32)).token_ids
+    for dear in (True, False):
+        engine = Engine(target, self_draft(target, 2))
+        engine.calibrate(sizes=(1, 4, 16), context=8)
+        asked = []
+        pays = engine.draft.pays
+        engine.draft.pays = lambda *a, **k: asked.append(1) or pays(*a, **k)
+        # its passes measured at 1.2 target passes, or at a hundredth of one (of the pass cost now)
+        engine.draft.step_ms = Priced(lambda share=1.2 if dear else 0.01, b=engine.budget: b.cost(1) * share)
+        for _ in range(2):
+            assert engine.complete(Request(prompt=prompt, mode="draft", max_tokens=32)).token_ids == ar
+        gate = engine.gates["draft"]
+        if dear:
+            assert not asked and gate.steps == {True: 0, False: 0} and gate.excluded > 0
+        else:
+            assert asked and gate.excluded == 0

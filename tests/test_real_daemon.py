@@ -100,13 +100,13 @@ def test_slow_start_big_document_two_clients(tmp_path):
             assert res["prompt_tokens"] <= 3100  # the big document's prompt is a window, not the file
         assert statuses[0] == "loading" and set(statuses) <= {"loading", "ready"}, statuses
         ready = daemon_status(sock)
-        from completiond.models import default_target  # the 0.5B unless this CPU measured the 1.5B close enough
-        chosen, why = default_target("cpu")
-        assert ready["state"] == "ready" and ready["target"] == chosen and ready["requests_served"] == 2
-        assert ready["default_reason"] == why, ready
+        from test_real_model import expected_default  # the 0.5B unless this CPU measured the 1.5B close enough
+        chosen, why = expected_default()
+        assert ready["state"] == "ready" and ready["target"] == f"{chosen}@{ready['quant']}"
+        assert ready["requests_served"] == 2 and ready["default_reason"] == why, ready
         from completiond.models import default_quant
         from completiond.models.kernels import cpu_kernel  # the daemon runs the int8 kernel this CPU's calibration chose
-        quant = default_quant("cpu")  # int8, or the weights the measurement that chose the 1.5B ran with
+        quant = default_quant("cpu") if chosen == "qwen2.5-coder-1.5b" else "auto"  # the weights the 1.5B measured fastest
         assert ready["quant"] == ("int8" if quant == "auto" else quant) and ready["int8_kernel"] == cpu_kernel.name(), ready
         from completiond.models import pages  # the weights move into 2 MB pages behind the passes, where Linux gives them
         if pages.unavailable() is None:

@@ -68,6 +68,18 @@ def test_bf16_divergence_only_at_near_ties():
             assert abs(gap) < 0.5, f"divergence at a clear decision (gap {gap})"
 
 
+def expected_default() -> tuple[str, str]:
+    """(named target, why) that `--target default` loads on this CPU (models.choice.choose_default)."""
+    import torch
+
+    from completiond.models import choose_default, converted, pick_dtype, pick_quant
+
+    dev = torch.device("cpu")
+    dt = pick_dtype("auto", dev)
+    name, _, why = choose_default(dev, "auto", lambda q: pick_quant(q, dev, dt), lambda n, f: converted(n, dt, f))
+    return name, why
+
+
 def test_cli_complete_default_models(capsys, tmp_path):
     """The README's first command: the CPU default (Qwen2.5-Coder-0.5B, hash-checked, unless this
     CPU's side-by-side bench chose the 1.5B), FIM with
@@ -77,10 +89,8 @@ def test_cli_complete_default_models(capsys, tmp_path):
     assert cli.main(["complete", str(f), "--line", "9", "--col", "1", "--json", "--max-tokens", "16",
                      "--device", "cpu"]) == 0
     res = json.loads(capsys.readouterr().out)
-    from completiond.models import default_target  # the 0.5B unless this CPU measured the 1.5B close enough
-
-    chosen, why = default_target("cpu")
-    assert res["target"] == chosen and res["default_reason"] == why and res["mode"] == "combined"
+    chosen, why = expected_default()  # the 0.5B unless this CPU measured the 1.5B close enough (and it is converted)
+    assert res["target"] == f"{chosen}@{res['quant']}" and res["default_reason"] == why and res["mode"] == "combined"
     assert res["device"] == "cpu" and (chosen != "qwen2.5-coder-0.5b" or res["draft"].startswith("none ("))
     # a call of main(); a trailing comment may follow: after the call "\n" and "  # Call the main
     # function" are a near-tie that the kernels' numerics decide (float32 attention scores pick the

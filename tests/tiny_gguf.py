@@ -15,11 +15,13 @@ import numpy as np
 import tiny
 
 
-def write_qwen2_gguf(path: Path, seed: int = 0, layers: int = 2, hidden: int = 64, scale: float = 4.0) -> Path:
+def write_qwen2_gguf(path: Path, seed: int = 0, layers: int = 2, hidden: int = 64, scale: float = 4.0,
+                     tied: bool = False) -> Path:
+    """tied: no output.weight in the file (llama.cpp's way of saying the output layer is the embedding)."""
     import gguf
 
     tok = tiny.qwen_tokenizer()
-    cfg = tiny.qwen2_config(vocab=len(tok), layers=layers, hidden=hidden)
+    cfg = tiny.qwen2_config(vocab=len(tok), layers=layers, hidden=hidden, tied=tied)
     model = tiny.model(cfg, seed=seed, scale=scale)
     w = gguf.GGUFWriter(str(path), "qwen2")
     w.add_name("tiny-qwen2")
@@ -46,6 +48,8 @@ def write_qwen2_gguf(path: Path, seed: int = 0, layers: int = 2, hidden: int = 6
     w.add_pad_token_id(tok.convert_tokens_to_ids("<|endoftext|>"))
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN2, cfg.num_hidden_layers)
     for key, t in model.state_dict().items():
+        if tied and key == "lm_head.weight":
+            continue
         base, suffix = key.rsplit(".", 1)
         arr = t.detach().float().numpy()
         name = f"{names.get_name(base)}.{suffix}"
@@ -59,3 +63,50 @@ def write_qwen2_gguf(path: Path, seed: int = 0, layers: int = 2, hidden: int = 6
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def dequantize_with_transformers(gguf_path: Path, out: Path) -> None:
+    """The GGUF as a float32 checkpoint, de-quantized by transformers' GGUF loader (the whole model in
+    memory): the conversion completiond ran before its streaming converter, kept as the reference."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils.quantization_config import GgufConfig
+
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32,
+        quantization_config=GgufConfig(dequantize=True))
+    # The dense copy is an ordinary model; drop the GGUF marker so it can be saved and reloaded plainly.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+
+
+def convert_with_transformers(gguf_path: Path, folder: Path, dtype, scheme: str) -> dict[str, str]:
+    """The runtime form as the transformers path made it: the float32 checkpoint loaded in `dtype`,
+    quantized (`quant.quantize`) and saved (`runtime.save`), with the checkpoint's other files."""
+    import os
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from completiond.models import integrity, runtime
+    from completiond.models.quant import quantize
+
+    dense = folder / "float32"
+    dequantize_with_transformers(gguf_path, dense)
+    model = AutoModelForCausalLM.from_pretrained(str(dense), dtype=dtype, attn_implementation="sdpa",
+                                                 local_files_only=True).eval()
+    if scheme != "none":
+        quantize(model, scheme)
+    digests = runtime.save(model, folder, dtype, scheme, progress=False)
+    del model
+    for f in dense.iterdir():
+        if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json")):
+            os.replace(f, folder / f.name)
+            digests[f.name] = integrity.sha256_file(folder / f.name)
+    shutil.rmtree(dense)
+    return digests

@@ -37,7 +37,11 @@ def add_parser(sub) -> None:
     b.add_argument("--seed", type=int, default=0, help="seed of the position sample (and of the edit tasks)")
     b.add_argument("--peers", default="", help=f"comma list of {', '.join(PEERS)} (or 'all')")
     b.add_argument("--replay", type=int, default=0, metavar="LINES",
-                   help="also replay typing LINES lines through a real daemon (keystroke latency)")
+                   help="also replay typing LINES lines through a real daemon (keystroke latency), and score "
+                        "what it shows after typing up to the first LINES positions' cursors")
+    b.add_argument("--replay-open-pause", type=float, action="append", default=None, metavar="S",
+                   help="seconds a file is open before typing starts, for the shown suggestions of --replay "
+                        "(repeat for several; default: 2 and 30)")
     b.add_argument("--edits", type=int, default=0, metavar="N", help="also run N rewrite (edit) tasks")
     b.add_argument("--prompt-tokens", type=int, default=2048, metavar="N",
                    help="prompt budget per completion (the daemon's quick prompt: 256)")
@@ -76,10 +80,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
     targets = [t.strip() for t in (a.targets or "").split(",") if t.strip()]
     if a.targets is not None and (len(targets) < 2 or len(set(targets)) < len(targets)):
         raise UsageError("--targets takes a comma list of two or more different targets")
-    from ..models.quant import QUANTS
+    from ..models.catalog import ModelError, split_form
 
-    if bad := [t for t in targets if "@" in t and t.partition("@")[2] not in QUANTS]:
-        raise UsageError(f"--targets: {bad[0]!r}: a target's @QUANT is one of {', '.join(QUANTS)}")
+    try:
+        forms = {t: split_form(t) for t in targets}  # NAME@FORM: that target's --quant
+    except ModelError as e:
+        raise UsageError(f"--targets: {e}") from None
+    if a.replay_open_pause and any(s < 0 for s in a.replay_open_pause):
+        raise UsageError("--replay-open-pause takes seconds, 0 or more")
     if a.threads:
         torch.set_num_threads(a.threads)
     try:
@@ -97,8 +105,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
             plot(summary, Path(a.plot))
         text = table(summary)
     else:
-        # NAME@int4: this target's --quant
-        specs = {t: argparse.Namespace(**{**vars(a), "target": t.partition("@")[0], "quant": t.partition("@")[2] or a.quant})
+        specs = {t: argparse.Namespace(**{**vars(a), "target": forms[t][0], "quant": forms[t][1] or a.quant})
                  for t in targets}
         runs = bench_targets(specs, root, label, positions, modes, peers)
         if a.plot:
@@ -249,7 +256,12 @@ def finish_target(r: TargetRun, root: Path, label: str, positions: list, modes: 
     if a.replay:
         from .replay import replay
 
-        summary["keystroke_replay"] = replay(a, root, positions[: a.replay])
+        # the engine's quality on the positions the replay types to, beside what the daemon shows there
+        same = [pp.runs["ar"] for pp in prepared[: a.replay]]
+        engine_scores = {"mode": "ar", "positions": len(same), "prompt_tokens": a.prompt_tokens,
+                         "exact_line": round(sum(r.exact for r in same) / len(same), 3),
+                         "edit_sim": round(sum(r.similarity for r in same) / len(same), 3)}
+        summary["keystroke_replay"] = replay(a, root, positions[: a.replay], engine_scores)
     if a.edits:
         from .edits import run_edits
 
@@ -281,10 +293,11 @@ def side_by_side(runs: dict[str, dict], label: str) -> dict:
 def record_default(runs: dict[str, dict]) -> dict | None:
     """A CPU run of both Qwen targets with `combined` and `ar` on enough positions decides which one
     `--target default` means on this CPU (models/choice.py): kept in the cache."""
+    from ..models.catalog import split_form
     from ..models.choice import MEASURED_PAIR, MIN_POSITIONS, default_target, record_choice
 
     # the larger target as `NAME` (its default weights) or `NAME@QUANT`: the fastest `combined` of those run
-    named = [t for t in runs if t.partition("@")[0] == MEASURED_PAIR[0] and "combined" in runs[t]["modes"]]
+    named = [t for t in runs if split_form(t)[0] == MEASURED_PAIR[0] and "combined" in runs[t]["modes"]]
     key = min(named, key=lambda t: runs[t]["modes"]["combined"]["p50_ms"], default=None)
     larger, smaller = runs.get(key) if key else None, runs.get(MEASURED_PAIR[1])
     if (larger is None or smaller is None or {larger["device"], smaller["device"]} != {"cpu"}
@@ -294,7 +307,7 @@ def record_default(runs: dict[str, dict]) -> dict | None:
     record_choice({"larger_combined_p50_ms": larger["modes"]["combined"]["p50_ms"],
                    "smaller_ar_p50_ms": smaller["modes"]["ar"]["p50_ms"],
                    "positions": larger["positions"], "repo": larger["repo"], "date": larger["date"],
-                   "command": larger["command"], "larger_quant": key.partition("@")[2] or "auto",
+                   "command": larger["command"], "larger_quant": split_form(key)[1] or "auto",
                    "larger_weights": larger.get("weights_file")})
     target, why = default_target("cpu")
     return {"target": target, "why": why}
@@ -334,6 +347,10 @@ def table(summary: dict) -> str:
                      f"{r['tokens_per_s']:>8.1f}{r.get('mean_accepted', float('nan')):>9.2f}{r['speedup_vs_ar']:>7.2f}"
                      f"{r['identical_rate']:>7.2f}{r.get('exact_match', float('nan')):>7.2f}"
                      f"{r.get('edit_similarity', float('nan')):>9.2f}")
+    if r := summary.get("keystroke_replay"):
+        from .report import shown_table
+
+        lines += shown_table(r)
     if p := summary.get("prefill"):
         lines.append(f"cold prefill, {p['prompts']} prompts, {p['tokens']} tokens: ours {p['ours_tokens_per_s']} tokens/s, "
                      f"llama.cpp {p['llama_cpp_tokens_per_s']} ({p['ratio_vs_llama_cpp']}x llama.cpp)")

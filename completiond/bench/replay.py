@@ -3,6 +3,12 @@ per keystroke (the newer cancels the older), and measure time to the first strea
 
 Run twice, with prefix reuse (the daemon's default: only the new tokens are prefilled) and without
 (each request prefills its whole prompt), on the same lines at the same typing rate.
+
+Then the quality a user sees (`shown`), once per open pause: at each of the bench's positions the file
+is opened without the line's code before the cursor, left open for the pause (the daemon warms up),
+and that code is typed up to the cursor (a line-start cursor: Enter at the end of the line above, the
+indentation with it, as editors indent). The suggestion streamed for the last keystroke is what the
+editor shows; it is scored as the bench scores the engine (repo.score) against the same reference.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ import numpy as np
 
 from ..daemon_cli import wait_ready
 from ..service.client import Client
-from .repo import Cursor, read_text_file
+from .repo import Cursor, read_text_file, score
 
 CHAR_INTERVAL_S = 0.12  # ~100 words per minute
 READY_TIMEOUT_S = 900.0  # a first start converts the model (minutes on 2 cores)
+OPEN_PAUSES_S = (2.0, 30.0)  # seconds a file is open before typing starts (`shown`, --replay-open-pause)
 
 
 async def _type_line(client: Client, uri: str, pos: Cursor, text: str, reuse: bool, max_tokens: int,
@@ -101,17 +108,108 @@ async def _accept(client: Client, uri: str, version: int, line: int, col: int, s
             "after_accept_served": res.get("served_tokens", 0) > 0}
 
 
-def replay(a, root: Path, positions: list[Cursor]) -> dict:
+def typing_plan(pos: Cursor, text: str) -> tuple[str, tuple[int, int], list[str]]:
+    """What the user types to reach `pos`'s cursor: (the document as opened, where typing starts as
+    (line, UTF-16 column), the keystrokes). The reference is gone from the document (Cursor.document);
+    mid-line, the code between the indentation and the cursor is typed a character a keystroke;
+    at a line's start, one keystroke: Enter at the end of the line above, with the indentation."""
+    doc, cursor = pos.document(text)
+    line_start = cursor - pos.col
+    head = doc[line_start:cursor]
+    indent = len(head) - len(head.lstrip())
+    if pos.col > indent or pos.line == 0:  # (the first line's start: nothing to type, one request)
+        start = line_start + indent
+        return doc[:start] + doc[cursor:], (pos.line, _utf16(doc[line_start:start])), list(doc[start:cursor])
+    start = line_start - 1  # the newline that ends the line above
+    above = doc[doc.rfind("\n", 0, start) + 1:start]
+    return doc[:start] + doc[cursor:], (pos.line - 1, _utf16(above)), [doc[start:cursor]]
+
+
+def _utf16(s: str) -> int:
+    return len(s.encode("utf-16-le")) // 2
+
+
+async def _shown(client: Client, uri: str, pos: Cursor, text: str, pause_s: float, max_tokens: int,
+                 multiline: bool) -> dict:
+    """Open, pause, type up to the cursor (`typing_plan`), one request per keystroke; the last
+    keystroke's answer: its streamed text (what the editor shows), lane, ms to its first token."""
+    doc, (line, col), keys = typing_plan(pos, text)
+    await client.request("document/open", {"uri": uri, "text": doc, "version": 0})
+    await client.notify("document/cursor", {"uri": uri, "position": {"line": line, "character": col}})
+    await asyncio.sleep(pause_s)
+    streamed: dict[int, list[str]] = {}  # msgid -> the text increments, in order
+    firsts: dict[int, float] = {}
+
+    def on_partial(p: dict) -> None:
+        firsts.setdefault(p["id"], time.perf_counter())
+        streamed.setdefault(p["id"], []).append(p["text"])
+
+    unsubscribe = client.on("complete/partial", on_partial)
+    pending: list[tuple[float, int, asyncio.Future]] = []
+    for version, key in enumerate(keys or [""], 1):  # no keys: the one request at the cursor
+        if key:
+            await client.request("document/change", {"uri": uri, "version": version, "changes": [{
+                "range": {"start": {"line": line, "character": col}, "end": {"line": line, "character": col}},
+                "text": key}]})
+        if "\n" in key:
+            line, col = line + key.count("\n"), _utf16(key.rsplit("\n", 1)[-1])
+        else:
+            col += _utf16(key)
+        t0 = time.perf_counter()
+        msgid, fut = client.send_request("complete", {"uri": uri, "position": {"line": line, "character": col},
+                                                      "max_tokens": max_tokens, "multiline": multiline})
+        pending.append((t0, msgid, fut))
+        if version < len(keys):
+            await asyncio.sleep(CHAR_INTERVAL_S)
+    results = await asyncio.gather(*(f for _, _, f in pending), return_exceptions=True)
+    unsubscribe()
+    await client.request("document/close", {"uri": uri})
+    t0, msgid, _ = pending[-1]
+    last = results[-1] if isinstance(results[-1], dict) else {}
+    return {"shown": "".join(streamed.get(msgid, [])), "text": last.get("text"), "lane": last.get("prompt_lane"),
+            "final_ms": (firsts[msgid] - t0) * 1000 if msgid in firsts else None, "keystrokes": len(keys),
+            "error": None if isinstance(results[-1], dict) else repr(results[-1])}
+
+
+def shown_summary(rows: list[dict], pause_s: float, engine: dict | None = None) -> dict:
+    """`keystroke_replay.shown[S]`: the shown suggestions' scores (repo.score, averaged), which lane
+    answered the last keystroke, its ms to the first streamed token; beside the engine's scores on the
+    same positions (`engine`: exact_line, edit_sim) when given."""
+    scores = [score(r["shown"], r["reference"]) for r in rows]
+    final = [r["final_ms"] for r in rows if r["final_ms"] is not None]
+    lanes = {"quick": 0, "full": 0}
+    for r in rows:
+        if r["lane"] in lanes:
+            lanes[r["lane"]] += 1
+    out = {"open_pause_s": pause_s, "positions": len(rows),
+           "exact_line": round(sum(s["exact"] for s in scores) / len(rows), 3) if rows else None,
+           "edit_sim": round(sum(s["similarity"] for s in scores) / len(rows), 3) if rows else None,
+           "lanes": lanes, "p50_final_keystroke_ms": _p(final, 50), "p95_final_keystroke_ms": _p(final, 95),
+           "answered": len(final)}
+    if engine and rows:  # shown over engine: 1.0 = the user sees the bench's quality
+        out["vs_engine"] = {k: round(out[k] / engine[k], 3) if engine[k] else None for k in ("exact_line", "edit_sim")}
+    out["rows"] = [{**{k: r[k] for k in ("position", "lane", "final_ms", "keystrokes", "reference", "shown")},
+                    "exact": s["exact"], "edit_sim": round(s["similarity"], 3)} for r, s in zip(rows, scores)]
+    for row in out["rows"]:
+        row["final_ms"] = round(row["final_ms"], 1) if row["final_ms"] is not None else None
+    return out
+
+
+def replay(a, root: Path, positions: list[Cursor], engine: dict | None = None) -> dict:
     """Start a daemon with the bench's model flags, wait until it is ready (not only bound: a loading
-    daemon's status has no scheduler yet), replay the lines twice (reuse on / off)."""
+    daemon's status has no scheduler yet), replay the lines twice (reuse on / off), then the shown
+    suggestions after each open pause (a.replay_open_pause, default OPEN_PAUSES_S). engine: the
+    engine's scores on the same positions (exact_line, edit_sim), kept beside them."""
     with tempfile.TemporaryDirectory() as tmp:
         sock = Path(tmp) / "bench.sock"
         cmd = [sys.executable, "-m", "completiond", "serve", "--socket", str(sock), "--target", a.target,
-               "--draft", a.draft, "--dtype", a.dtype, "--device", a.device, "--log-level", "WARNING"]
+               "--draft", a.draft, "--dtype", a.dtype, "--device", a.device, "--quant", a.quant,
+               "--log-level", "WARNING"]
         log = open(Path(tmp) / "daemon.log", "wb")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
         try:
-            return asyncio.run(_replay(sock, positions, a.max_tokens, proc))
+            pauses = getattr(a, "replay_open_pause", None) or list(OPEN_PAUSES_S)
+            return asyncio.run(_replay(sock, positions, a.max_tokens, proc, pauses, not a.single_line, engine))
         except (RuntimeError, TimeoutError) as e:  # the daemon's own last words say why
             tail = (Path(tmp) / "daemon.log").read_text(errors="replace").strip().splitlines()[-3:]
             raise RuntimeError(f"the benchmark daemon: {e}" + (f" ({' / '.join(tail)})" if tail else "")) from None
@@ -125,7 +223,8 @@ def _p(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 1) if xs else None
 
 
-async def _replay(sock: Path, positions: list[Cursor], max_tokens: int, proc: subprocess.Popen) -> dict:
+async def _replay(sock: Path, positions: list[Cursor], max_tokens: int, proc: subprocess.Popen,
+                  pauses: list[float] = (), multiline: bool = True, engine: dict | None = None) -> dict:
     await wait_ready(sock, proc, READY_TIMEOUT_S)
     client = await Client.connect(sock)
     await client.request("initialize", {"client": "bench", "protocol": 1})
@@ -149,6 +248,16 @@ async def _replay(sock: Path, positions: list[Cursor], max_tokens: int, proc: su
                     "p95_final_keystroke_first_token_ms": _p(final, 95),
                     "requests": requests, "answered_with_tokens": len(ttft),
                     "cancelled_before_first_token": superseded}
+    if engine is not None:
+        out["engine"] = engine
+    out["shown"] = {}
+    for pause in pauses:  # keyed by the pause in seconds ("2", "30")
+        rows = []
+        for i, pos in enumerate(positions):
+            r = await _shown(client, f"bench://shown/{pause:g}/{i}/{pos.file.name}", pos, read_text_file(pos.file) or "",
+                             pause, max_tokens, multiline)
+            rows.append({**r, "position": i, "reference": pos.reference})
+        out["shown"][f"{pause:g}"] = shown_summary(rows, pause, engine)
     out["pass_costs"] = (await client.request("status", {})).get("pass_costs")  # the table it ended with
     await client.close()
     return out

@@ -86,6 +86,29 @@ def summarize_peers(prepared: list[BenchPrompt], peer_rows: dict[str, list[dict]
     return out
 
 
+def shown_table(replay: dict) -> list[str]:
+    """Table lines: what the daemon showed after typing up to each position's cursor, per open pause,
+    beside the engine's quality on the same positions (`keystroke_replay` of the JSON)."""
+    shown = replay.get("shown") or {}
+    if not shown:
+        return []
+    e = replay.get("engine") or {}
+    lines = [f"{'shown (daemon, typed)':<26}{'pause s':>9}{'exact':>7}{'edit sim':>9}{'vs eng':>8}"
+             f"{'quick':>7}{'full':>6}{'final p50':>11}{'p95':>8}"]
+    if e:
+        lines.append(f"{'engine (' + e['mode'] + ', same pos.)':<26}{'':>9}{e['exact_line']:>7.2f}{e['edit_sim']:>9.2f}")
+    for s in shown.values():
+        vs = (s.get("vs_engine") or {}).get("exact_line")
+        lines.append(f"{'shown':<26}{s['open_pause_s']:>9g}{s['exact_line']:>7.2f}{s['edit_sim']:>9.2f}"
+                     f"{vs if vs is not None else float('nan'):>8.2f}{s['lanes']['quick']:>7}{s['lanes']['full']:>6}"
+                     f"{_num(s['p50_final_keystroke_ms']):>11}{_num(s['p95_final_keystroke_ms']):>8}")
+    return lines
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
 def plot(summary: dict, path: Path) -> None:
     import matplotlib
 
@@ -94,8 +117,10 @@ def plot(summary: dict, path: Path) -> None:
 
     names = list(summary["modes"]) + list(summary.get("peers", {}))
     rows = [summary["modes"].get(n) or summary["peers"][n] for n in names]
-    fig, axes = plt.subplots(1, 3 if any(summary["modes"][m]["acceptance_by_depth"] for m in summary["modes"]) else 2,
-                             figsize=(16, 4.8))
+    depth = any(summary["modes"][m]["acceptance_by_depth"] for m in summary["modes"])
+    replay = summary.get("keystroke_replay") or {}
+    shown = replay.get("shown") or {}
+    fig, axes = plt.subplots(1, 2 + depth + bool(shown), figsize=(16 + 5 * bool(shown), 4.8))
     colors = ["#4477aa" if n in summary["modes"] else "#bbbbbb" for n in names]
     x = np.arange(len(names))
     axes[0].bar(x - 0.2, [r["p50_ms"] for r in rows], 0.4, color=colors, label="p50")
@@ -107,7 +132,19 @@ def plot(summary: dict, path: Path) -> None:
     axes[1].axhline(1.0, color="k", lw=0.8)
     axes[1].set_xticks(x, names, rotation=30, ha="right")
     axes[1].set_ylabel("speed-up vs completiond ar (same positions)")
-    if len(axes) == 3:
+    if shown:  # quality shown after typing (per open pause) beside the engine's, same positions
+        ax = axes[-1]
+        e = replay.get("engine") or {}
+        names_q = ([f"engine ({e['mode']})"] if e else []) + [f"shown, {k} s open" for k in shown]
+        rows_q = ([e] if e else []) + list(shown.values())
+        xq = np.arange(len(names_q))
+        ax.bar(xq - 0.2, [r["exact_line"] for r in rows_q], 0.4, color="#4477aa", label="exact line")
+        ax.bar(xq + 0.2, [r["edit_sim"] for r in rows_q], 0.4, color="#66ccee", label="edit similarity")
+        ax.set_xticks(xq, names_q, rotation=30, ha="right")
+        ax.set_ylim(0, 1)
+        ax.set_ylabel(f"quality, {rows_q[-1]['positions']} positions")
+        ax.legend()
+    if depth:
         for m, r in summary["modes"].items():
             if r["acceptance_by_depth"]:
                 d = r["acceptance_by_depth"][:16]

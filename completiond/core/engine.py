@@ -22,14 +22,14 @@ from collections.abc import Callable, Collection, Generator, Hashable, Iterator
 import torch
 
 from .speculation.budget import (CALIBRATION_SIZES, MAX_AGE_S, QUICK_SIZES, StepGate, TreeBudget, calibration_path,
-                                 gates_path, load_gates, load_table, measure_costs, save_costs, save_gates,
+                                 could_pay, gates_path, load_gates, load_table, measure_costs, save_costs, save_gates,
                                  slower_draft, stale_reason)
 from .speculation.index import TokenIndex
 from ..models.heads import EagleHead, MedusaHeads
 from .speculation.heads import head_proposer
 from ..models import LoadedModel
 from ..models.device import LOADED, OthersBusy, loadavg, quiet_now
-from .prompt import Heal, fim_tokens
+from .prompt import Heal, fim_tokens, special_ids
 from .speculation.proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
 from .forward.context import Cancelled, PassContext
 from .forward.runner import Pass, Runner, drain
@@ -99,7 +99,7 @@ class Engine:
         self.gates: dict[str, StepGate] = {}  # by proposer name: does a costly proposer pay, measured
         self.draft_id = draft_id(draft)  # whose gates the calibration cache keeps
         self.max_candidate_len = max_candidate_len
-        self.eos = target.eos_ids()
+        self.eos = target.eos_ids() | special_ids(target.tokenizer)  # any special token ends the text
         self.lock = threading.Lock()
         # stale work: wall ms of requests that were cancelled, of warm-ups, of those preempted
         self.stats = {"requests": 0, "passes": 0, "accepted": 0, "served_tokens": 0, "cancelled": 0,
@@ -380,6 +380,14 @@ class Engine:
         always = self.budget.always
         candidates = []
         for p in proposers:
+            # a costly proposer's node must also pay for its place in the verify pass
+            node_ms = (self.budget.cost(8) - pass_ms) / 7 if p.costly else 0.0
+            useful = self.budget.useful_nodes() if p.costly else self.budget.max_nodes
+            step = getattr(p, "step_ms", None)  # its measured pass (a draft model's, the heads' step)
+            if not always and p.costly and not could_pay(candidates, min(max_len, useful), step.value if step else 0.0,
+                                                         pass_ms, node_ms):
+                self.gates.setdefault(p.name, StepGate()).excluded += 1  # not even a probe: it cannot pay here
+                continue
             if not always and not p.pays(candidates, pass_ms, ctx):
                 continue
             if not always and p.costly:  # it says it pays: the measured gate has the last word
@@ -387,12 +395,9 @@ class Engine:
                 gated = (p.name, ran)
                 if not ran:
                     continue
-            # a costly proposer's node must also pay for its place in the verify pass
-            node_ms = (self.budget.cost(8) - pass_ms) / 7 if p.costly else 0.0
             min_value = 0.0 if always else max(0.02, p.min_value(pass_ms) + max(node_ms, 0.0) / pass_ms)
             # and stop growing where even a certain tree would be cut (pld's lookups cost nothing)
-            limits = Limits(max_len=max_len, min_value=min_value,
-                            max_nodes=self.budget.useful_nodes() if p.costly else self.budget.max_nodes)
+            limits = Limits(max_len=max_len, min_value=min_value, max_nodes=useful)
             candidates += p.propose(context, limits, ctx)
         tree = build_tree(root, candidates, self.budget.max_nodes)
         return truncate(tree, self.budget.best_size(tree.value)), gated

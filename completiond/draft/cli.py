@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import sys
 from pathlib import Path
 
@@ -111,10 +112,11 @@ def _out_dir(flag: str, path: str) -> None:
 def _corpus(path: str, splits: tuple[str, ...]) -> None:
     p = Path(path)
     if not p.is_dir():
-        raise _usage(f"--corpus {path}: no such directory (run `completiond train-draft label` first)")
+        raise _usage(f"--corpus {path}: no such directory (run `completiond train-draft label --out {shlex.quote(path)}` first)")
     for split in splits:
         if not any(p.glob(f"{split}_*.npz")):
-            raise _usage(f"--corpus {path}: no {split}_*.npz shards (run `completiond train-draft label` first)")
+            raise _usage(f"--corpus {path}: no {split}_*.npz shards (run `completiond train-draft label --out {shlex.quote(path)}` "
+                         "first)")
 
 
 def _lengths(text: str) -> list[int]:
@@ -253,7 +255,8 @@ def _portable(path: str) -> str:
 
 def cmd_export(a: argparse.Namespace) -> int:
     if not Path(a.ckpt).is_file():
-        raise _usage(f"--ckpt {a.ckpt}: no such file (run `completiond train-draft train` first)")
+        raise _usage(f"--ckpt {a.ckpt}: no such file (run `completiond train-draft train --corpus {shlex.quote(a.corpus)} "
+                     f"--out {shlex.quote(str(Path(a.ckpt).parent))}` first: it writes checkpoint.pt there)")
     _corpus(a.corpus, ("train",))
     _out_dir("--out", a.out)
     import numpy as np

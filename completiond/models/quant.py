@@ -397,28 +397,41 @@ def quantize(model: nn.Module, scheme: str, group: int = INT4_GROUP, full_head: 
     if scheme not in ("int8", "int4"):
         raise ValueError(f"unknown quantization scheme {scheme!r} (expected int8 or int4)")
     base = getattr(model, model.base_model_prefix)
-    low = "w4" if scheme == "int4" and w4_native() else scheme
     for module in list(base.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                keep = scheme == "int4" and name in INT4_KEEP_INT8
-                setattr(module, name, QuantLinear.from_linear(child, "int8" if keep else low, group))
+                setattr(module, name, quantize_linear(name, child, scheme, group))
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear):
         raise ValueError(f"cannot quantize an output layer of type {type(head).__name__}")
     embed = model.get_input_embeddings().weight
     tied = embed is head.weight or (embed.shape == head.weight.shape and torch.equal(embed, head.weight))
+    model.set_output_embeddings(quantize_head(head, embed if tied else None, scheme, full_head))
+
+
+def quantize_linear(name: str, linear: nn.Module, scheme: str, group: int = INT4_GROUP) -> QuantLinear:
+    """A decoder layer named `name` (its attribute name: q_proj, down_proj...) as `quantize` makes it:
+    int8, or under int4 w4 / torch's int4 (attention stays int8, INT4_KEEP_INT8)."""
+    low = "w4" if scheme == "int4" and w4_native() else scheme
+    keep = scheme == "int4" and name in INT4_KEEP_INT8
+    return QuantLinear.from_linear(linear, "int8" if keep else low, group)
+
+
+def quantize_head(head: nn.Module, embed: torch.Tensor | None, scheme: str, full_head: bool = False) -> QuantLinear:
+    """The output layer (anything with .weight [V, H] and .bias) as `quantize` makes it; `embed`: the
+    input embedding when the head is tied to it (its weight, kept as full_weight), else None."""
+    low = "w4" if scheme == "int4" and w4_native() else scheme
     # the int4 target's head in w4 where completiond's kernel runs it (a one-token pass reads 37 % fewer
     # head bytes), except where exact_head_logits needs int8's tight bound
     qhead = QuantLinear.from_linear(head, "w4" if low == "w4" and not full_head else "int8",
-                                    norms=tied or full_head)
-    if tied:
+                                    norms=embed is not None or full_head)
+    if embed is not None:
         qhead.full_weight = embed.detach()  # tied weights loaded as two copies: keep one (272 MB, the 0.5B)
     elif full_head:
         qhead.full_weight = head.weight.detach()
     else:
         qhead.residual = head_residual(qhead, head.weight.detach())
-    model.set_output_embeddings(qhead)
+    return qhead
 
 
 def head_residual(head: QuantLinear, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,6 +22,7 @@ import hashlib
 import json
 import struct
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -137,47 +138,65 @@ def _ordered(model: nn.Module) -> tuple[list[tuple[str, torch.Tensor, str]], dic
 def save(model: nn.Module, folder: Path, dtype: torch.dtype, scheme: str, progress: bool = True) -> dict[str, str]:
     """Write the runtime form of `model` (loaded in `dtype`, quantized with `scheme`) into folder;
     returns {file name: sha256} of what it wrote (hashed while writing)."""
-    from tqdm import tqdm
-
     tensors, layout = _ordered(model)
+    return write(folder, dtype, scheme, tensors, layout, [model.get_input_embeddings().weight.detach()], progress)
+
+
+def write(folder: Path, dtype: torch.dtype, scheme: str, tensors: Iterable[tuple[str, torch.Tensor, str]],
+          layout: dict, embed: Iterable[torch.Tensor], progress: bool = False) -> dict[str, str]:
+    """Write a runtime form from (name, tensor, group) in file order (`_ordered`'s order; a generator
+    may make them one at a time: each is written as it comes and can then be freed) and the input
+    embedding's rows, in chunks of [rows, H]. `layout` must be complete once `tensors` is exhausted.
+    The data goes to a scratch file first (the header before it needs every entry), then is copied
+    behind the header; returns {file name: sha256}."""
     entries, at, pads, prev = {}, 0, 0, None
-    plan: list[tuple[str, torch.Tensor | int]] = []
-    for name, t, group in tensors:
-        size = t.numel() * t.element_size()
-        if group != prev and at % ALIGN:  # a new group starts aligned; siblings stay back to back
-            pad = ALIGN - at % ALIGN
-            entries[f"__pad__.{pads}"] = {"dtype": "U8", "shape": [pad], "data_offsets": [at, at + pad]}
-            plan.append((f"__pad__.{pads}", pad))
-            pads, at = pads + 1, at + pad
-        if t.dtype not in _DTYPES:
-            raise RuntimeFormError(f"cannot store {name} of dtype {t.dtype}")
-        entries[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [at, at + size]}
-        plan.append((name, t))
-        at, prev = at + size, group
-    entries["__metadata__"] = {"format": FORMAT, "layout": json.dumps(layout), "dtype": dtype_name(dtype),
-                               "scheme": scheme}
-    header = json.dumps(entries, separators=(",", ":")).encode()
-    header += b" " * (-(8 + len(header)) % ALIGN)  # tensors start 64-byte aligned in the file
-    digests = {}
     path = folder / weights_file(dtype, scheme)
-    with open(path, "wb") as f, tqdm(total=at, unit="B", unit_scale=True, disable=not progress, file=sys.stderr,
-                                     desc=f"writing {path.name}") as bar:
-        h = hashlib.sha256()
-        for chunk in (struct.pack("<Q", len(header)), header):
+    scratch = path.with_name(path.name + ".data")
+    try:
+        with open(scratch, "wb") as data:
+            for name, t, group in tensors:
+                if group != prev and at % ALIGN:  # a new group starts aligned; siblings stay back to back
+                    pad = ALIGN - at % ALIGN
+                    entries[f"__pad__.{pads}"] = {"dtype": "U8", "shape": [pad], "data_offsets": [at, at + pad]}
+                    data.write(bytes(pad))
+                    pads, at = pads + 1, at + pad
+                if t.dtype not in _DTYPES:
+                    raise RuntimeFormError(f"cannot store {name} of dtype {t.dtype}")
+                size = t.numel() * t.element_size()
+                entries[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [at, at + size]}
+                data.write(_bytes(t))
+                at, prev = at + size, group
+        entries["__metadata__"] = {"format": FORMAT, "layout": json.dumps(layout), "dtype": dtype_name(dtype),
+                                   "scheme": scheme}
+        header = json.dumps(entries, separators=(",", ":")).encode()
+        header += b" " * (-(8 + len(header)) % ALIGN)  # tensors start 64-byte aligned in the file
+        digests = {path.name: _copy_behind(path, struct.pack("<Q", len(header)) + header, scratch, at, progress)}
+    finally:
+        scratch.unlink(missing_ok=True)
+    h = hashlib.sha256()
+    with open(folder / embed_file(dtype), "wb") as f:
+        for rows in embed:
+            chunk = _bytes(rows)
             f.write(chunk)
             h.update(chunk)
-        for name, t in plan:
-            data = bytes(t) if isinstance(t, int) else _bytes(t)
-            f.write(data)
-            h.update(data)
-            bar.update(len(data))
-        digests[path.name] = h.hexdigest()
-    embed = model.get_input_embeddings().weight.detach()
-    with open(folder / embed_file(dtype), "wb") as f:
-        data = _bytes(embed)
-        f.write(data)
-        digests[embed_file(dtype)] = hashlib.sha256(data).hexdigest()
+    digests[embed_file(dtype)] = h.hexdigest()
     return digests
+
+
+def _copy_behind(path: Path, head: bytes, scratch: Path, size: int, progress: bool) -> str:
+    """Write `head` then scratch's `size` bytes into path, in 16 MB pieces; their sha256."""
+    from tqdm import tqdm
+
+    h = hashlib.sha256(head)
+    with open(path, "wb") as f, open(scratch, "rb") as src, tqdm(
+            total=size, unit="B", unit_scale=True, disable=not progress, file=sys.stderr,
+            desc=f"writing {path.name}") as bar:
+        f.write(head)
+        while piece := src.read(16 << 20):
+            f.write(piece)
+            h.update(piece)
+            bar.update(len(piece))
+    return h.hexdigest()
 
 
 def _bytes(t: torch.Tensor) -> memoryview:

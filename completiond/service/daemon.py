@@ -30,6 +30,7 @@ from ..core.forward.context import PassContext
 from ..core.scheduler import Scheduler
 from .documents import IndexView
 from .session import InFlight, Session
+from .next_edit import Ahead
 from .warmup import WARM_AFTER_S, Warmer, cursor_after
 from .transport import AUTH_TIMEOUT_S, MAX_PENDING_AUTH, WAITING_GRACE_S, bind_unix, drain, read_frames, remove_own
 from .workspace import WorkspaceWatcher
@@ -40,9 +41,12 @@ if TYPE_CHECKING:  # torch is imported by the loader, after the socket is up
 log = logging.getLogger("completiond.daemon")
 
 
+# what initialize says of the models: the target (NAME@FORM for a named one), its weights form and,
+# for `--target default`, why this target and form are the default here
+MODEL_KEYS = ("target", "draft", "device", "state", "quant", "default_reason")
 EARLY = {"initialize", "status", "shutdown", "document/open", "document/change"}  # answered while loading
 CALIBRATION_SAVE_S = 300.0  # how often the pass costs that real requests measured are written back
-Loader = Callable[[TokenIndex, Callable[[str], None]], "tuple[EngineLike, dict]"]
+Loader = Callable[[TokenIndex, Callable[..., None]], "tuple[EngineLike, dict]"]
 
 
 class Daemon:
@@ -77,6 +81,7 @@ class Daemon:
             self.watcher.add_root(root)
         self.ready = asyncio.Event()
         self.phases: list[tuple[str, float]] = [("ready" if self.engine else "starting", time.time())]
+        self.progress: float | None = None  # percent done of the phase under way, where known
         self.error: str | None = None  # why loading failed; the daemon then exits
         self._calibration_saved = time.time()
         self.sessions: dict[int, Session] = {}
@@ -89,12 +94,13 @@ class Daemon:
         self.servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()  # complete / rewrite answers in flight
         self.warmer = Warmer(self, enabled=warm)
+        self.next_edits = Ahead(self, enabled=warm)  # next edits computed in the pauses (service/next_edit.py)
         if self.engine is not None:
             self.info["state"] = "ready"
             self.ready.set()
 
     def model_info(self) -> dict:
-        return {k: self.info[k] for k in ("target", "draft", "device", "state") if k in self.info}
+        return {k: self.info[k] for k in MODEL_KEYS if k in self.info}
 
     def loading_status(self) -> dict:
         """`status` before the models are in: the phase, how long it has run, and the ones before it."""
@@ -102,12 +108,15 @@ class Daemon:
         phase, since = self.phases[-1]
         done = [{"phase": a, "s": round(b_t - a_t, 1)} for (a, a_t), (_, b_t) in zip(self.phases, self.phases[1:])]
         return {**self.info, "state": "failed" if self.error else "loading", "phase": phase,
-                "phase_s": round(now - since, 1), "phases_done": done, "error": self.error,
+                "phase_s": round(now - since, 1), "phases_done": done, "error": self.error, "progress": self.progress,
                 "pid": os.getpid(), "uptime_s": round(now - self.started, 1),
                 "clients": len(self.sessions) - 1, "requests_served": 0}
 
     async def _load(self) -> None:
-        def phase(name: str) -> None:  # engine thread; a list append is atomic under the GIL
+        def phase(name: str, progress: float | None = None) -> None:  # engine thread; appends are atomic
+            self.progress = progress  # percent done of the phase, where known (a conversion's)
+            if self.phases[-1][0] == name:
+                return
             self.phases.append((name, time.time()))
             log.info("start-up: %s (%.1f s in)", name, time.time() - self.started)
 
@@ -179,6 +188,7 @@ class Daemon:
         self._arrived.pop(s.id, None)
         s.cancel_all()
         self.warmer.forget(s)
+        self.next_edits.forget(s)
         for uri in s.docs:
             self.index.close(s.index_key(uri))
         self.sessions.pop(s.id, None)
@@ -236,6 +246,8 @@ class Daemon:
                 and uri in s.docs:  # a rejected frame's uri may be any value (a map is unhashable)
             self.warmer.touched(s, uri, cursor_after(frame.params.get("changes"), s.encoding),
                                 0.0 if frame.method == "document/open" else WARM_AFTER_S)
+            self.next_edits.touched(s, uri, cursor_after(frame.params.get("changes"), s.encoding),
+                                    0.0 if frame.method == "document/open" else WARM_AFTER_S)
 
     async def _call(self, s: Session, frame: P.Frame, method: Method):
         return await method.fn(self, s, method.params.parse(frame.params), frame.msgid)
@@ -252,8 +264,11 @@ class Daemon:
         if isinstance(e, P.RpcError):
             s.send(P.response(frame.msgid, e))
             s.closed = s.closed or e.close
-        else:  # a bug must cost one request, not the daemon
-            log.exception("%s failed", frame.method, exc_info=e)
+        else:  # a bug must cost one request, not the daemon (a `quiet` error, a remote's failure: one line)
+            if getattr(e, "quiet", False):
+                log.warning("%s failed: %s", frame.method, e)
+            else:
+                log.exception("%s failed", frame.method, exc_info=e)
             s.send(P.response(frame.msgid, P.RpcError(P.INTERNAL_ERROR, f"{type(e).__name__}: {e}")))
 
     async def _run(self, s: Session, flight: InFlight, job: EngineJob) -> dict:

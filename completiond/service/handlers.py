@@ -113,6 +113,7 @@ async def doc_cursor(d: Serving, s: Session, p: P.DocumentCursor, msgid) -> None
     """The editor's cursor rests here (LSP sends no cursor): once it stays, warm this position."""
     s.offset(s.doc(p.uri), p.position)  # -32602 for a position outside the document
     d.warmer.touched(s, p.uri, p.position, 0.0)  # editors send it once the cursor rests: warm at once
+    d.next_edits.touched(s, p.uri, p.position, 0.0)
 
 
 async def cancel(d: Serving, s: Session, p: P.Cancel, msgid) -> None:
@@ -295,6 +296,17 @@ def build_completion(engine: EngineLike, plan: CompletionPlan) -> Built:
                  anchor=Anchor(text, offset, full, quick, fim=fim_tokens(tok) is not None))
 
 
+def shown_text(cursor_head: str, out: str, final: bool) -> str | None:
+    """What a client is shown of the engine's text `out` so far: without a repeat of the line's last
+    words, and nothing while it is whitespace alone (after an accept the model often starts with the
+    line break: drawn alone it is a blank ghost line, and Tab would insert it). None while undecided
+    (a partial held back); "" when the final text shows nothing."""
+    out = drop_repeated_head(cursor_head, out, final)
+    if out is not None and not out.strip():
+        return "" if final else None
+    return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class CompletionJob(EngineJob):
     """`complete`: its plan, and the session that keeps the anchor its prompt leaves."""
@@ -312,7 +324,7 @@ class CompletionJob(EngineJob):
 
     def shown(self, text: str, final: bool) -> str | None:
         # a suggestion never writes the line's last words again (`    def ` + `def f(` -> `def def f(`)
-        return drop_repeated_head(self.cursor_head, text, final)
+        return shown_text(self.cursor_head, text, final)
 
     def answer(self, result: Result, built: Built) -> dict:
         lane = "quick" if built.lane is not None and built.lane.slot != self.plan.slot else "full"

@@ -34,6 +34,7 @@ class Edit:
     line: int  # 0-based line of `start`
     at: float  # time.time() of its last keystroke
     version: int | None = None  # the document version after it
+    seq: int = 0  # its place in the connection's history (a merged keystroke keeps the edit's)
 
     def diff(self, path: str = "") -> str:
         """A unified diff hunk of this edit (the form open next-edit models are trained on)."""
@@ -118,6 +119,7 @@ class History:
     def __init__(self, max_edits: int = MAX_EDITS, merge_s: float = MERGE_S):
         self.edits: deque[Edit] = deque(maxlen=max_edits)
         self.merge_s = merge_s
+        self.count = 0  # edits recorded so far (Edit.seq)
 
     def record(self, uri: str, old_text: str, new_text: str, version: int | None = None,
                hint: int | None = None, now: float | None = None) -> Edit | None:
@@ -153,8 +155,12 @@ class History:
                 return None
             start, old, new = a, merged_old, merged_new
             end_new = a + len(merged_new)
+            seq = last.seq
+        else:
+            self.count += 1
+            seq = self.count
         before, after, line = _context(new_text, start, end_new)
-        edit = Edit(uri, start, _cut(old), _cut(new), before, after, line, now, version)
+        edit = Edit(uri, start, _cut(old), _cut(new), before, after, line, now, version, seq)
         self.edits.append(edit)
         return edit
 
@@ -162,6 +168,15 @@ class History:
         """The last `n` edits (of `uri` only, when given), oldest first."""
         found = [e for e in self.edits if uri is None or e.uri == uri]
         return found[-n:]
+
+    def shown(self, n: int = 6, step: int = 3) -> list[Edit]:
+        """The recent edits a prompt shows, oldest first: between n - step + 1 and n of them, the first
+        one moving on only every `step` new edits (not with each), so that the diffs above a new one
+        stay the same and a prompt warmed before it keeps them cached."""
+        if not self.edits:
+            return []
+        first = max(0, -(-(self.edits[-1].seq - n) // step) * step + 1)  # seqs first.. last: at most n
+        return [e for e in self.edits if e.seq >= first][-n:]
 
     def last(self, uri: str) -> Edit | None:
         for e in reversed(self.edits):

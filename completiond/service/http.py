@@ -5,13 +5,17 @@ An HTTP request is turned into the daemon's own wire methods (`document/open|cha
 on one synthetic session, dispatched exactly as an editor's frames are: the warm cache, prompt
 lookup, typed-through memory, the scheduler's turns and latest-wins cancellation are the editors'.
 HTTP clients send no document identity (llama.vim's `/infill` carries a window of lines around the
-cursor, OpenAI's a prefix and a suffix), so a request is matched to the synthetic document whose
-text shares the longest prefix or suffix with its own (a user typing on, or moving a line); a new
-one is opened otherwise, the least recently used closed beyond MAX_DOCS. A client that hangs up
-(llama.vim kills its curl for the next keystroke) has its completion cancelled.
+cursor, OpenAI's a prefix and a suffix), so a request is placed in the synthetic document the
+client names (X-Completiond-File), or whose lines its window aligns with (a cursor jump), or whose
+text it continues (http_docs.py); a new one is opened otherwise, the least recently used closed
+beyond MAX_DOCS. A client that hangs up (llama.vim kills its curl for the next keystroke) has its
+completion cancelled; one client's request never supersedes another's (no latest-wins by document).
+`input_extra` chunks are one context buffer: prompt lookup reads it, the warm-up never takes it.
 
 Loopback only; every path but /health needs `Authorization: Bearer <token>` (the --token-file
-token, as for --tcp). llama.cpp's own behaviour is kept where clients see it: `stop`, `n_indent`
+token, as for --tcp), checked on the request's head before any of its body is read; idle
+connections that never sent the token make room for those that do (HttpServer; limits in
+docs/hostile-peers.md). llama.cpp's own behaviour is kept where clients see it: `stop`, `n_indent`
 and `t_max_predict_ms` (stop once a line is done and the time is up), `response_fields` (flat
 "a/b" keys), `n_cmpl` / `n` alternatives, SSE streams (`data: {...}`; OpenAI's end `data: [DONE]`).
 Sampling: a request without `temperature` is greedy (the daemon's lossless default), not
@@ -29,7 +33,6 @@ import itertools
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,19 +40,19 @@ from typing import TYPE_CHECKING, Any
 from . import protocol as P
 from .http_api import (Ask, Done, _held, _stop_type, _usage, client_cut, finish_reason, infill_ask, infill_json,
                        json_body, openai_ask, pick_fields, position)
-from .http_io import MAX_HEADER_BYTES, Conn, HttpError, HttpRequest, _dumps, _linger, read_request
+from .http_docs import URI, DocumentMap
+from .http_io import (HEAD_S, IDLE_S, MAX_HEADER_BYTES, Budget, Conn, HttpError, HttpRequest, _dumps, _linger,
+                      has_body, read_body, read_head)
 from .session import Session
-from .transport import StartError, parse_loopback  # noqa: F401 (StartError: what parse_http raises)
+from .transport import WAITING_GRACE_S, StartError, parse_loopback  # noqa: F401 (StartError: what parse_http raises)
 
 if TYPE_CHECKING:
     from .daemon import Daemon
 
 log = logging.getLogger("completiond.http")
 
-MAX_CONNECTIONS = 64
-MAX_DOCS = 16  # synthetic documents kept open (least recently used closed first)
-MIN_MATCH_CHARS = 64  # shared prefix or suffix that makes a request "the same document"
-URI = "completiond-http:/"
+MAX_CONNECTIONS = 64  # beyond this, idle connections that never sent the token are dropped
+MAX_YOUNG = 192  # connections younger than WAITING_GRACE_S allowed beyond that; then a newcomer gets 503
 POLL_S = 0.05  # how often a waiting request checks that its client is still there
 
 
@@ -101,9 +104,8 @@ class Bridge:
     def __init__(self, daemon: Daemon):
         self.d = daemon
         self._ids = itertools.count(1)
-        self._doc_ids = itertools.count(1)
         self._pending: dict[int, Pending] = {}
-        self.texts: OrderedDict[str, str] = OrderedDict()  # uri -> the text last sent
+        self.docs = DocumentMap()  # the synthetic documents' texts (http_docs.py)
         self.extra: str | None = None  # the input_extra chunks' text (an open buffer for prompt lookup)
         self.lock = asyncio.Lock()  # a request's documents and its complete are dispatched together
         self._session: Session | None = None
@@ -114,10 +116,10 @@ class Bridge:
         if s is None or s.closed:  # first use, or the daemon dropped it (stopping)
             self.d._next_session += 1
             s = Session(self.d._next_session, _Sink(self._route), authed=True, tcp=True, encoding="utf-32",
-                        name="http")
+                        name="http", supersede=False)  # each HTTP client cancels its own (by hanging up)
             self.d.sessions[s.id] = s
             self._session = s
-            self.texts.clear()
+            self.docs.clear()
             self.extra = None
         return s
 
@@ -168,42 +170,42 @@ class Bridge:
             job.cancel.set()
 
     # ---- documents ----
-    def match(self, text: str) -> str | None:
-        """The open synthetic document this text continues: the longest shared prefix or suffix."""
-        need = min(MIN_MATCH_CHARS, len(text) // 2 + 1)
-        best, best_n = None, 0
-        for uri, old in self.texts.items():
-            n = max(_common_prefix(old, text), _common_suffix(old, text))
-            if n >= need and n >= best_n:
-                best, best_n = uri, n
-        return best
-
-    async def document(self, text: str) -> str:
-        """Open or update the synthetic document for `text`; its uri."""
-        uri = self.match(text)
+    async def document(self, ask: Ask) -> str:
+        """Open or update the synthetic document `ask` belongs to (http_docs.py); its uri. `ask`'s text
+        and cursor become the document's (a window spliced into the file seen so far)."""
+        if len(ask.text) > P.MAX_DOCUMENT_CHARS:
+            raise HttpError(413, f"the document (input_prefix + prompt + input_suffix, or prompt + suffix) has "
+                                 f"{len(ask.text)} characters; the limit is {P.MAX_DOCUMENT_CHARS}")
+        placed = self.docs.place(ask.text, ask.cursor, ask.file)
+        uri = placed.uri
         if uri is None:
-            while len(self.texts) >= MAX_DOCS:
-                old, _ = self.texts.popitem(last=False)
+            for old in self.docs.evict():
                 await self._quiet("document/close", {"uri": old})
-            uri = f"{URI}doc-{next(self._doc_ids)}"
-            await self.call("document/open", {"uri": uri, "text": text, "version": 1})
-        elif self.texts[uri] != text:  # one whole-text change: the daemon diffs prompts by tokens
-            await self.call("document/change", {"uri": uri, "changes": [{"text": text}]})
-        self.texts[uri] = text
-        self.texts.move_to_end(uri)
+            uri = self.docs.new_uri(ask.file)
+            await self.call("document/open", {"uri": uri, "text": placed.text, "version": 1})
+        elif self.docs.texts[uri].text != placed.text:  # one whole-text change: the daemon diffs prompts by tokens
+            await self.call("document/change", {"uri": uri, "changes": [{"text": placed.text}]})
+        self.docs.record(uri, placed.text, ask.file)
+        ask.text, ask.cursor = placed.text, placed.cursor
         return uri
 
     async def set_extra(self, chunks: list[dict]) -> None:
         """input_extra chunks: one open buffer, so prompt lookup (and --repo-context) sees them."""
         text = "\n".join(f"{c['text']}" for c in chunks)
+        if len(text) > P.MAX_DOCUMENT_CHARS:
+            raise HttpError(413, f"input_extra has {len(text)} characters in all; the limit is "
+                                 f"{P.MAX_DOCUMENT_CHARS}")
         if text == self.extra:
             return
         uri = f"{URI}extra"
         if self.extra is None:
+            self.d.warmer.context_only(self.session, uri)  # read by prompt lookup, never warmed
             await self.call("document/open", {"uri": uri, "text": text, "version": 1})
         else:
             await self.call("document/change", {"uri": uri, "changes": [{"text": text}]})
         self.extra = text
+        log.info("input_extra: %d chunks, %d characters (%s)", len(chunks), len(text),
+                 ", ".join(sorted({c["filename"] for c in chunks}))[:200])
 
     async def _quiet(self, method: str, params: dict) -> None:
         try:
@@ -212,37 +214,26 @@ class Bridge:
             log.info("%s %s: %s", method, params.get("uri"), e.message)
 
 
-def _common_prefix(a: str, b: str) -> int:
-    """Length of the shared prefix, by bisection over C-speed slice compares (not a Python loop)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _common_suffix(a: str, b: str) -> int:
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[len(a) - mid:] == b[len(b) - mid:]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 # ---- the server ----------------------------------------------------------------------------------
 class HttpServer:
+    """Connections: at most MAX_CONNECTIONS; beyond that the oldest idle ones that never sent the
+    token are dropped (never the newcomer, never a client that sent the token), so idle peers
+    cannot lock the token holder out. A request's path, method and token are checked before its
+    body is read (http_io)."""
+
     def __init__(self, daemon: Daemon, token: str):
         self.d = daemon
         self.token = token
         self.bridge = Bridge(daemon)
-        self.connections = 0
+        self.conns: dict[int, Conn] = {}  # by id(conn), oldest first
+        self.budget = Budget()
         self.served = 0
+        self.dropped = 0
+        self._trim_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def connections(self) -> int:
+        return len(self.conns)
 
     async def start(self, host: str, port: int) -> asyncio.AbstractServer:
         srv = await asyncio.start_server(self.connection, host=host, port=port, limit=MAX_HEADER_BYTES)
@@ -250,41 +241,76 @@ class HttpServer:
         return srv
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Conn(reader, writer)
-        self.connections += 1
+        conn = Conn(reader, writer, asyncio.get_running_loop().time())
+        self.conns[id(conn)] = conn
         try:
-            if self.connections > MAX_CONNECTIONS:
+            if len(self.conns) > MAX_CONNECTIONS:
+                self._trim()
+            if len(self.conns) > MAX_CONNECTIONS + MAX_YOUNG:  # a flood younger than the grace: the newcomer
                 await conn.send(503, HttpError(503, "too many HTTP connections").body(), keep=False)
                 return
             while not conn.gone:
+                conn.idle = True
                 try:
-                    req = await read_request(reader, writer)
+                    req = await read_head(reader, IDLE_S if conn.authed else HEAD_S)
                 except HttpError as e:
-                    await conn.send(e.status, e.body(), keep=False)
-                    await _linger(reader, writer)
+                    await self._refuse(conn, e, None)
                     return
-                if req is None:  # closed, or idle too long
+                if req is None:  # closed, idle too long, or dropped
                     return
+                conn.idle = False
                 keep = req.version == "HTTP/1.1" and req.headers.get("connection", "").lower() != "close"
                 try:
                     await self.handle(req, conn, keep)
                 except HttpError as e:
-                    await conn.send(e.status, e.body(), keep and not e.close)
-                    keep = keep and not e.close
+                    keep = keep and not e.close and not (has_body(req) and conn.held == 0 and not req.body)
+                    if not keep:
+                        await self._refuse(conn, e, req)
+                        return
+                    await conn.send(e.status, e.body(), keep)
                 except Exception as e:  # a bug costs this request, not the daemon
-                    log.exception("http %s %s failed", req.method, req.path)
+                    log.exception("http %s %s failed", req.method, req.path[:200])
                     await conn.send(500, HttpError(500, f"{type(e).__name__}: {e}").body(), keep=False)
                     return
+                finally:
+                    self.budget.give(conn.held)
+                    conn.held = 0
+                    req.body = b""
                 if not keep:
                     return
         except (ConnectionError, OSError, asyncio.CancelledError):
             pass
         finally:
-            self.connections -= 1
+            self.conns.pop(id(conn), None)
             try:
                 writer.close()
             except (ConnectionError, OSError, RuntimeError):
                 pass
+
+    async def _refuse(self, conn: Conn, e: HttpError, req: HttpRequest | None) -> None:
+        """Answer an error and close: what the client sent and we did not read is let drain a moment
+        (LINGER_BYTES at most), so that the answer reaches it before the close."""
+        if e.status >= 500:
+            log.info("http %s: %d %s", req.path[:200] if req else "request", e.status, e.message)
+        await conn.send(e.status, e.body(), keep=False)
+        await _linger(conn.reader, conn.writer)
+
+    def _trim(self, timer: bool = False) -> None:
+        """Over MAX_CONNECTIONS: drop the oldest idle connections that never sent the token, once they
+        are WAITING_GRACE_S old (a newcomer's first request may be on its way); the young ones later."""
+        if timer:
+            self._trim_timer = None
+        excess = len(self.conns) - MAX_CONNECTIONS
+        if excess <= 0:
+            return
+        now = asyncio.get_running_loop().time()
+        idle = [c for c in self.conns.values() if c.idle and not c.authed and not c.gone]
+        old = [c for c in idle if now - c.arrived >= WAITING_GRACE_S][:excess]
+        for c in old:
+            c.drop()
+            self.dropped += 1
+        if len(old) < min(excess, len(idle)) and self._trim_timer is None:
+            self._trim_timer = asyncio.get_running_loop().call_later(WAITING_GRACE_S, self._trim, True)
 
     async def handle(self, req: HttpRequest, conn: Conn, keep: bool) -> None:
         path = req.path.split("?", 1)[0].rstrip("/") or "/"
@@ -293,13 +319,21 @@ class HttpServer:
                   "/completions": ("POST", self.completions), "/v1/models": ("GET", self.models),
                   "/models": ("GET", self.models)}
         if path not in routes:
-            raise HttpError(404, f"no endpoint {path} (this server has /infill, /v1/completions, /health, /v1/models)")
+            raise HttpError(404, f"no endpoint {path[:200]} (this server has /infill, /v1/completions, /health, "
+                                 f"/v1/models)")
         method, fn = routes[path]
         if req.method != method:
-            raise HttpError(405, f"{path} takes {method}, not {req.method}")
+            raise HttpError(405, f"{path} takes {method}, not {req.method[:20]}")
         if fn != self.health:
             self.authorize(req)
-        await fn(req, conn, keep)
+            conn.authed = True
+        elif has_body(req):  # /health needs no token, so it reads no body either
+            raise HttpError(400, f"{path} takes no body", close=True)
+        conn.held = await read_body(conn.reader, conn.writer, req, self.budget)
+        try:
+            await fn(req, conn, keep)
+        except DaemonFailed as e:  # the daemon refused the documents (sizes): the client's error
+            raise HttpError(400 if e.code in (P.INVALID_PARAMS, P.INVALID_REQUEST) else 500, e.message) from None
 
     def authorize(self, req: HttpRequest) -> None:
         auth = req.headers.get("authorization", "")
@@ -331,7 +365,7 @@ class HttpServer:
     # ---- /infill ----
     async def infill(self, req: HttpRequest, conn: Conn, keep: bool) -> None:
         body = json_body(req)
-        ask, chunks = infill_ask(body)
+        ask, chunks = infill_ask(body, req.headers)
         self._ready()
         fields = body.get("response_fields") or []
         return_tokens = bool(body.get("return_tokens"))
@@ -341,7 +375,7 @@ class HttpServer:
         if ask.max_tokens == 0 or not ask.text:  # a context update: answer at once, warm meanwhile
             if ask.text:
                 async with self.bridge.lock:
-                    uri = await self.bridge.document(ask.text)
+                    uri = await self.bridge.document(ask)
                 await self.bridge.call("document/cursor", {"uri": uri, "position": position(ask.text, ask.cursor)})
             empty = Done("", {}, "limit")
             out = infill_json(self.d, ask, empty, 0, False, False)
@@ -374,7 +408,7 @@ class HttpServer:
     # ---- /v1/completions ----
     async def completions(self, req: HttpRequest, conn: Conn, keep: bool) -> None:
         body = json_body(req)
-        ask, echo = openai_ask(body)
+        ask, echo = openai_ask(body, req.headers)
         self._ready()
         cid, created, model = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time()), self.d.info.get("target")
         prompt = ask.text[:ask.cursor]
@@ -433,7 +467,7 @@ class HttpServer:
         """One `complete` through the bridge: streams increments through `emit` (text the client's
         stops allow), cancels when the client hangs up or a client-side stop fires; None if the client left."""
         async with self.bridge.lock:  # the document's text and the completion's snapshot of it, together
-            uri = await self.bridge.document(ask.text)
+            uri = await self.bridge.document(ask)
             p = await self.bridge.start("complete", ask.params(uri, i))
         sent, cancelled_by = 0, ""
         while not p.fut.done():

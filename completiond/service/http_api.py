@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.prompt import FIM_STYLES
 from . import protocol as P
+from .http_docs import FILE_HEADER
 from .http_io import HttpError, HttpRequest
 
 if TYPE_CHECKING:
@@ -30,17 +31,29 @@ def position(text: str, offset: int) -> dict:
 
 
 # ---- requests: what a client asked for, checked ------------------------------------------------
+TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", list: "a list",
+              dict: "an object"}
+
+
 def _field(body: dict, key: str, types: type | tuple, default: Any = None, check: Callable[[Any], bool] | None = None,
-           what: str = "") -> Any:
+           what: str = "", kind: str = "") -> Any:
+    """body[key] checked: of `types` (else "'key' must be <kind or the types>, not <its JSON type>"),
+    then `check` (else "'key' out of range: value (what)")."""
     v = body.get(key, default)
     if v is None:
         return default
     types_t = types if isinstance(types, tuple) else (types,)
     if isinstance(v, bool) and bool not in types_t or not isinstance(v, types_t):
-        raise HttpError(400, f"'{key}' must be {what or ' or '.join(t.__name__ for t in types_t)}")
+        names = " or ".join(TYPE_NAMES.get(t, t.__name__) for t in types_t if not (t is int and float in types_t))
+        raise HttpError(400, f"'{key}' must be {kind or names}, not {_json_type(v)}")
     if check is not None and not check(v):
         raise HttpError(400, f"'{key}' out of range: {v!r}" + (f" ({what})" if what else ""))
     return v
+
+
+def _json_type(v: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "an object"}.get(type(v), type(v).__name__) + (f" ({v!r})" if isinstance(v, str) and len(v) <= 20 else "")
 
 
 def _stops(body: dict, key: str = "stop") -> list[str]:
@@ -69,6 +82,8 @@ class Ask:
     t_max_predict_ms: float = 0.0
     n: int = 1
     stream: bool = False
+    file: str | None = None  # the file the client names (X-Completiond-File): its document (http_docs.py)
+    extra_chunks: int = 0  # input_extra chunks accepted (the context buffer prompt lookup reads)
 
     def params(self, uri: str, i: int = 0) -> dict:
         p = {"uri": uri, "position": position(self.text, self.cursor), "max_tokens": self.max_tokens,
@@ -86,13 +101,19 @@ class Ask:
         return self.temperature is None or self.temperature < P.MIN_TEMPERATURE
 
 
-def infill_ask(body: dict) -> tuple[Ask, list[dict]]:
+def file_named(headers: dict[str, str] | None) -> str | None:
+    """The file the client names in the X-Completiond-File header, if any (at most 1,000 characters)."""
+    name = (headers or {}).get(FILE_HEADER, "").strip()
+    return name[:1000] or None
+
+
+def infill_ask(body: dict, headers: dict[str, str] | None = None) -> tuple[Ask, list[dict]]:
     """llama.cpp /infill: the document is input_prefix + prompt + input_suffix, the cursor after prompt
     (llama.cpp puts `prompt` after <|fim_middle|>: llama.vim and llama.vscode send the current line's
     text before the cursor there)."""
     prefix = _field(body, "input_prefix", str, "")
     suffix = _field(body, "input_suffix", str, "")
-    prompt = _field(body, "prompt", str, "", what="a string (token arrays are not supported)")
+    prompt = _field(body, "prompt", str, "", kind="a string (token arrays are not supported)")
     extra = _field(body, "input_extra", list, [])
     chunks = []
     for i, c in enumerate(extra):  # llama.cpp refuses the same shapes (tools/server tests)
@@ -110,7 +131,7 @@ def infill_ask(body: dict) -> tuple[Ask, list[dict]]:
               n_indent=_field(body, "n_indent", int, 0, lambda v: v >= 0, ">= 0"),
               t_max_predict_ms=_field(body, "t_max_predict_ms", (int, float), 0.0, lambda v: v >= 0, ">= 0"),
               n=_field(body, "n_cmpl", int, 1, lambda v: 1 <= v <= MAX_ALTERNATIVES, f"1..{MAX_ALTERNATIVES}"),
-              stream=_field(body, "stream", bool, False))
+              stream=_field(body, "stream", bool, False), file=file_named(headers), extra_chunks=len(chunks))
     for key, typ in (("cache_prompt", bool), ("samplers", list), ("id_slot", int), ("response_fields", list),
                      ("t_max_prompt_ms", (int, float)), ("return_tokens", bool)):
         _field(body, key, typ)  # accepted (llama.vim, llama.vscode send them); type-checked like llama.cpp
@@ -137,7 +158,7 @@ def raw_fim(prompt: str) -> tuple[str, str] | None:
     return None
 
 
-def openai_ask(body: dict) -> tuple[Ask, bool]:
+def openai_ask(body: dict, headers: dict[str, str] | None = None) -> tuple[Ask, bool]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -158,7 +179,7 @@ def openai_ask(body: dict) -> tuple[Ask, bool]:
               top_p=_field(body, "top_p", (int, float), 1.0, lambda v: 0 < v <= 1, "0 < top_p <= 1"),
               top_k=0, seed=_seed(body), stop=stop,
               n=_field(body, "n", int, 1, lambda v: 1 <= v <= MAX_ALTERNATIVES, f"1..{MAX_ALTERNATIVES}"),
-              stream=_field(body, "stream", bool, False))
+              stream=_field(body, "stream", bool, False), file=file_named(headers))
     if ask.stream and ask.n > 1:
         raise HttpError(400, "'stream' with 'n' > 1 is not supported")
     _field(body, "stream_options", dict)
@@ -213,9 +234,12 @@ class Done:
         return len(self.res.get("token_ids") or [])
 
 
+TRUNCATED = ("max_tokens", "alternatives_budget")  # stopped_by: the text was cut, not finished
+
+
 def _stop_type(res: dict) -> str:
-    return {"eos": "eos", "stop_rule": "eos", "max_tokens": "limit", "deadline": "limit"}.get(
-        res.get("stopped_by", ""), "none")
+    return {"eos": "eos", "stop_rule": "eos", "max_tokens": "limit", "deadline": "limit",
+            "alternatives_budget": "limit"}.get(res.get("stopped_by", ""), "none")
 
 
 def timings(res: dict, predicted: int) -> dict:
@@ -245,8 +269,11 @@ def infill_json(d: Daemon, ask: Ask, done: Done, index: int, stream: bool, retur
            "tokens_cached": res.get("prompt_tokens", 0) + done.predicted,
            "timings": timings(res, done.predicted),
            # ours, beside llama.cpp's: how the daemon got there
-           "completiond": {k: res.get(k) for k in ("mode", "target_passes", "mean_accepted", "reused_tokens",
-                                                   "served_tokens", "prompt_lane", "stopped_by", "cancelled", "document")}}
+           "completiond": {**{k: res.get(k) for k in ("mode", "target_passes", "mean_accepted", "reused_tokens",
+                                                      "served_tokens", "prompt_lane", "stopped_by", "cancelled",
+                                                      "document", "prompt_tokens")},
+                           # input_extra chunks this request gave the context buffer (prompt lookup reads it)
+                           "extra_chunks": ask.extra_chunks}}
     return out
 
 
@@ -268,7 +295,9 @@ def pick_fields(out: dict, fields: list) -> dict:
 
 
 def finish_reason(done: Done) -> str:
-    return "length" if done.stop_type == "limit" and done.res.get("stopped_by") == "max_tokens" else "stop"
+    """OpenAI's: "length" where the text was cut (max_tokens, or an alternative cut where the main
+    suggestion ended), "stop" where it ended (a stop string or rule, end of text)."""
+    return "length" if done.stop_type == "limit" and done.res.get("stopped_by") in TRUNCATED else "stop"
 
 
 def _usage(done: Done) -> dict:

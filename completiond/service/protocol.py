@@ -363,8 +363,11 @@ class Lookup(Params):
 
 
 def model_info(target: Any, draft: Any) -> dict:
-    """target, draft, device, dtype of loaded models (initialize, status, `complete --json`); no torch import."""
-    return {"target": target.name, "draft": draft.name if draft is not None else None, "device": str(target.device),
+    """target, draft, device, dtype of loaded models (initialize, status, `complete --json`); no torch
+    import (the models are in). A named target is spelled with the weights form it runs, NAME@FORM."""
+    from ..models.catalog import spelled
+
+    return {"target": spelled(target.name, target.meta.get("quant")), "draft": draft.name if draft is not None else None, "device": str(target.device),
             "dtype": str(target.dtype).replace("torch.", ""), "quant": target.meta.get("quant", "none"),
             "prefill_dtype": prefill_dtype(target),
             # who runs int8 decode passes on CPU: "completiond-avx2" (models/kernels/int8_mm.c) or "torch"; None unquantized

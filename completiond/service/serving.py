@@ -28,6 +28,14 @@ class Warms(Protocol):
     def status(self, s: Session) -> dict[str, dict]: ...
 
 
+class NextEditsAhead(Protocol):
+    """The next edits computed in the pauses (next_edit.Ahead) as the methods see them."""
+
+    def touched(self, s: Session, uri: str, cursor: P.Position | None, after_s: float) -> None: ...
+
+    def asked(self, s: Session, uri: str, plan: tuple) -> None: ...
+
+
 class Serving(Protocol):
     """The daemon (daemon.Daemon) as its methods and warm-ups see it."""
     engine: EngineLike | None  # None until the models are loaded (a method runs after that)
@@ -35,6 +43,7 @@ class Serving(Protocol):
     sessions: dict[int, Session]
     watcher: WorkspaceWatcher
     warmer: Warms
+    next_edits: NextEditsAhead
     info: dict
     token: str | None
     default_mode: str

@@ -46,6 +46,9 @@ class Session:
     history: History = field(default_factory=History)  # recent edits of its documents (next_edit)
     closed: bool = False
     received: int = 0  # bytes read so far (bounded before authentication)
+    # a new `complete` cancels the older one of its document (one editor's keystrokes); False for the
+    # HTTP bridge's session, where the requests are many clients' and each cancels its own (hangs up)
+    supersede: bool = True
 
     def send(self, data: bytes) -> None:
         if not self.closed:
@@ -76,7 +79,7 @@ class Session:
 
     def start(self, msgid: int, uri: str) -> InFlight:
         """Register a request; an older one for the same document is superseded (cancelled) now."""
-        if (old := self.latest.get(uri)) is not None:
+        if self.supersede and (old := self.latest.get(uri)) is not None:
             old.cancel.set()
         job = InFlight(msgid, uri)
         self.jobs[msgid] = job

@@ -13,6 +13,7 @@ import fcntl
 import ipaddress
 import logging
 import os
+import shlex
 import socket
 import stat
 from collections.abc import Awaitable, Callable
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import msgpack
 
-from ..paths import UnsafeDirError, private_dir
+from ..paths import UnsafeDirError, private_dir, socket_path
 from . import protocol as P
 from .session import Session
 
@@ -54,7 +55,7 @@ class SocketLock:
         except BlockingIOError:
             os.close(fd)
             raise StartError(f"a daemon is already running (or starting) on {self.sock} "
-                             f"(use `completiond stop` first)") from None
+                             f"(use `{stop_command(self.sock)}` first)") from None
         self.fd = fd
 
     def release(self) -> None:
@@ -98,7 +99,12 @@ def check_socket(path: Path) -> None:
                          f"socket (stop that daemon or choose another --socket)") from None
     finally:
         probe.close()
-    raise StartError(f"a daemon is already running on {path} (use `completiond stop` first)")
+    raise StartError(f"a daemon is already running on {path} (use `{stop_command(path)}` first)")
+
+
+def stop_command(sock: Path) -> str:
+    """The command that stops the daemon on `sock`, as a message prints it (it runs as printed)."""
+    return "completiond stop" if Path(sock) == socket_path() else f"completiond stop --socket {shlex.quote(str(sock))}"
 
 
 def _socket_or_nothing(path: Path) -> bool:

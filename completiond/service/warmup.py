@@ -11,6 +11,12 @@ lowest priority: every request goes first (it waits for one layer), and one for 
 stops it and reuses every prefill chunk it finished.
 Each document keeps its own cached sequence (Engine.slots), so a warm-up of one document survives
 requests in another. `status` reports per document whether its prompt is cached.
+
+One warm-up runs at a time, and the document the user is in (the focus: the last one asked for a
+completion, or edited or rested in with a known cursor) is never stopped for another one's: a
+context buffer that changes (llama.vim's ring of chunks, other files opened in the background) is
+warmed after it, not instead of it. Context-only documents (the HTTP bridge's input_extra buffer:
+prompt lookup reads it, nobody completes in it) are never warmed.
 """
 
 from __future__ import annotations
@@ -78,15 +84,18 @@ class Warmer:
         # the warm-up's soft stop, and whether it is computing a quick-prompt chunk (plan.Lane) right
         # now: a request for its document then lets it finish that chunk (the request needs it) and end
         self.finish: tuple[threading.Event, list[bool]] | None = None
+        self.focus: tuple[int, str] | None = None  # the document the user is in (module doc)
+        self.context: set[tuple[int, str]] = set()  # context-only documents: never warmed
 
     def touched(self, s: Session, uri: str, cursor: P.Position | None = None, after_s: float = WARM_AFTER_S) -> None:
         """A document was opened (after_s 0: at once) or edited (the cursor now at `cursor`, if known):
         warm it once the edits pause."""
-        if not self.enabled:
-            return
         key = (s.id, uri)
+        if not self.enabled or key in self.context:
+            return
         if cursor is not None:
             self.positions[key] = cursor
+            self.focus = key  # an edit (or a resting cursor) says where the user is
         if (t := self.timers.pop(key, None)) is not None:
             t.cancel()
         self.timers[key] = asyncio.get_running_loop().call_later(after_s, self._start, s, uri)
@@ -97,11 +106,19 @@ class Warmer:
         warm-up after the next pause computes the same kind of completion ahead)."""
         if isinstance(params, P.Complete):
             self.positions[(s.id, uri)] = params.position
+            self.focus = (s.id, uri)
             if params.temperature < P.MIN_TEMPERATURE and params.reuse_prefix:
                 self.asks[(s.id, uri)] = params
         if self.cancel is not None and self.cancel_key == (s.id, uri):
             finish, active = self.finish or (None, [False])
             (finish if active[0] else self.cancel).set()  # mid-chunk of the quick prompt: end after it
+            # and once the request is done, warm on from what it finished (nothing else re-arms it when
+            # no edit follows: the full prompt stayed cold)
+            self.touched(s, uri, None, WARM_AFTER_S)
+
+    def context_only(self, s: Session, uri: str) -> None:
+        """`uri` holds context for other documents' prompts (read by prompt lookup): never warm it."""
+        self.context.add((s.id, uri))
 
     def forget(self, s: Session) -> None:
         if self.cancel is not None and self.cancel_key and self.cancel_key[0] == s.id:
@@ -111,6 +128,9 @@ class Warmer:
         for table in (self.positions, self.warmed, self.asks):
             for key in [k for k in table if k[0] == s.id]:
                 del table[key]
+        self.context = {k for k in self.context if k[0] != s.id}
+        if self.focus is not None and self.focus[0] == s.id:
+            self.focus = None
 
     def status(self, s: Session) -> dict[str, dict]:
         """Per open document of `s`: is the prompt of its next completion cached (warm)?"""
@@ -127,9 +147,11 @@ class Warmer:
         d = self.d
         if d.engine is None or s.closed or uri not in s.docs:
             return
-        if any(c.jobs for c in d.sessions.values()):
-            # a request is running or queued: try again after it (it may have filled the quick prompt only)
-            self.timers[(s.id, uri)] = asyncio.get_running_loop().call_later(WARM_AFTER_S, self._start, s, uri)
+        key = (s.id, uri)
+        busy = any(c.jobs for c in d.sessions.values())  # a request runs or waits: it may fill the quick prompt only
+        focus_warming = self.cancel is not None and self.cancel_key == self.focus != key
+        if busy or focus_warming:  # try again after it; the focus document's warm-up is never stopped for this one
+            self.timers[key] = asyncio.get_running_loop().call_later(WARM_AFTER_S, self._start, s, uri)
             return
         doc = s.docs[uri]
         pos = self.positions.get((s.id, uri)) or end_position(doc.text, s.encoding)
@@ -143,7 +165,7 @@ class Warmer:
             params = dataclasses.replace(params, position=end_position(doc.text, s.encoding))
             prepared = complete(d, s, params)
         if self.cancel is not None:
-            self.cancel.set()  # one warm-up at a time: the newest document wins
+            self.cancel.set()  # one warm-up at a time: the focus document's, else the newest one
         cancel = self.cancel = threading.Event()
         finish, active = threading.Event(), [False]
         self.finish = (finish, active)  # replaced with cancel: they always belong to the same warm-up
@@ -165,6 +187,8 @@ class Warmer:
                     return None
                 d.scheduler.move(full.slot)  # then the full prompt, which later completions move to
                 yield from d.engine.warming(full.ids, ctx)
+            if cancel.is_set():  # a request came (warming ends quietly when cancelled): it goes now, not
+                return None  # after the follow-up's first prefill chunk, which runs whole once begun
             if ask is not None:  # llama.vim's speculative follow-up: the whole completion, preemptible;
                 # on the full prompt, the one a request picks once it is warm (its memory is per prompt:
                 # computed on the quick one, it went unused as soon as the full one was warm)

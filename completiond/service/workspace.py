@@ -155,16 +155,20 @@ def index_file(index: TokenIndex, tokenizer, path: Path, root: Path | None = Non
 
 def index_workspace(index: TokenIndex, tokenizer, root: Path, exclude: set[Path] | None = None,
                     max_files: int = MAX_FILES, max_bytes: int = MAX_ROOT_BYTES) -> int:
-    """Tokenize eligible files under root into the index, up to the caps; returns how many were indexed."""
+    """Tokenize eligible files under root into the index, up to the caps; returns how many were indexed.
+    As the watcher does: a file over MAX_FILE_BYTES is skipped before it counts against max_bytes (one
+    huge file must not spend the budget of the rest), and only indexed files count."""
     n = total = 0
     root = root.resolve()
     for p in iter_files(root, max_files=max_files):
         if exclude and p.resolve() in exclude:
             continue
-        total += _size(p)
-        if total > max_bytes:
-            break
-        n += index_file(index, tokenizer, p, root)
+        size = _size(p)
+        if size > MAX_FILE_BYTES or total + size > max_bytes:
+            continue
+        if index_file(index, tokenizer, p, root):
+            n += 1
+            total += size
     index.rebuild()
     return n
 

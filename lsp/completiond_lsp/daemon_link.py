@@ -145,7 +145,8 @@ class DaemonLink:
             except (DaemonError, ConnectionError, OSError):
                 return  # a closed connection is _watch_closed's to report
             if st is not None and st.get("state") == "ready":
-                self.info.update({k: st[k] for k in ("target", "draft", "device", "state") if k in st})
+                self.info.update({k: st[k] for k in ("target", "draft", "device", "state", "quant", "default_reason")
+                                  if k in st})
                 self._ready(self.info)
                 return
             if st is not None and st.get("state") == "failed":

@@ -109,6 +109,8 @@ class CompletiondServer(LanguageServer):
         daemon's phase and the model), a log line, and LSP work-done progress while it loads."""
         self.last_status = {"state": state, "message": message, "target": info.get("target", ""),
                             "draft": info.get("draft"), "device": info.get("device", ""),
+                            # the target's weights form, and why target and form are the default (None: named)
+                            "quant": info.get("quant"), "defaultReason": info.get("default_reason"),
                             "phase": info.get("phase"), "phaseS": info.get("phase_s"),
                             "elapsedS": info.get("elapsed_s"), "progress": info.get("progress"),
                             "lastLatencyMs": self.last_status.get("lastLatencyMs"),

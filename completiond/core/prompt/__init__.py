@@ -2,8 +2,9 @@
 
 Positions follow LSP: 0-based line, character in UTF-16 code units (or "utf-8" / "utf-32" when
 negotiated). The prompt is the text before the cursor (FIM with the suffix when the tokenizer has
-FIM tokens). Long prefixes are cut at a line boundary that moves in steps of 64 lines, so that the
-prompt's start, and therefore the reusable KV-cache prefix, stays put while the user types.
+FIM tokens). Long prefixes are cut at a line boundary that moves in steps of 64 lines (8 or 1 where
+64 would keep less than half the budget), so that the prompt's start, and therefore the reusable
+KV-cache prefix, stays put while the user types, and the lines nearest the cursor are always kept.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ NON_SPACE = re.compile(r"\S")
 ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 FIM_STYLES = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
 CUT_STEP = 64  # lines
+MIN_KEEP = 0.5  # a cut on a coarse step keeps at least this share of the prefix budget
 
 
 class PositionError(ValueError):
@@ -179,6 +181,24 @@ def bos_ids(tokenizer) -> list[int]:
         probe = tokenizer.encode("a", add_special_tokens=True) if bos is not None else []
         _BOS[tokenizer] = [bos] if probe and probe[0] == bos else []
     return _BOS[tokenizer]
+
+
+_SPECIAL: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def special_ids(tokenizer) -> frozenset[int]:
+    """Ids of the tokenizer's special tokens (<|fim_middle|>, <|im_start|>, BOS, ...): a completion
+    ends where the model writes one, and none reaches the text (a FIM model that writes
+    <|fim_middle|> after a short middle has finished). Added tokens not marked special (Gemma's
+    HTML tags, whitespace runs) are text and stay."""
+    if tokenizer is None:
+        return frozenset()
+    if tokenizer not in _SPECIAL:
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        ids = set(getattr(tokenizer, "all_special_ids", ()) or ()) | {i for i, t in added.items()
+                                                                      if getattr(t, "special", False)}
+        _SPECIAL[tokenizer] = frozenset(int(i) for i in ids if i is not None)
+    return _SPECIAL[tokenizer]
 
 
 def prepare_tokenizer(tokenizer) -> None:
@@ -421,9 +441,11 @@ def _repo_context(enc, fim: Fim, repo: str, path: str, files: list[ContextFile],
 
 
 def _stable_cut(text: str, offset: int, starts: np.ndarray, max_chars: int) -> str:
-    """text[:offset] less whole lines from the front, in steps of 64 lines (else 8, else 1), until at
-    most max_chars remain; cuts land on fixed line numbers, so typing at the end rarely moves them.
-    `starts`: line starts of the text (any that lie past `offset` are ignored)."""
+    """text[:offset] less whole lines from the front until at most max_chars remain, cut on a line
+    number that is a multiple of 64 (else 8, else 1): cuts land on fixed lines, so typing at the end
+    rarely moves them (the KV-cache prefix stays). A coarse cut is taken only while it keeps at least
+    MIN_KEEP of the budget: rounded up to 64 lines, a cursor on line 64k would keep nothing but its
+    own line. `starts`: line starts of the text (any that lie past `offset` are ignored)."""
     if offset <= max_chars:
         return text[:offset]
     pre = starts[: int(np.searchsorted(starts, offset, side="right"))]  # the prefix's line starts
@@ -432,6 +454,6 @@ def _stable_cut(text: str, offset: int, starts: np.ndarray, max_chars: int) -> s
     first = int(np.searchsorted(pre, offset - max_chars, side="left"))  # the first start that leaves <= max_chars
     for step in (CUT_STEP, 8, 1):
         k = max(step, -(-first // step) * step)
-        if k < len(pre):
+        if k < len(pre) and (step == 1 or offset - int(pre[k]) >= max_chars * MIN_KEEP):
             return text[int(pre[k]):offset]
     return text[offset - max_chars:offset] if max_chars > 0 else ""

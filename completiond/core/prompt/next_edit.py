@@ -1,8 +1,11 @@
 """Next-edit suggestions: the target rewrites a window of code given the user's recent edits.
 
-The prompt follows the open next-edit models (Zeta, Sweep): the recent edits as unified diffs, then
-the code around the cursor with an editable region between markers; the model answers with the
-region rewritten. The answer mostly copies the region, which sits in the prompt token for token, so
+The prompt follows the open next-edit models (Zeta, Sweep): the code around the cursor, the recent
+edits as unified diffs, and an editable region between markers; the model answers with the region
+rewritten. It is laid out for the KV cache: what changes least comes first (the instructions, the
+code around the region, with the region cut out of it), then the edits (oldest first: a new one is
+appended), then the region, which the edit being typed changes. A prompt warmed while the cursor
+rested before the edit (service/next_edit.py) then holds everything up to the new edit's diff. The answer mostly copies the region, which sits in the prompt token for token, so
 prompt lookup (which searches the prompt itself) proposes long runs of it and a verify pass accepts
 them: a speculative edit whose draft is the window. Greedy output is the target's own (lossless);
 `edits` then diffs it against the window and offers only what changed, as the smallest spans.
@@ -11,6 +14,7 @@ them: a speculative edit whose draft is the window. Greedy output is the target'
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 
 from . import bos_ids
@@ -18,8 +22,9 @@ from .stops import StopRules
 
 FENCE = "```"
 START, END = "<|editable_region_start|>", "<|editable_region_end|>"
-SYSTEM = ("You predict a programmer's next edit. You are shown their recent edits as unified diffs and the code "
-          f"around their cursor, in which the editable region lies between {START} and {END}. Reply with the "
+HOLE = "<|editable_region|>"  # where the region sits in the code around it (shown there without it)
+SYSTEM = ("You predict a programmer's next edit. You are shown the code around their cursor, their recent edits as "
+          f"unified diffs, then the editable region, between {START} and {END}. Reply with the "
           "editable region rewritten with the edit they will most likely make next (for example: a name they renamed, "
           "renamed at its other uses; a changed signature followed through; a pattern they applied, applied again), "
           f"in one fenced code block that starts with {START} and ends with {END}, nothing else. Copy every line "
@@ -27,8 +32,14 @@ SYSTEM = ("You predict a programmer's next edit. You are shown their recent edit
           "to change, reply with the region unchanged.")
 LINES_BEFORE, LINES_AFTER = 4, 12  # the editable region around the anchor line: most next edits are below
 MAX_WINDOW_CHARS = 2400  # a region of long lines is cut to this (whole lines)
-CONTEXT_CHARS = 1200  # unchanged code shown before and after the region (shrunk to fit the budget); with 3000
-# the 1.5B copied a rename case back whose other methods used the old name, with 1200 it renamed
+CONTEXT_CHARS = 1500  # code shown above the region, first in the prompt (cached: it rarely changes) ...
+AFTER_CHARS = 1200  # ... and below it (both shrink to fit the budget); the region itself comes last.
+# Round 4 (the region inline, 3000 characters around it): the 1.5B copied a rename case back whose
+# other methods used the old name; with 1200 it renamed
+SCOPE_LINES = 1000  # the header of the anchor's block is looked for this far up, its uses ...
+SCOPE_CHARS = 20_000  # ... this far down (both scans are Python loops on the event loop: bounded)
+FOLLOW_LINES = 12  # the region grows down by up to this many lines to reach the next use of a name the
+# last edit removed; a use further down gets a region of its own there (a jump)
 MAX_HINT_CHARS = 60  # the last change named in words only when it is this short (a rename, a literal)
 LAST_CHANGE_HINT = True
 MIN_SIMILARITY = 0.5  # an answer that changes more than half the region is not an edit but a new text: none
@@ -125,32 +136,161 @@ def window_at(text: str, offset: int, before: int = LINES_BEFORE, after: int = L
     return Window(a, b)
 
 
+def removed_names(old: str, new: str, before: str = "", after: str = "") -> list[str]:
+    """The identifiers an edit removed: `old` replaced by `new` between `before` and `after` (widened to
+    whole identifiers by the text around it), found in the old text and not in the new one."""
+    head, tail = re.search(r"\w*$", before).group(), re.match(r"\w*", after).group()
+    ident = re.compile(r"[A-Za-z_]\w*")
+    return sorted(set(ident.findall(head + old + tail)) - set(ident.findall(head + new + tail)))
+
+
+def renamed_draft(region: str, old: str, new: str, before: str = "", after: str = "") -> str | None:
+    """A draft of the answer when the last edit (`old` -> `new` between `before` and `after`) renamed
+    one identifier to another: the region with that name's other code uses renamed too. Only a draft
+    (copy speculation proposes from it and the target verifies every token: the answer stays the
+    target's own, not this); None when the edit is no such rename or the region has no other use."""
+    gone, came = removed_names(old, new, before, after), removed_names(new, old, before, after)
+    if len(gone) != 1 or len(came) != 1:
+        return None
+    quiet = _quiet_spans(region)
+    out, last = [], 0
+    for m in re.finditer(r"(?<![\w.])" + re.escape(gone[0]) + r"\b", region):
+        if not any(a <= m.start() < b for a, b in quiet):
+            out += [region[last:m.start()], came[0]]
+            last = m.end()
+    return "".join(out) + region[last:] if out else None
+
+
+def _quiet_spans(code: str) -> list[tuple[int, int]]:
+    """Spans of `code` that are strings or comments (`#`, `//`, quotes single or triple): a name there
+    is a mention, not a use. Lexical and approximate, so any language."""
+    out, i, n = [], 0, len(code)
+    while i < n:
+        c = code[i]
+        if c == "#" or code.startswith("//", i):
+            e = code.find("\n", i)
+            e = n if e < 0 else e
+        elif c in "\"'":
+            q = code[i:i + 3] if code[i:i + 3] in ('"""', "'''") else c
+            e, j = n, i + len(q)
+            while j < n:
+                if code[j] == "\\":
+                    j += 2
+                    continue
+                if code.startswith(q, j):
+                    e = j + len(q)
+                    break
+                if len(q) == 1 and code[j] == "\n":  # an unclosed one-line string ends with its line
+                    e = j
+                    break
+                j += 1
+        else:
+            i += 1
+            continue
+        out.append((i, e))
+        i = max(e, i + 1)
+    return out
+
+
+def scope_end(text: str, offset: int) -> int:
+    """Where the block around the line of `offset` ends: the block it opens (a `def` edited in its
+    signature) or the one it is in (its nearest less-indented line above), at the first code line
+    indented no deeper than that header; the end of the text for a top-level line. By indentation."""
+    line_start = text.rfind("\n", 0, offset) + 1
+    head = block_start(text, line_start, before=SCOPE_LINES)
+    if head is None:
+        return len(text)
+    while text[head:text.find("\n", head)].lstrip().startswith("@"):  # a decorator: its `def` is the header
+        head = text.find("\n", head) + 1
+    nl = text.find("\n", head)
+    ind = _indent(text[head:nl if nl >= 0 else len(text)])
+    pos = nl + 1 if nl >= 0 else len(text)
+    while pos < len(text):
+        e = text.find("\n", pos)
+        line = text[pos:e if e >= 0 else len(text)]
+        if line.strip() and _indent(line) <= ind:
+            return pos
+        pos = e + 1 if e >= 0 else len(text)
+    return len(text)
+
+
+def next_use(text: str, start: int, end: int, names: list[str]) -> int | None:
+    """The offset of the first code use (not in a string or comment, not an attribute `x.name`) of one
+    of `names` in text[start:end], or None."""
+    if not names:
+        return None
+    code = text[start:end]
+    quiet = _quiet_spans(code)
+    pattern = re.compile(r"(?<![\w.])(?:" + "|".join(re.escape(n) for n in names) + r")\b")
+    for m in pattern.finditer(code):
+        if not any(a <= m.start() < b for a, b in quiet):
+            return start + m.start()
+    return None
+
+
+def next_edit_window(text: str, offset: int, names: list[str] = (), follow_lines: int = FOLLOW_LINES,
+                     max_chars: int = MAX_WINDOW_CHARS) -> Window:
+    """The editable region for a next edit at `offset`: `window_at`, made to follow the next use of a
+    name the last edit removed (`names`: a renamed parameter) in the block of `offset` (`scope_end`).
+    A use below the region within `follow_lines` lines of its end (and `max_chars` of its start) grows
+    the region down to it (past a docstring); one further down gets the region around it instead (a
+    jump: the editors show it as the next edit at that line). With such a use, or when the line of
+    `offset` opens its block (a `def` edited in its signature), the region ends where the block does:
+    the next function's own uses of a name are another scope, and the region is the same before the
+    edit (the cursor resting there) as after it, so the prompt warmed before it stays valid. A use
+    counts only as code (`next_use`: not in a docstring or comment); else the region is `window_at`'s."""
+    w = window_at(text, offset, max_chars=max_chars)
+    line_start = text.rfind("\n", 0, offset) + 1
+    line_end = text.find("\n", offset)
+    below = len(text) if line_end < 0 else line_end + 1
+    block_end = scope_end(text, offset)
+    use = next_use(text, below, min(block_end, below + SCOPE_CHARS), list(names))
+    if use is None:
+        opens = block_start(text, line_start, before=0) == line_start
+        return Window(w.start, max(min(w.end, block_end), below)) if opens else w
+    end = use
+    for _ in range(3):  # the use's line and two more
+        nl = text.find("\n", end)
+        end = len(text) if nl < 0 else nl + 1
+    use_end = text.find("\n", use) + 1 or len(text)
+    if use < w.end:
+        return Window(w.start, max(min(w.end, block_end), use_end))
+    if text.count("\n", w.end, end) <= follow_lines and end - w.start <= max_chars:
+        return Window(w.start, max(min(end, block_end), use_end))
+    j = window_at(text, use, max_chars=max_chars)
+    return Window(j.start, max(min(j.end, block_end), use_end))
+
+
 def next_edit_prompt(tokenizer, text: str, window: Window, diffs: list[str], path: str = "", language: str = "",
                      max_tokens: int = 3072) -> tuple[list[int], StopRules]:
     """Prompt ids and stop rules for rewriting `text[window]` as the next edit after `diffs`.
 
-    The context around the region shrinks until the prompt holds at most `max_tokens` (then the
-    oldest diffs are dropped); ValueError if the region alone does not fit."""
+    In cache order: the instructions and the code around the region, the region cut out of it (the
+    same before and after the edit being typed, while the region stays), the diffs oldest first, then
+    the region and the last change named. The code around the region shrinks until the prompt holds at
+    most `max_tokens` (then the oldest diffs are dropped); ValueError if the region alone does not fit."""
     region = text[window.start:window.end]
     lang = language or ""
+    name = f" ({path})" if path else ""
 
     def build(before: str, after: str, shown: list[str]) -> list[int]:
         edits = "".join(shown) or "(none yet)\n"
         hint = last_change_hint(shown[-1]) if shown and LAST_CHANGE_HINT else ""
-        code = f"{before}{START}\n{region}{'' if region.endswith(chr(10)) or not region else chr(10)}{END}\n{after}"
+        above = before if before.endswith("\n") or not before else before + "\n"
+        code = f"{above}{HOLE}\n{after}"
         if not code.endswith("\n"):
             code += "\n"
-        name = f" ({path})" if path else ""
+        shown_region = f"{START}\n{region}{'' if region.endswith(chr(10)) or not region else chr(10)}{END}\n"
+        head = f"Code around the editable region{name}, which is the line {HOLE} here:\n{FENCE}{lang}\n{code}{FENCE}\n\n"
+        history = f"Recent edits, oldest first:\n{FENCE}diff\n{edits}{FENCE}\n\n"
         if getattr(tokenizer, "chat_template", None):
-            user = (f"Recent edits, oldest first:\n{FENCE}diff\n{edits}{FENCE}\n\n"
-                    f"Code around the cursor{name}:\n{FENCE}{lang}\n{code}{FENCE}\n\n"
+            user = (f"{head}{history}The editable region:\n{FENCE}{lang}\n{shown_region}{FENCE}\n\n"
                     f"{hint}Rewrite the editable region with the next edit.")
             messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
             doc = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             # the answer opens with the start marker: it copies the region, not the code shown above it
             return tokenizer.encode(doc + f"{FENCE}{lang}\n{START}\n", add_special_tokens=False)
-        doc = (f"Recent edits, oldest first:\n{FENCE}diff\n{edits}{FENCE}\n\n"
-               f"Code{name}, editable region between {START} and {END}:\n{FENCE}{lang}\n{code}{FENCE}\n\n"
+        doc = (f"{head}{history}The editable region:\n{FENCE}{lang}\n{shown_region}{FENCE}\n\n"
                f"{hint}Editable region after the next edit:\n{FENCE}{lang}\n{START}\n")
         return bos_ids(tokenizer) + tokenizer.encode(doc, add_special_tokens=False)
 
@@ -159,8 +299,9 @@ def next_edit_prompt(tokenizer, text: str, window: Window, diffs: list[str], pat
         before = text[max(0, window.start - chars):window.start]
         if window.start > chars and "\n" in before:  # a cut context starts at a line
             before = before[before.index("\n") + 1:]
-        after = text[window.end:window.end + chars]
-        if window.end + chars < len(text) and "\n" in after:
+        below = min(chars, AFTER_CHARS)
+        after = text[window.end:window.end + below]
+        if window.end + below < len(text) and "\n" in after:
             after = after[:after.rindex("\n") + 1]
         ids = build(before, after, shown)
         if len(ids) <= max_tokens:

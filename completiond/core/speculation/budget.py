@@ -36,6 +36,7 @@ from ...paths import cache_root
 
 if TYPE_CHECKING:
     from ...models import LoadedModel
+    from .tree import Candidate
     from ..forward.runner import Runner
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # the sizes reported side by side (bench, pass-cost benchmarks)
@@ -83,6 +84,7 @@ class StepGate:
     measured_at: float | None = None  # unix time of the last step with the proposer (kept by `state`)
 
     def __init__(self) -> None:
+        self.excluded = 0  # steps where the proposer could not pay at all (`could_pay`): not asked, not counted
         self.ms = {True: Ewma(0.0, 0.1), False: Ewma(0.0, 0.1)}  # by "ran": ms per step ...
         self.tokens = {True: Ewma(0.0, 0.1), False: Ewma(0.0, 0.1)}  # ... and tokens per step
         self.steps = {True: 0, False: 0}
@@ -148,8 +150,37 @@ class StepGate:
 
     def status(self) -> dict:
         return {"steps_with": self.steps[True], "steps_without": self.steps[False], "restored": self.restored,
+                "steps_excluded": self.excluded,
                 **{f"ms_per_token_{k}": round(v, 2) for k, ran in (("with", True), ("without", False))
                    if (v := self.ms_per_token(ran)) is not None}}
+
+
+def could_pay(found: list[Candidate], depth: int, step_ms: float, pass_ms: float, node_ms: float) -> bool:
+    """Whether a costly proposer (a draft model, heads) could pay at this step at all, even if every
+    token it proposed were accepted: from measured costs and the candidates already found, no model
+    of its own. Each of its passes adds at most one token to an accepted path (one target pass saved,
+    `pass_ms`) and costs `step_ms`, plus `node_ms` for its node in the verify pass; a chain of `depth`
+    passes saves at most `depth` target passes less those the best candidate found already saves
+    (the sum of its path values: where prompt lookup's guess is taken, a draft's tokens on the same
+    path add nothing). Where even that loses, the engine does not ask it: not its `pays`, not the
+    StepGate's warm-up or probes (whose steps there cost 2-3x a step per token and land in a few
+    completions: the p95). step_ms 0: not measured yet, it could. A depth under 1 counts as 1: a
+    draft always proposes the root's first child (one pass)."""
+    if step_ms <= 0:
+        return True
+    depth = max(depth, 1)
+    saved = max((_path_value(c.probs) for c in found), default=0.0)
+    return (depth - saved) * pass_ms > depth * (step_ms + max(node_ms, 0.0))
+
+
+def _path_value(probs: list[float]) -> float:
+    """Expected accepted tokens of one candidate: the sum of its path values (products of its
+    conditional acceptances)."""
+    total, value = 0.0, 1.0
+    for q in probs:
+        value *= q
+        total += value
+    return total
 
 
 def quantile(xs: list[float], q: float) -> float:

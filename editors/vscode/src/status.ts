@@ -1,7 +1,7 @@
 /**
  * The status bar item's text and tooltip, from the server's `completiond/status` notification
- * (params: state, message, target, draft, device, phase, phaseS, elapsedS, progress, lastLatencyMs,
- * meanAccepted) and the client's own state; and what the start-up progress notification says.
+ * (params: state, message, target, draft, device, quant, defaultReason, phase, phaseS, elapsedS,
+ * progress, lastLatencyMs, meanAccepted) and the client's own state; and what the start-up progress notification says.
  * Pure module: unit-tested without VS Code.
  */
 
@@ -15,6 +15,10 @@ export interface ServerStatus {
   target: string;
   draft: string | null;
   device: string;
+  /** The target's weights form (int8, int4, none); the target is spelled NAME@FORM for a named model. */
+  quant?: string | null;
+  /** Why this target and form are the default on this machine; absent when the target was named. */
+  defaultReason?: string | null;
   lastLatencyMs: number | null;
   meanAccepted: number | null;
   /** While the daemon starts: its phase ("importing torch", "loading target …"), seconds so far, percent if known. */
@@ -62,6 +66,8 @@ export function normalizeStatus(params: unknown): ServerStatus {
   if (typeof p.phase === 'string' && p.phase !== '') s.phase = p.phase;
   if (num(p.elapsedS) !== null) s.elapsedS = num(p.elapsedS);
   if (num(p.progress) !== null) s.progress = num(p.progress);
+  if (typeof p.quant === 'string' && p.quant !== '') s.quant = p.quant;
+  if (typeof p.defaultReason === 'string' && p.defaultReason !== '') s.defaultReason = p.defaultReason;
   return s;
 }
 
@@ -136,6 +142,8 @@ export function renderStatus(view: StatusView): StatusRender {
   const lines = [
     `completiond — ${s.state}${s.message ? `: ${s.message}` : ''}`,
     `Target: ${s.target || '–'}`,
+    // why this model and weights form: the daemon's own choice, or the one the settings named
+    s.defaultReason ? `Why: ${s.defaultReason}` : s.target ? 'Why: named (completiond.target or serve --target)' : 'Why: –',
     `Draft: ${s.draft ?? 'none'}`,
     `Device: ${s.device || '–'}`,
     `Last completion: ${formatLatency(latency)}`,

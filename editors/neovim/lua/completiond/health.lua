@@ -104,6 +104,9 @@ function M.check()
     else
       h.ok(msg)
     end
+    if s and s.state == 'ready' then -- the model with its weights form (NAME@FORM), and why that one
+      h.info(('model %s: %s'):format(field(s, 'target'), completiond.model_reason(s)))
+    end
   end
 
   h.start('completiond: daemon')

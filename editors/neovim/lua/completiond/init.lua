@@ -277,7 +277,17 @@ function M.statusline()
   return 'completiond ' .. tostring(present(s.state) or '?')
 end
 
---- One line saying what the server is doing: state, message, model and device.
+--- Why the daemon runs this target in this weights form (NAME@FORM): its own choice for this
+--- machine (the daemon's default_reason), or the one the settings or `serve --target` named.
+function M.model_reason(s)
+  local why = present(s.defaultReason)
+  if why then
+    return 'why: ' .. tostring(why)
+  end
+  return 'why: named (setup target or serve --target)'
+end
+
+--- One line saying what the server is doing: state, message, model and device, and why that model.
 function M.status_line()
   local client = M.client(api.nvim_get_current_buf())
   local s = client and M.status[client.id]
@@ -291,6 +301,7 @@ function M.status_line()
       tostring(s.draft or 'none'), tostring(s.device or '?'))
     local ms = tonumber(present(s.lastLatencyMs))
     line = line .. (ms and (', last latency %d ms)'):format(math.floor(ms + 0.5)) or ')')
+    line = line .. '; ' .. M.model_reason(s)
   end
   return line
 end

@@ -101,6 +101,8 @@ test('malformed values fall back or are clamped', () => {
   assert.equal(readServerSettings(reader({ dtype: 'int3', device: 'tpu', target: '' })).dtype, null);
   assert.equal(readServerSettings(reader({ device: 'tpu' })).device, null);
   assert.equal(readServerSettings(reader({ target: '  ' })).target, null);
+  // a named model with its weights form passes through as written (the daemon parses NAME@FORM)
+  assert.equal(readServerSettings(reader({ target: 'qwen2.5-coder-1.5b@int4' })).target, 'qwen2.5-coder-1.5b@int4');
 });
 
 test('didChangeConfiguration params nest the settings under "completiond"', () => {

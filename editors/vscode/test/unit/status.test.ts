@@ -114,3 +114,19 @@ test('the progress notification follows the start and closes when ready', () => 
   assert.equal(progressStep(ready, 40).done, true);
   assert.equal(progressStep(normalizeStatus({ state: 'restarting', message: 'x' }), 0).done, false);
 });
+
+test('a named model shows the weights form it runs, and the tooltip says why it is the default', () => {
+  const s = normalizeStatus({
+    state: 'ready', message: '', target: 'qwen2.5-coder-1.5b@int4', draft: null, device: 'cpu', quant: 'int4',
+    defaultReason: 'qwen2.5-coder-1.5b@int4 is the default here: its passes measured 1.10x the 0.5B\'s',
+    lastLatencyMs: null, meanAccepted: null,
+  });
+  assert.equal(s.quant, 'int4');
+  const r = renderStatus({ client: 'running', server: s });
+  assert.equal(r.text, '$(zap) qwen2.5-coder-1.5b@int4 · cpu');
+  assert.match(r.tooltip, /Target: qwen2\.5-coder-1\.5b@int4/);
+  assert.match(r.tooltip, /Why: qwen2\.5-coder-1\.5b@int4 is the default here/);
+  // a target named in the settings has no default reason: the tooltip says it was named
+  const named = renderStatus({ client: 'running', server: { ...s, defaultReason: null } });
+  assert.match(named.tooltip, /Why: named \(completiond\.target or serve --target\)/);
+});
