@@ -445,7 +445,7 @@ class Engine:
             t0 = time.perf_counter()
             found = p.propose(context, limits, ctx)
             if gate is not None and found:  # what a level of its proposals costs, all included
-                gate.level_ms.add((time.perf_counter() - t0) * 1000 / max(len(c.tokens) for c in found))
+                gate.observe_level((time.perf_counter() - t0) * 1000 / max(len(c.tokens) for c in found))
             candidates += found
         tree = build_tree(root, candidates, self.budget.max_nodes)
         return truncate(tree, self.budget.best_size(tree.value))

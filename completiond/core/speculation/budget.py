@@ -94,6 +94,13 @@ class StepGate:
         self.every = self.PROBE  # steps left out between two probes, now
         self._since = 0  # steps left out since the last probe
 
+    def observe_level(self, ms: float) -> None:
+        """A proposal's wall ms over its deepest candidate: `level_ms` (the first is the estimate)."""
+        if self.level_ms.value <= 0:
+            self.level_ms.value = ms
+        else:
+            self.level_ms.add(ms)
+
     def ms_per_token(self, ran: bool) -> float | None:
         return self.ms[ran].value / self.tokens[ran].value if self.steps[ran] else None
 
