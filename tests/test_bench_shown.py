@@ -117,3 +117,20 @@ def test_a_negative_open_pause_is_refused(tmp_path, capsys):
 
     assert cli.main(["bench", "--repo", str(tmp_path), "--replay", "1", "--replay-open-pause", "-1"]) == 2
     assert "--replay-open-pause" in capsys.readouterr().err
+
+
+def test_replay_shown_only_skips_the_typing_runs(tmp_path, tiny_dir):
+    import json
+
+    from completiond import cli
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "wrap.py").write_text(SRC_FILE.read_text())
+    out = tmp_path / "b.json"
+    assert cli.main(["bench", "--repo", str(repo), "--positions", "1", "--modes", "ar", "--replay", "1",
+                     "--replay-shown-only", "--replay-open-pause", "0", "--max-tokens", "2", "--prompt-tokens", "256",
+                     "--json", str(out), "--target", str(tiny_dir), "--draft", "none", "--dtype", "float32"]) == 0
+    res = json.loads(out.read_text())["keystroke_replay"]
+    assert "with_prefix_reuse" not in res and "without_prefix_reuse" not in res
+    assert res["shown"]["0"]["positions"] == 1 and sum(res["shown"]["0"]["lanes"].values()) == 1

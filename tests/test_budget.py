@@ -391,3 +391,16 @@ def test_a_draft_is_not_asked_where_even_a_perfect_draft_would_not_pay():
     assert B.could_pay(long_pld, 4, 0.0, 49.5, 14.0)
     assert B.could_pay([], 0, 30.0, 49.5, 0.0) and not B.could_pay([], 0, 60.0, 49.5, 0.0)  # depth 0: one pass
     assert B._path_value([0.5, 0.5]) == 0.75
+
+
+def test_the_first_proposal_measured_is_the_level_estimate():
+    """`StepGate.level_ms` starts at the first proposal's cost, not a fifth of it (an Ewma from 0 would
+    price a dear draft as cheap for its next few proposals, which `could_pay` would then let run)."""
+    g = B.StepGate()
+    g.observe_level(100.0)
+    assert g.level_ms.value == 100.0
+    g.observe_level(50.0)
+    assert 50.0 < g.level_ms.value < 100.0
+    g.record(True, 30.0, 2)
+    g.record(False, 10.0, 1)  # kept across starts with the gate
+    assert B.StepGate.restore(g.state()).level_ms.value == g.level_ms.value

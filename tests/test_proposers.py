@@ -48,7 +48,7 @@ def test_draft_tree_nodes_are_top_tokens_of_their_paths(branch, code_ids):
     assert {tuple(c.tokens) for c in again} == {tuple(c.tokens) for c in cands}
 
 
-def test_a_draft_that_does_not_pay_is_left_out_and_output_stays_identical(code_ids):
+def test_a_draft_that_does_not_pay_is_left_out_and_output_stays_identical(code_ids, monkeypatch):
     """The engine's StepGate: a draft whose proposals cost far more than the target passes they save
     (here: 60 ms added to each, beside passes of about a millisecond) runs only while its two arms
     are measured and then on probes, every PROBE-th step it says it pays; the output is the target's
@@ -61,6 +61,7 @@ def test_a_draft_that_does_not_pay_is_left_out_and_output_stays_identical(code_i
     from completiond.core.speculation.tree import Candidate
     from completiond.models import self_draft
 
+    monkeypatch.setattr("completiond.core.engine.could_pay", lambda *a: True)  # the gate alone decides
     target = tiny.loaded(tiny.gemma_config(window=16, layers=4), seed=1, scale=4.0)
     prompt = code_ids[40:80]
     ar = Engine(target).complete(Request(prompt=prompt, mode="ar", max_tokens=48)).token_ids
@@ -100,6 +101,7 @@ def test_a_returning_daemon_does_not_warm_up_its_gate_again(code_ids, tmp_path, 
 
     monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path))
     monkeypatch.setenv("COMPLETIOND_RECALIBRATE", "0")  # a table measured under load is kept (not re-measured)
+    monkeypatch.setattr("completiond.core.engine.could_pay", lambda *a: True)  # the gate alone decides
     target = tiny.loaded(tiny.gemma_config(window=16, layers=4), seed=1, scale=4.0)
     prompt = code_ids[40:80]
     ar = Engine(target).complete(Request(prompt=prompt, mode="ar", max_tokens=48)).token_ids
@@ -244,11 +246,12 @@ class Priced:
 
 
 def test_a_draft_as_dear_as_a_target_pass_is_never_asked_once_measured(code_ids):
-    """A draft whose measured pass costs what a target pass does cannot pay at any step (each of its
-    passes saves at most one target pass): after its first proposal measures that, the engine asks
+    """A draft whose proposals cost, a level, more than a target pass cannot pay at any step (each
+    level saves at most one target pass): once its proposals are measured so, the engine asks
     neither its `pays` nor its gate (no warm-up, no probes) and the output stays the target's. The
     same draft measured cheap is asked where prompt lookup finds nothing."""
     from completiond.core.engine import Engine, Request
+    from completiond.core.speculation.budget import StepGate
     from completiond.models import self_draft
 
     target = tiny.loaded(tiny.gemma_config(window=16, layers=4), seed=1, scale=4.0)
@@ -260,11 +263,11 @@ def test_a_draft_as_dear_as_a_target_pass_is_never_asked_once_measured(code_ids)
         asked = []
         pays = engine.draft.pays
         engine.draft.pays = lambda *a, **k: asked.append(1) or pays(*a, **k)
-        # its passes measured at 1.2 target passes, or at a hundredth of one (of the pass cost now)
-        engine.draft.step_ms = Priced(lambda share=1.2 if dear else 0.01, b=engine.budget: b.cost(1) * share)
+        # its proposals measured at 1.2 target passes a level, or at a hundredth of one (of the pass cost now)
+        gate = engine.gates["draft"] = StepGate()
+        gate.level_ms = Priced(lambda share=1.2 if dear else 0.01, b=engine.budget: b.cost(1) * share)
         for _ in range(2):
             assert engine.complete(Request(prompt=prompt, mode="draft", max_tokens=32)).token_ids == ar
-        gate = engine.gates["draft"]
         if dear:
             assert not asked and gate.steps == {True: 0, False: 0} and gate.excluded > 0
         else:

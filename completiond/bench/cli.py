@@ -42,6 +42,9 @@ def add_parser(sub) -> None:
     b.add_argument("--replay-open-pause", type=float, action="append", default=None, metavar="S",
                    help="seconds a file is open before typing starts, for the shown suggestions of --replay "
                         "(repeat for several; default: 2 and 30)")
+    b.add_argument("--replay-shown-only", action="store_true",
+                   help="with --replay, only the shown suggestions: skip the typing runs with and without "
+                        "prefix reuse (keystroke latency; the no-reuse run prefills every prompt whole)")
     b.add_argument("--edits", type=int, default=0, metavar="N", help="also run N rewrite (edit) tasks")
     b.add_argument("--prompt-tokens", type=int, default=2048, metavar="N",
                    help="prompt budget per completion (the daemon's quick prompt: 256)")

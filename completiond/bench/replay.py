@@ -209,7 +209,8 @@ def replay(a, root: Path, positions: list[Cursor], engine: dict | None = None) -
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
         try:
             pauses = getattr(a, "replay_open_pause", None) or list(OPEN_PAUSES_S)
-            return asyncio.run(_replay(sock, positions, a.max_tokens, proc, pauses, not a.single_line, engine))
+            return asyncio.run(_replay(sock, positions, a.max_tokens, proc, pauses, not a.single_line, engine,
+                                       reuse_runs=() if getattr(a, "replay_shown_only", False) else (True, False)))
         except (RuntimeError, TimeoutError) as e:  # the daemon's own last words say why
             tail = (Path(tmp) / "daemon.log").read_text(errors="replace").strip().splitlines()[-3:]
             raise RuntimeError(f"the benchmark daemon: {e}" + (f" ({' / '.join(tail)})" if tail else "")) from None
@@ -224,7 +225,8 @@ def _p(xs: list[float], q: float) -> float | None:
 
 
 async def _replay(sock: Path, positions: list[Cursor], max_tokens: int, proc: subprocess.Popen,
-                  pauses: list[float] = (), multiline: bool = True, engine: dict | None = None) -> dict:
+                  pauses: list[float] = (), multiline: bool = True, engine: dict | None = None,
+                  reuse_runs: tuple[bool, ...] = (True, False)) -> dict:
     await wait_ready(sock, proc, READY_TIMEOUT_S)
     client = await Client.connect(sock)
     await client.request("initialize", {"client": "bench", "protocol": 1})
@@ -233,7 +235,7 @@ async def _replay(sock: Path, positions: list[Cursor], max_tokens: int, proc: su
         await asyncio.sleep(0.2)  # the pass-cost table it starts with is known once the models are in
     out = {"char_interval_ms": CHAR_INTERVAL_S * 1000, "lines": len(positions),
            "pass_costs_start": st.get("pass_costs")}
-    for reuse in (True, False):
+    for reuse in reuse_runs:  # the keystroke-latency runs (bench --replay-shown-only: none)
         ttft, final, superseded, requests = [], [], 0, 0
         for i, pos in enumerate(positions):
             text = read_text_file(pos.file) or ""

@@ -383,22 +383,26 @@ class Engine:
             # a costly proposer's node must also pay for its place in the verify pass
             node_ms = (self.budget.cost(8) - pass_ms) / 7 if p.costly else 0.0
             useful = self.budget.useful_nodes() if p.costly else self.budget.max_nodes
-            step = getattr(p, "step_ms", None)  # its measured pass (a draft model's, the heads' step)
-            if not always and p.costly and not could_pay(candidates, min(max_len, useful), step.value if step else 0.0,
-                                                         pass_ms, node_ms):
-                self.gates.setdefault(p.name, StepGate()).excluded += 1  # not even a probe: it cannot pay here
+            gate = self.gates.setdefault(p.name, StepGate()) if p.costly and not always else None
+            if gate is not None and not could_pay(candidates, min(max_len, useful),
+                                                                 gate.level_ms.value, pass_ms, node_ms):
+                gate.excluded += 1  # not even a probe: it cannot pay here
                 continue
             if not always and not p.pays(candidates, pass_ms, ctx):
                 continue
-            if not always and p.costly:  # it says it pays: the measured gate has the last word
-                ran = self.gates.setdefault(p.name, StepGate()).allows()
+            if gate is not None:  # it says it pays: the measured gate has the last word
+                ran = gate.allows()
                 gated = (p.name, ran)
                 if not ran:
                     continue
             min_value = 0.0 if always else max(0.02, p.min_value(pass_ms) + max(node_ms, 0.0) / pass_ms)
             # and stop growing where even a certain tree would be cut (pld's lookups cost nothing)
             limits = Limits(max_len=max_len, min_value=min_value, max_nodes=useful)
-            candidates += p.propose(context, limits, ctx)
+            t0 = time.perf_counter()
+            found = p.propose(context, limits, ctx)
+            if gate is not None and found:  # what a level of its proposals costs, all included
+                gate.observe_level((time.perf_counter() - t0) * 1000 / max(len(c.tokens) for c in found))
+            candidates += found
         tree = build_tree(root, candidates, self.budget.max_nodes)
         return truncate(tree, self.budget.best_size(tree.value)), gated
 

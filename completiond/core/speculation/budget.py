@@ -85,11 +85,21 @@ class StepGate:
 
     def __init__(self) -> None:
         self.excluded = 0  # steps where the proposer could not pay at all (`could_pay`): not asked, not counted
+        # ms per level of its proposals: a proposal's wall time (its cache's catch-up, every pass,
+        # the sampling) over its deepest candidate's length (one pass a level): what `could_pay` prices
+        self.level_ms = Ewma(0.0, 0.2)
         self.ms = {True: Ewma(0.0, 0.1), False: Ewma(0.0, 0.1)}  # by "ran": ms per step ...
         self.tokens = {True: Ewma(0.0, 0.1), False: Ewma(0.0, 0.1)}  # ... and tokens per step
         self.steps = {True: 0, False: 0}
         self.every = self.PROBE  # steps left out between two probes, now
         self._since = 0  # steps left out since the last probe
+
+    def observe_level(self, ms: float) -> None:
+        """A proposal's wall ms over its deepest candidate: `level_ms` (the first is the estimate)."""
+        if self.level_ms.value <= 0:
+            self.level_ms.value = ms
+        else:
+            self.level_ms.add(ms)
 
     def ms_per_token(self, ran: bool) -> float | None:
         return self.ms[ran].value / self.tokens[ran].value if self.steps[ran] else None
@@ -127,7 +137,7 @@ class StepGate:
         return {"ms": {k: self.ms[ran].value for k, ran in (("with", True), ("without", False))},
                 "tokens": {k: self.tokens[ran].value for k, ran in (("with", True), ("without", False))},
                 "steps": {k: self.steps[ran] for k, ran in (("with", True), ("without", False))},
-                "every": self.every, "measured_at": self.measured_at}
+                "every": self.every, "measured_at": self.measured_at, "level_ms": self.level_ms.value}
 
     @classmethod
     def restore(cls, state: dict) -> StepGate:
@@ -143,6 +153,7 @@ class StepGate:
             g.every = min(max(int(state["every"]), cls.PROBE), cls.MAX_PROBE)
             at = state.get("measured_at")
             g.measured_at = float(at) if at is not None else None
+            g.level_ms.value = max(float(state.get("level_ms") or 0.0), 0.0)
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"damaged gate state: {e!r}") from None
         g.restored = True
@@ -150,7 +161,7 @@ class StepGate:
 
     def status(self) -> dict:
         return {"steps_with": self.steps[True], "steps_without": self.steps[False], "restored": self.restored,
-                "steps_excluded": self.excluded,
+                "steps_excluded": self.excluded, "level_ms": round(self.level_ms.value, 2),
                 **{f"ms_per_token_{k}": round(v, 2) for k, ran in (("with", True), ("without", False))
                    if (v := self.ms_per_token(ran)) is not None}}
 
