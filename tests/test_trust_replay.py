@@ -26,13 +26,17 @@ def bench_replay(tmp_path: Path, *model: str, capsys=None) -> dict:
     (repo / "shapes.py").write_text(SOURCE)
     out = tmp_path / "b.json"
     code = cli.main(["bench", "--repo", str(repo), "--positions", "1", "--cursor", "mid-line", "--modes", "ar",
-                     "--replay", "1", "--replay-open-pause", "0", "--replay-open-pause", "0.5", "--max-tokens", "2",
+                     "--replay", "1", "--replay-open-pause", "0", "--replay-open-pause", "0.5", "--max-tokens", "8",
                      "--prompt-tokens", "256", "--json", str(out), *model])
     assert code == 0
     bench = json.loads(out.read_text())
     res = bench["keystroke_replay"]
     for key in ("with_prefix_reuse", "without_prefix_reuse"):
-        assert res[key]["requests"] >= 3 and res[key]["answered_with_tokens"] >= 1, res
+        assert res[key]["requests"] >= 3, res
+    # with reuse the typed-through memory answers keystrokes at once; without it a slow model's requests
+    # may all be superseded, and the last keystroke ends the line, where a whitespace-only answer is
+    # never shown
+    assert res["with_prefix_reuse"]["answered_with_tokens"] >= 1, res
     # what the daemon showed after typing up to the position's cursor, per open pause, beside the engine
     assert res["engine"] == {"mode": "ar", "positions": 1, "prompt_tokens": 256,
                              "exact_line": bench["modes"]["ar"]["exact_match"],
