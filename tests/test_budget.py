@@ -9,6 +9,8 @@ import pytest
 import tiny
 
 from completiond.core.speculation import budget as B
+from completiond.core.speculation import gate as G
+from completiond.core.speculation import calibration as C
 from completiond.models import device
 from completiond.core.speculation.budget import PRIOR_WEIGHT, PROBE_AFTER, PROBE_SHARE, TreeBudget
 
@@ -161,26 +163,26 @@ def test_no_probe_without_candidates_or_when_always():
 def test_a_cached_table_is_measured_again_when_old_or_measured_under_load():
     now = time.time()
     fresh = {"measured_at": now - 60, "loadavg": 0.3, "others_busy": 0.02}
-    assert B.stale_reason(fresh, 0.0, now) is None
-    old = {**fresh, "measured_at": now - B.MAX_AGE_S - 1}
-    assert "days old" in B.stale_reason(old, 0.05, now)
+    assert C.stale_reason(fresh, 0.0, now) is None
+    old = {**fresh, "measured_at": now - C.MAX_AGE_S - 1}
+    assert "days old" in C.stale_reason(old, 0.05, now)
     loaded = {**fresh, "others_busy": 0.9}
-    assert "busy elsewhere" in B.stale_reason(loaded, 0.05, now)
-    assert B.stale_reason(loaded, 0.8, now) is None  # still loaded: measuring would measure the load
-    assert B.stale_reason({"measured_at": None}, 0.0, now) == "the cached table has no date"
+    assert "busy elsewhere" in C.stale_reason(loaded, 0.05, now)
+    assert C.stale_reason(loaded, 0.8, now) is None  # still loaded: measuring would measure the load
+    assert C.stale_reason({"measured_at": None}, 0.0, now) == "the cached table has no date"
 
 
 def test_the_cache_keeps_when_and_under_what_load_a_table_was_measured(tmp_path):
     path = tmp_path / "c.json"
     meta = {"measured_at": 123.0, "loadavg": 1.5, "others_busy": 0.4, "origin": "x"}
-    B.save_costs(path, {1: 20.0, 4: 25.0}, meta, {"1": "observed", "4": "calibrated"})
-    costs, got = B.load_table(path)
+    C.save_costs(path, {1: 20.0, 4: 25.0}, meta, {"1": "observed", "4": "calibrated"})
+    costs, got = C.load_table(path)
     assert costs == {1: 20.0, 4: 25.0} and got == {"measured_at": 123.0, "loadavg": 1.5, "others_busy": 0.4}
     assert json.loads(path.read_text())["sources"] == {"1": "observed", "4": "calibrated"}
     path.write_text(json.dumps({"costs": {"1": 36.5, "2": 39.4}}))  # a file from before issue 44
-    assert B.load_table(path) == ({1: 36.5, 2: 39.4}, {"measured_at": None, "loadavg": None, "others_busy": None})
+    assert C.load_table(path) == ({1: 36.5, 2: 39.4}, {"measured_at": None, "loadavg": None, "others_busy": None})
     path.write_text("{not json")
-    assert B.load_table(path) is None
+    assert C.load_table(path) is None
 
 
 def test_others_busy_is_a_share():
@@ -226,7 +228,7 @@ def test_step_gate_keeps_the_faster_arm_and_probes_the_other():
     both arms are measured in turn first, then the slower one only on probes, further apart while
     probes find it slower (PROBE, 2 PROBE, ... up to MAX_PROBE steps), and a change in which is
     faster is followed: a probe that pays brings the next one after PROBE steps (synthetic timings)."""
-    g = B.StepGate()
+    g = G.StepGate()
     # warm-up: the arms alternate until each has WARM steps
     first = []
     for _ in range(2 * g.WARM):
@@ -257,30 +259,30 @@ def test_step_gate_keeps_the_faster_arm_and_probes_the_other():
 def test_step_gate_state_round_trips_and_damage_is_no_state(tmp_path):
     """A gate's state (estimates, arms measured, probe interval) comes back as it was, with an arm
     measured at least WARM steps counted as warmed up; a damaged or foreign file is no state."""
-    g = B.StepGate()
+    g = G.StepGate()
     for i in range(2 * g.WARM + 3 * g.PROBE):
         ran = g.allows()
         g.record(ran, 100.0 if ran else 60.0, 2)
-    back = B.StepGate.restore(json.loads(json.dumps(g.state())))
+    back = G.StepGate.restore(json.loads(json.dumps(g.state())))
     assert back.restored and not g.restored
     assert back.ms_per_token(True) == g.ms_per_token(True) and back.ms_per_token(False) == g.ms_per_token(False)
     assert back.every == g.every > g.PROBE and back.steps == {True: g.WARM, False: g.WARM}
     assert not any(back.allows() for _ in range(back.every - 1))  # no warm-up: the next run is a probe
     for bad in ({}, {"ms": {"with": 1.0}}, {**g.state(), "tokens": {"with": 0.0, "without": 1.0}}, "x"):
         with pytest.raises(ValueError):
-            B.StepGate.restore(bad)
+            G.StepGate.restore(bad)
     path = tmp_path / "g.gates.json"
-    B.save_gates(path, "draft-a", {"draft": g})
-    B.save_gates(path, "draft-b", {"draft": B.StepGate()})  # another draft's gates are kept beside
-    assert B.load_gates(path, "draft-a")["draft"].every == g.every
-    assert B.load_gates(path, "draft-c") == {}
+    G.save_gates(path, "draft-a", {"draft": g})
+    G.save_gates(path, "draft-b", {"draft": G.StepGate()})  # another draft's gates are kept beside
+    assert G.load_gates(path, "draft-a")["draft"].every == g.every
+    assert G.load_gates(path, "draft-c") == {}
     path.write_text("{not json")
-    assert B.load_gates(path, "draft-a") == {}
+    assert G.load_gates(path, "draft-a") == {}
 
 
-def _measured_gate(with_ms: float, without_ms: float, steps: int) -> B.StepGate:
+def _measured_gate(with_ms: float, without_ms: float, steps: int) -> G.StepGate:
     """A gate after `steps` decisions, its proposer's steps costing with_ms, the others without_ms (2 tokens each)."""
-    g = B.StepGate()
+    g = G.StepGate()
     for _ in range(steps):
         ran = g.allows()
         g.record(ran, with_ms if ran else without_ms, 2)
@@ -293,28 +295,28 @@ def test_a_draft_measured_slower_here_is_not_loaded_until_its_verdict_ages(tmp_p
     MAX_AGE_S after its last step with it; a draft that paid, one still deciding, one measured long
     ago or never, an older state without a date, another draft and a damaged file say nothing."""
     path = tmp_path / "t.gates.json"
-    assert B.slower_draft(path, "qwen2.5-coder-0.5b") is None  # never measured
+    assert G.slower_draft(path, "qwen2.5-coder-0.5b") is None  # never measured
     slow = _measured_gate(100.0, 60.0, 200)
     assert slow.every == slow.MAX_PROBE and slow.measured_at is not None
-    B.save_gates(path, "qwen2.5-coder-0.5b|torch.bfloat16|int8", {"draft": slow})
-    why = B.slower_draft(path, "qwen2.5-coder-0.5b")
+    G.save_gates(path, "qwen2.5-coder-0.5b|torch.bfloat16|int8", {"draft": slow})
+    why = G.slower_draft(path, "qwen2.5-coder-0.5b")
     assert why and "50 against 30 ms" in why and "0 hours ago" in why
-    assert B.slower_draft(path, "qwen2.5-coder-1.5b") is None  # another draft
-    later = slow.measured_at + B.MAX_AGE_S + 1
-    assert B.slower_draft(path, "qwen2.5-coder-0.5b", now=later) is None  # measured again after a week
-    assert "6 days ago" in B.slower_draft(path, "qwen2.5-coder-0.5b", now=slow.measured_at + 6 * 86400)
+    assert G.slower_draft(path, "qwen2.5-coder-1.5b") is None  # another draft
+    later = slow.measured_at + C.MAX_AGE_S + 1
+    assert G.slower_draft(path, "qwen2.5-coder-0.5b", now=later) is None  # measured again after a week
+    assert "6 days ago" in G.slower_draft(path, "qwen2.5-coder-0.5b", now=slow.measured_at + 6 * 86400)
     deciding = _measured_gate(100.0, 60.0, 30)  # slower so far, probes not yet at their longest interval
     assert deciding.every < deciding.MAX_PROBE
-    B.save_gates(path, "qwen2.5-coder-0.5b|torch.bfloat16|int8", {"draft": deciding})
-    assert B.slower_draft(path, "qwen2.5-coder-0.5b") is None
-    B.save_gates(path, "qwen2.5-coder-0.5b|torch.bfloat16|int8", {"draft": _measured_gate(40.0, 60.0, 200)})
-    assert B.slower_draft(path, "qwen2.5-coder-0.5b") is None  # it pays
+    G.save_gates(path, "qwen2.5-coder-0.5b|torch.bfloat16|int8", {"draft": deciding})
+    assert G.slower_draft(path, "qwen2.5-coder-0.5b") is None
+    G.save_gates(path, "qwen2.5-coder-0.5b|torch.bfloat16|int8", {"draft": _measured_gate(40.0, 60.0, 200)})
+    assert G.slower_draft(path, "qwen2.5-coder-0.5b") is None  # it pays
     undated = slow.state()
     del undated["measured_at"]  # a gate kept before this field
     path.write_text(json.dumps({"qwen2.5-coder-0.5b|torch.bfloat16|int8": {"draft": undated}}))
-    assert B.StepGate.restore(undated).measured_at is None and B.slower_draft(path, "qwen2.5-coder-0.5b") is None
+    assert G.StepGate.restore(undated).measured_at is None and G.slower_draft(path, "qwen2.5-coder-0.5b") is None
     path.write_text("[1, 2")
-    assert B.slower_draft(path, "qwen2.5-coder-0.5b") is None
+    assert G.slower_draft(path, "qwen2.5-coder-0.5b") is None
 
 
 def test_a_default_draft_measured_slower_stays_unloaded(tmp_path, monkeypatch):
@@ -328,14 +330,14 @@ def test_a_default_draft_measured_slower_stays_unloaded(tmp_path, monkeypatch):
     loads = []
     monkeypatch.setattr(M, "default_draft", lambda t: "tiny-draft")
     monkeypatch.setattr(M, "load_draft", lambda spec, t: loads.append(spec) or "a draft")
-    path = B.gates_path(target)
-    B.save_gates(path, "tiny-draft|torch.float32|", {"draft": _measured_gate(100.0, 60.0, 200)})
+    path = G.gates_path(target)
+    G.save_gates(path, "tiny-draft|torch.float32|", {"draft": _measured_gate(100.0, 60.0, 200)})
     draft, why = E.draft_for("default", target)
     assert draft is None and loads == [] and "tiny-draft measured slower here" in why
     label = M.draft_label("default", None, target, why)
     assert label.startswith("none (tiny-draft measured slower") and "--draft tiny-draft loads it" in label
     assert E.draft_for("tiny-draft", target) == ("a draft", None) and loads == ["tiny-draft"]
-    B.save_gates(path, "tiny-draft|torch.float32|", {"draft": _measured_gate(40.0, 60.0, 200)})
+    G.save_gates(path, "tiny-draft|torch.float32|", {"draft": _measured_gate(40.0, 60.0, 200)})
     assert E.draft_for("default", target) == ("a draft", None) and loads == ["tiny-draft", "default"]
 
 
@@ -367,11 +369,11 @@ def test_a_kernel_change_starts_a_new_calibration_table(monkeypatch):
     target = types.SimpleNamespace(device=torch.device("cpu"), name="qwen2.5-coder-0.5b", dtype=torch.bfloat16,
                                    meta={"quant": "int8"})
     monkeypatch.setattr(cpu_kernel, "build_id", lambda: "aaaa")
-    first = B.calibration_path(target)
-    assert B.calibration_path(target) == first
+    first = C.calibration_path(target)
+    assert C.calibration_path(target) == first
     monkeypatch.setattr(cpu_kernel, "build_id", lambda: "bbbb")
-    assert B.calibration_path(target) != first
-    assert B.gates_path(target).stem.startswith(B.calibration_path(target).stem)
+    assert C.calibration_path(target) != first
+    assert G.gates_path(target).stem.startswith(C.calibration_path(target).stem)
 
 
 def test_a_draft_is_not_asked_where_even_a_perfect_draft_would_not_pay():
@@ -384,23 +386,23 @@ def test_a_draft_is_not_asked_where_even_a_perfect_draft_would_not_pay():
 
     long_pld = [Candidate(list(range(16)), [0.8] * 16, "pld")]
     short_pld = [Candidate([7], [0.3], "pld")]
-    assert B.could_pay([], 4, 17.0, 49.5, 14.0)
-    assert B.could_pay(short_pld, 4, 17.0, 49.5, 14.0)  # 3.7 passes to win, 4 x 31 ms to pay
-    assert not B.could_pay(long_pld, 4, 17.0, 49.5, 14.0)  # 0.8 + 0.64 + ... = 3.9 saved already
-    assert not B.could_pay([], 4, 49.5, 49.5, 0.0)  # as dear as the pass it would save
-    assert B.could_pay(long_pld, 4, 0.0, 49.5, 14.0)
-    assert B.could_pay([], 0, 30.0, 49.5, 0.0) and not B.could_pay([], 0, 60.0, 49.5, 0.0)  # depth 0: one pass
-    assert B._path_value([0.5, 0.5]) == 0.75
+    assert G.could_pay([], 4, 17.0, 49.5, 14.0)
+    assert G.could_pay(short_pld, 4, 17.0, 49.5, 14.0)  # 3.7 passes to win, 4 x 31 ms to pay
+    assert not G.could_pay(long_pld, 4, 17.0, 49.5, 14.0)  # 0.8 + 0.64 + ... = 3.9 saved already
+    assert not G.could_pay([], 4, 49.5, 49.5, 0.0)  # as dear as the pass it would save
+    assert G.could_pay(long_pld, 4, 0.0, 49.5, 14.0)
+    assert G.could_pay([], 0, 30.0, 49.5, 0.0) and not G.could_pay([], 0, 60.0, 49.5, 0.0)  # depth 0: one pass
+    assert G._path_value([0.5, 0.5]) == 0.75
 
 
 def test_the_first_proposal_measured_is_the_level_estimate():
     """`StepGate.level_ms` starts at the first proposal's cost, not a fifth of it (an Ewma from 0 would
     price a dear draft as cheap for its next few proposals, which `could_pay` would then let run)."""
-    g = B.StepGate()
+    g = G.StepGate()
     g.observe_level(100.0)
     assert g.level_ms.value == 100.0
     g.observe_level(50.0)
     assert 50.0 < g.level_ms.value < 100.0
     g.record(True, 30.0, 2)
     g.record(False, 10.0, 1)  # kept across starts with the gate
-    assert B.StepGate.restore(g.state()).level_ms.value == g.level_ms.value
+    assert G.StepGate.restore(g.state()).level_ms.value == g.level_ms.value

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from completiond.core.speculation import budget as B
+from completiond.core.speculation import calibration as C
 from completiond.service.client import Client
 from daemon_util import daemon_status, start_daemon, stop_daemon
 
@@ -76,14 +77,14 @@ CASES = {"3x": lambda n: 3.0, "3x above 2": lambda n: 3.0 if n > 2 else 1.0, "1/
 @pytest.mark.parametrize("case", list(CASES))
 async def test_a_wrong_cached_table_heals_in_a_real_daemon(case, reference, tiny_dir, tmp_path, monkeypatch):
     with reference.lock:
-        fresh = B.measure_costs(reference.runner, B.QUICK_SIZES, rounds=8)
+        fresh = C.measure_costs(reference.runner, B.QUICK_SIZES, rounds=8)
     factor = CASES[case]
     procs, socks = [], []
     try:
         for name, f in (("right", lambda n: 1.0), ("wrong", factor)):
             cache = tmp_path / name / "cache"
             monkeypatch.setenv("COMPLETIOND_CACHE", str(cache))
-            B.save_costs(B.calibration_path(reference.target),  # the daemon's: same model, dtype, threads, CPU
+            C.save_costs(C.calibration_path(reference.target),  # the daemon's: same model, dtype, threads, CPU
                          {n: ms * f(n) for n, ms in fresh.items()},
                          {"measured_at": time.time(), "loadavg": 0.0, "others_busy": 0.0})
             socks.append(tmp_path / name / "d.sock")

@@ -57,7 +57,7 @@ def test_a_draft_that_does_not_pay_is_left_out_and_output_stays_identical(code_i
     import time
 
     from completiond.core.engine import Engine, Request
-    from completiond.core.speculation.budget import StepGate
+    from completiond.core.speculation.gate import StepGate
     from completiond.core.speculation.tree import Candidate
     from completiond.models import self_draft
 
@@ -96,7 +96,7 @@ def test_a_returning_daemon_does_not_warm_up_its_gate_again(code_ids, tmp_path, 
     import time
 
     from completiond.core.engine import Engine, Request
-    from completiond.core.speculation.budget import StepGate
+    from completiond.core.speculation.gate import StepGate
     from completiond.models import self_draft
 
     monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path))
@@ -139,7 +139,7 @@ def test_the_gate_counts_only_the_tokens_a_completion_keeps(code_ids):
     short completions would look cheaper per token than it is (docs/kernels.md "Round 16")."""
     from completiond.core.engine import Engine, Request
     from completiond.core.prompt.stops import StopRules
-    from completiond.core.speculation.budget import StepGate
+    from completiond.core.speculation.gate import StepGate
     from completiond.core.speculation.tree import Candidate
     from completiond.models import self_draft
 
@@ -251,7 +251,7 @@ def test_a_draft_as_dear_as_a_target_pass_is_never_asked_once_measured(code_ids)
     neither its `pays` nor its gate (no warm-up, no probes) and the output stays the target's. The
     same draft measured cheap is asked where prompt lookup finds nothing."""
     from completiond.core.engine import Engine, Request
-    from completiond.core.speculation.budget import StepGate
+    from completiond.core.speculation.gate import StepGate
     from completiond.models import self_draft
 
     target = tiny.loaded(tiny.gemma_config(window=16, layers=4), seed=1, scale=4.0)

@@ -49,7 +49,7 @@ def main() -> None:
     engine = Engine(target, draft, draft_branch=a.branch)
     engine.calibrate_cached()
     if a.no_gate:
-        from completiond.core.speculation.budget import StepGate
+        from completiond.core.speculation.gate import StepGate
 
         StepGate.allows = lambda self: True
     root, label = resolve_repo(a.repo)

@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from completiond.bench.repo import read_text_file, resolve_repo, sample_positions  # noqa: E402
 from completiond.core.speculation import budget as B  # noqa: E402
+from completiond.core.speculation import calibration as C
 from completiond.models.device import loadavg  # noqa: E402
 from completiond.paths import cache_root  # noqa: E402
 
@@ -183,7 +184,7 @@ def main() -> int:
     target = load(a.target, "target", "auto", "auto", "auto")  # from the real cache, as the daemon will
     os.environ["COMPLETIOND_CACHE"] = str(cache)
     engine = Engine(target, None)
-    path = B.calibration_path(target)
+    path = C.calibration_path(target)
     print(f"threads {torch.get_num_threads()}, table {path}", file=sys.stderr)
 
     quiet_before = calibrate(engine, a.rounds)
@@ -196,10 +197,10 @@ def main() -> int:
         for p in loops:
             p.kill()
             p.wait()
-    B.save_costs(path, loaded, loaded_meta)
+    C.save_costs(path, loaded, loaded_meta)
     print(f"quiet {quiet_before}\nloaded {loaded} (others busy {loaded_meta['others_busy']})", file=sys.stderr)
     ref_cache = temp_cache(real_cache, tmp / "reference")
-    B.save_costs(ref_cache / "calibration" / path.name, quiet_before,
+    C.save_costs(ref_cache / "calibration" / path.name, quiet_before,
                  {"measured_at": time.time(), "loadavg": loadavg(), "others_busy": 0.0})
 
     root, label = resolve_repo(a.repo)
@@ -227,7 +228,7 @@ def main() -> int:
     result = {
         "command": "python " + " ".join(sys.argv), "date": datetime.date.today().isoformat(),
         "machine": f"{os.cpu_count()} cores, threads {torch.get_num_threads()}, shared with other work",
-        "cpu": B.cpu_key(), **info, "repo": label, "completions": a.completions, "max_tokens": a.max_tokens,
+        "cpu": C.cpu_key(), **info, "repo": label, "completions": a.completions, "max_tokens": a.max_tokens,
         "loaded_table": {str(k): v for k, v in loaded.items()}, "loaded_meta": loaded_meta,
         "quiet_before": {str(k): v for k, v in quiet_before.items()},
         "quiet_after": {str(k): v for k, v in quiet_after.items()},

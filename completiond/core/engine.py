@@ -21,9 +21,9 @@ from collections.abc import Callable, Collection, Generator, Hashable, Iterator
 
 import torch
 
-from .speculation.budget import (CALIBRATION_SIZES, MAX_AGE_S, QUICK_SIZES, StepGate, TreeBudget, calibration_path,
-                                 could_pay, gates_path, load_gates, load_table, measure_costs, save_costs, save_gates,
-                                 slower_draft, stale_reason)
+from .speculation.budget import CALIBRATION_SIZES, QUICK_SIZES, TreeBudget
+from .speculation.calibration import MAX_AGE_S, calibration_path, load_table, measure_costs, save_costs, stale_reason
+from .speculation.gate import StepGate, could_pay, gates_path, load_gates, save_gates, slower_draft
 from .speculation.index import TokenIndex
 from ..models.heads import EagleHead, MedusaHeads
 from .speculation.heads import head_proposer
@@ -56,7 +56,7 @@ def draft_id(draft: LoadedModel | MedusaHeads | EagleHead | None) -> str | None:
 
 def draft_for(spec: str | None, target: LoadedModel) -> tuple[LoadedModel | MedusaHeads | EagleHead | None, str | None]:
     """`load_draft(spec, target)`, except that the default draft stays unloaded where an earlier
-    daemon on this machine measured it slower than prompt lookup alone (`budget.slower_draft`):
+    daemon on this machine measured it slower than prompt lookup alone (`gate.slower_draft`):
     then (None, why). A draft named by the user is always loaded."""
     from ..models import default_draft, load_draft
 

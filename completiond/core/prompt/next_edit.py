@@ -34,8 +34,8 @@ LINES_BEFORE, LINES_AFTER = 4, 12  # the editable region around the anchor line:
 MAX_WINDOW_CHARS = 2400  # a region of long lines is cut to this (whole lines)
 CONTEXT_CHARS = 1500  # code shown above the region, first in the prompt (cached: it rarely changes) ...
 AFTER_CHARS = 1200  # ... and below it (both shrink to fit the budget); the region itself comes last.
-# Round 4 (the region inline, 3000 characters around it): the 1.5B copied a rename case back whose
-# other methods used the old name; with 1200 it renamed
+# (with the region inline in 3,000 characters around it the 1.5B copied back a rename case whose other
+# methods used the old name; with 1,200 it renamed)
 SCOPE_LINES = 1000  # the header of the anchor's block is looked for this far up, its uses ...
 SCOPE_CHARS = 20_000  # ... this far down (both scans are Python loops on the event loop: bounded)
 FOLLOW_LINES = 12  # the region grows down by up to this many lines to reach the next use of a name the

@@ -12,7 +12,7 @@ from torch import nn
 from ...models.heads import EagleHead, MedusaHeads
 from ...models.quant import full_weight
 from ..forward.context import NO_CONTEXT, PassContext
-from .budget import Ewma
+from .gate import Ewma
 from .proposers import Limits, Outcome
 from .tree import Candidate
 

@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .budget import Ewma
+from .gate import Ewma
 from .index import TokenIndex, continuations
 from ...models import LoadedModel
 from ..forward.context import NO_CONTEXT, PassContext
