@@ -221,6 +221,17 @@ async def idle_flood(port: int, n: int = 100, hold_s: float = 5.0) -> dict:
     return {"connections": n, "dropped_by_daemon": dropped}
 
 
+async def count_status(r: asyncio.StreamReader, w: asyncio.StreamWriter, statuses: dict[str, int]) -> None:
+    """Read the answer's status code (or "closed" when none came within 5 s) into `statuses`; close."""
+    try:
+        head = await asyncio.wait_for(r.read(12), 5)
+    except (ConnectionError, OSError, asyncio.TimeoutError):
+        head = b""
+    key = head[9:12].decode() if head.startswith(b"HTTP/") else "closed"
+    statuses[key] = statuses.get(key, 0) + 1
+    w.close()
+
+
 async def unauth_bodies(port: int, conns: int = 60, mib: int = 16, rounds: int = 3) -> dict:
     """Each round: `conns` connections POST `mib` MiB bodies without the token (what grew RSS by GBs)."""
     statuses: dict[str, int] = {}
@@ -238,13 +249,7 @@ async def unauth_bodies(port: int, conns: int = 60, mib: int = 16, rounds: int =
                 sent += len(piece)
         except (ConnectionError, OSError, asyncio.TimeoutError):
             pass
-        try:
-            head = await asyncio.wait_for(r.read(12), 5)
-        except (ConnectionError, OSError, asyncio.TimeoutError):
-            head = b""
-        key = head[9:12].decode() if head.startswith(b"HTTP/") else "closed"
-        statuses[key] = statuses.get(key, 0) + 1
-        w.close()
+        await count_status(r, w, statuses)
 
     for _ in range(rounds):
         await asyncio.gather(*(one() for _ in range(conns)))
@@ -268,13 +273,7 @@ async def one_byte_chunks(port: int, token: str | None, conns: int = 2, seconds:
                 chunks += 256
         except (ConnectionError, OSError, asyncio.TimeoutError):
             pass
-        try:
-            head = await asyncio.wait_for(r.read(12), 5)
-        except (ConnectionError, OSError, asyncio.TimeoutError):
-            head = b""
-        key = head[9:12].decode() if head.startswith(b"HTTP/") else "closed"
-        statuses[key] = statuses.get(key, 0) + 1
-        w.close()
+        await count_status(r, w, statuses)
 
     await asyncio.gather(*(one() for _ in range(conns)))
     return {"connections": conns, "with_token": token is not None, "chunks_sent": chunks, "statuses": statuses}
