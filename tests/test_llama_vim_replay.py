@@ -130,7 +130,9 @@ def serve(tmp_path_factory, model_dir, *extra: str) -> dict:
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory, leaky_dir):
-    s = serve(tmp_path_factory, leaky_dir)
+    # the lane a cold answer takes depends on the measured prefill rate (quick before the first
+    # measurement, full after): the retry below must see the same lane, so always the full one
+    s = serve(tmp_path_factory, leaky_dir, "--quick-prompt-ms", "60000")
     yield s
     assert stop_daemon(s["proc"]) == 0
 
@@ -179,6 +181,7 @@ def test_llama_vim_editing_session(srv):
     assert a["completiond/extra_chunks"] == 1
     again = fim(LINES, 300, extra=extra)  # llama.vim re-sends after its 100 ms timer
     assert again["content"] == a["content"] and again["completiond/document"] == doc
+    assert a["completiond/prompt_lane"] == again["completiond/prompt_lane"] == "full"
     assert again["completiond/reused_tokens"] >= again["completiond/prompt_tokens"] - 1
     if a["content"]:  # the speculative follow-up: the window as if the suggestion were accepted
         follow = fim(LINES, 300, prev=a["content"].split("\n"), extra=extra, first=False)
