@@ -24,7 +24,7 @@ import torch
 from benchmarks.pass_cost import SIZES, fill_cache, tree  # noqa: E402
 
 from completiond.core.forward.runner import Runner  # noqa: E402
-from completiond.models import LoadedModel  # noqa: E402
+from completiond.models.loaded import LoadedModel  # noqa: E402
 
 SHAPES = {"qwen2.5-coder-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                                      num_attention_heads=14, tie_word_embeddings=True),

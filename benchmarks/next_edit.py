@@ -49,7 +49,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 from completiond.core.prompt.next_edit import answer_text, edits, next_edit_prompt, window_at  # noqa: E402
-from completiond.models import cache_root  # noqa: E402
+from completiond.paths import cache_root  # noqa: E402
 from completiond.models.device import cpu_name  # noqa: E402
 from completiond.service.history import History  # noqa: E402
 
@@ -413,7 +413,7 @@ def main() -> None:
     import torch
 
     from completiond.core.engine import Engine
-    from completiond.models import load
+    from completiond.models.loader import load
 
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -41,7 +41,7 @@ import torch
 
 from completiond.models import quant
 from completiond.models.kernels import cpu_kernel
-from completiond.models import LoadedModel
+from completiond.models.loaded import LoadedModel
 from completiond.core.forward.runner import Runner
 from completiond.paths import cache_root
 
@@ -178,12 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     forms, metas = {}, {}
     args.weights = {}
     if runtime_form:
-        from completiond import models as completiond_models
+        from completiond.models import loader, pages
         for q in args.quants.split(","):
-            loaded = completiond_models.load(args.target, quant=q)
+            loaded = loader.load(args.target, quant=q)
             forms[q] = loaded.model
             metas[q] = loaded.meta
-        completiond_models.pages.settle()  # passes timed over the weights in 2 MB pages, as a daemon's once moved
+        pages.settle()  # passes timed over the weights in 2 MB pages, as a daemon's once moved
         for q, meta in metas.items():  # where the move found no 2 MB pages, a pass reads more 4 KB ones
             args.weights[q] = meta.get("weights", "?")
             print(f"{args.target} {q} weights: {args.weights[q]}", file=sys.stderr)

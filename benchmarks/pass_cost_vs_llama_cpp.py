@@ -26,7 +26,7 @@ import torch
 
 from completiond.bench.peers import LlamaCppPeer
 from completiond.core.engine import Engine
-from completiond.models import load
+from completiond.models.loader import load
 from completiond.models.device import cpu_name
 
 from benchmarks.pass_cost import SIZES, tree  # noqa: E402  (the same sizes and tree shape as our own pass-cost table)

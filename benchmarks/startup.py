@@ -134,7 +134,7 @@ def cli_complete(code: Path, cache: Path, target: str, extra: list[str],
 LOAD_CPU = """
 import resource, sys, time
 t0 = time.perf_counter()
-from completiond.models import load
+from completiond.models.loader import load
 lm = load(sys.argv[1], "target", "cpu", "auto", "auto")
 from completiond.core.engine import Engine
 Engine(lm, None).calibrate_cached()

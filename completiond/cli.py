@@ -110,8 +110,8 @@ def cmd_complete(a: argparse.Namespace) -> int:
 
     with paused_gc():  # imports and loading (gc_pause.py)
         from .core.engine import Engine, Request, draft_for
-        from .models import ModelError, draft_label, load, load_draft
-        from .models.catalog import spelled
+        from .models.catalog import ModelError, spelled
+        from .models.loader import draft_label, load, load_draft
         from .core.prompt import build_prompt
         from .core.speculation.verify import Sampling
         from .service.protocol import prefill_dtype
@@ -164,8 +164,8 @@ def cmd_convert(a: argparse.Namespace) -> int:
     from .gc_pause import paused_gc
 
     with paused_gc():
-        from .models import ModelError, load
-        from .models.catalog import spelled
+        from .models.catalog import ModelError, spelled
+        from .models.loader import load
 
         try:
             m = load(a.model, "target", "cpu", a.dtype, a.quant)

@@ -145,7 +145,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
                 raise RuntimeError(str(e)) from None
             return engine, {**P.model_info(engine.target, None), "draft": None}
         from .core.engine import Engine, draft_for
-        from .models import conversion_progress, draft_label, load
+        from .models.loader import conversion_progress, draft_label, load
         from .core.prompt import prepare_tokenizer
         from .models.device import trim_heap
 

@@ -10,7 +10,7 @@ import torch
 import tiny
 from completiond.core.engine import Engine, Request
 from completiond.core.prompt.stops import StopRules
-from completiond.models import self_draft
+from completiond.models.loader import self_draft
 
 N_PROMPTS = 30
 

@@ -322,7 +322,7 @@ def test_a_draft_measured_slower_here_is_not_loaded_until_its_verdict_ages(tmp_p
 def test_a_default_draft_measured_slower_stays_unloaded(tmp_path, monkeypatch):
     """`draft_for`: the target's default draft is not loaded where its kept gate says it is slower
     here (the label says why and how to load it); a draft named by the user, or one that paid, is."""
-    import completiond.models as M
+    import completiond.models.loader as M
     from completiond.core import engine as E
 
     monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path))

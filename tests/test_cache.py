@@ -22,7 +22,8 @@ from tiny_gguf import dequantize_with_transformers, write_qwen2_gguf
 from completiond import cli
 from completiond.core.engine import Engine, Request
 from completiond.models.quant import QuantLinear
-from completiond.models import integrity, load, runtime, runtime_dir
+from completiond.models import integrity, runtime
+from completiond.models.loader import load, runtime_dir
 
 FORMS = [("bfloat16", "int8"), ("float32", "int8"), ("bfloat16", "none"), ("float32", "int4")]
 
@@ -47,7 +48,7 @@ def gguf(tmp_path, cache) -> Path:
 
 
 def folder_of(gguf: Path) -> Path:
-    from completiond.models import resolve
+    from completiond.models.loader import resolve
 
     return resolve(str(gguf))[0]
 
@@ -227,7 +228,7 @@ def test_a_conversion_killed_midway_leaves_nothing_that_is_trusted(gguf, tmp_pat
     """A process killed while converting leaves its partial folder (its converting child dies with it);
     the next start removes it and converts."""
     code = (f"import os, sys; sys.path[:0] = {sys.path!r}\n"
-            "from completiond.models import load\n"
+            "from completiond.models.loader import load\n"
             f"load({str(gguf)!r}, 'target', 'cpu', 'float32', 'int8', on_progress=lambda f: os._exit(9))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={**os.environ})
@@ -279,7 +280,7 @@ def test_the_transformers_backend_and_self_drafts_run_on_the_mapped_skeleton(ggu
     `--backend transformers` gets transformers' model around the same tensors, and a self:N
     draft shares the target's layers; both complete as the lean forward does."""
     from completiond.core.forward.runner import Runner
-    from completiond.models import load_draft
+    from completiond.models.loader import load_draft
 
     lm = load(str(gguf), "target", "cpu", "float32", "none")
     assert type(lm.model).__name__ == "Qwen2Skeleton"

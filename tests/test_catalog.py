@@ -84,7 +84,7 @@ def test_two_assemblies_at_once_both_get_the_file(parts):
 
 
 def test_unknown_model_name_is_a_clear_error():
-    from completiond.models import resolve
+    from completiond.models.loader import resolve
 
     with pytest.raises(ModelError, match="unknown model 'qwen-nonexistent'.*qwen2.5-coder-1.5b"):
         resolve("qwen-nonexistent")

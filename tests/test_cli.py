@@ -107,7 +107,7 @@ EARLY = {  # flag errors found before any model loads, in the CLI's own 1-based 
 
 @pytest.mark.parametrize("case", EARLY)
 def test_flag_errors_before_any_model_loads(capsys, src, case, monkeypatch):
-    from completiond import models
+    from completiond.models import loader as models
 
     def no_load(*a, **k):
         raise AssertionError("a model was loaded before the flags were checked")
@@ -137,7 +137,8 @@ def test_quantized_target_reported_in_json(capsys, src, tiny_dir):
 def test_quant_auto_by_device_and_dtype():
     import torch
 
-    from completiond.models import ModelError, pick_quant
+    from completiond.models.catalog import ModelError
+    from completiond.models.quant import pick_quant
 
     cpu = torch.device("cpu")
     assert pick_quant("auto", cpu, torch.bfloat16) == "int8"

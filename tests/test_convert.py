@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from tiny_gguf import convert_with_transformers, write_qwen2_gguf
-from completiond.models import ModelError, convert, ensure_runtime, integrity, runtime
+from completiond.models.catalog import ModelError
+from completiond.models import convert, integrity, runtime
+from completiond.models.loader import ensure_runtime
 from completiond.models.quant import w4_native
 
 FORMS = [("bfloat16", "int8"), ("float32", "int8"), ("bfloat16", "none"), ("float32", "none"),

@@ -8,7 +8,7 @@ import torch
 
 import tiny
 from completiond.core.forward.runner import Runner
-from completiond.models import self_draft
+from completiond.models.loader import self_draft
 from test_lossless import engines_agree
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -5,7 +5,8 @@ side-by-side bench measured the 1.5B's `combined` p50 within 1.25x of the 0.5B's
 import pytest
 
 from completiond.bench.cli import record_default
-from completiond.models import choice, default_target
+from completiond.models import choice
+from completiond.models.choice import default_target
 from completiond.models.device import cpu_file
 
 LARGER, SMALLER = choice.MEASURED_PAIR
@@ -84,7 +85,7 @@ def test_the_larger_target_measured_with_int4_is_the_default_with_int4(monkeypat
     """`--targets qwen2.5-coder-1.5b@int4,qwen2.5-coder-0.5b` measures the 1.5B with int4 weights: a
     verdict for it makes `--target default --quant auto` load those weights (its speed is theirs);
     a named --quant still wins, and the 0.5B's default weights stay auto."""
-    from completiond.models import default_quant
+    from completiond.models.choice import default_quant
 
     monkeypatch.setattr(choice, "installed", lambda m: True)
     int4 = f"{LARGER}@int4"
@@ -104,7 +105,7 @@ def test_load_default_takes_the_measured_quant(monkeypatch):
     kept; the reason names the model with the form that runs, and why that form."""
     import types
 
-    import completiond.models as models
+    import completiond.models.loader as models
 
     asked, loaded = [], []
     monkeypatch.setattr(choice, "cpu_default", lambda: choice.Choice(LARGER, "int4", "measured"))
@@ -124,7 +125,7 @@ def test_a_chosen_larger_target_not_converted_yet_leaves_the_smaller_serving(mon
     serves, and the reason says which model would be the default and the command that converts it."""
     import types
 
-    import completiond.models as models
+    import completiond.models.loader as models
 
     loaded = []
     monkeypatch.setattr(choice, "cpu_default", lambda: choice.Choice(LARGER, "int4", "measured"))
@@ -158,7 +159,7 @@ def test_the_pass_costs_decide_without_a_bench(costs, installed, expected, form,
     assert f"{LARGER}@{best}'s one-token pass measured {costs[best] / 30.0:.2f}x" in c.why
     assert f"expected at {costs[best] / 30.0 * choice.PASS_TO_COMPLETION:.2f}x" in c.why
     assert ("not installed" in c.why) == (not installed)
-    from completiond.models import default_quant
+    from completiond.models.choice import default_quant
     assert default_quant("cpu") == (form or "auto")
 
 

@@ -52,7 +52,7 @@ def tiny_folder(tmp_path_factory) -> Path:
     old = os.environ.get("COMPLETIOND_CACHE")
     os.environ["COMPLETIOND_CACHE"] = str(root)
     try:
-        from completiond.models import load
+        from completiond.models.loader import load
 
         gguf = write_qwen2_gguf(root / "tiny-qwen2.gguf", seed=3)
         load(str(gguf), "target", "cpu", "float32", "none")

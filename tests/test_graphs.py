@@ -8,7 +8,7 @@ import torch
 import tiny
 from completiond.core.forward import graphs
 from completiond.core.forward.runner import Runner
-from completiond.models import self_draft
+from completiond.models.loader import self_draft
 from test_lossless import engines_agree
 from test_runner import load
 

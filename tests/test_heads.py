@@ -10,7 +10,8 @@ import tiny
 from completiond.core.engine import Engine, Request
 from completiond.models.heads import EagleHead, MedusaHeads, save_heads
 from completiond.draft import heads as train_mod
-from completiond.models import ModelError, load_draft
+from completiond.models.catalog import ModelError
+from completiond.models.loader import load_draft
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ TOL = 1.3
 def reference(tiny_dir):
     """The tiny target loaded as the daemon loads it (one thread: the calibration cache's key)."""
     from completiond.core.engine import Engine
-    from completiond.models import load
+    from completiond.models.loader import load
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

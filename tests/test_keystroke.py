@@ -9,7 +9,7 @@ import torch
 
 import tiny
 from completiond.core.engine import Engine, Request
-from completiond.models import self_draft
+from completiond.models.loader import self_draft
 from completiond.core.forward.context import Cancelled, PassContext
 from completiond.core.forward.runner import CHUNK, Runner
 from completiond.core.scheduler import Scheduler

@@ -6,7 +6,7 @@ import torch
 
 from completiond.bench.peers import LlamaCppPeer, llama_cpp_available
 from completiond.core.engine import Engine, Request
-from completiond.models import load
+from completiond.models.loader import load
 
 pytestmark = pytest.mark.real_model
 

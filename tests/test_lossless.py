@@ -8,7 +8,7 @@ import torch
 import tiny
 from completiond.core.engine import MODES, Engine, Request
 from completiond.models.heads import EagleHead, MedusaHeads
-from completiond.models import self_draft
+from completiond.models.loader import self_draft
 from completiond.core.prompt.stops import StopRules
 
 N_PROMPTS = 50

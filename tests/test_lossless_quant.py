@@ -10,7 +10,7 @@ import tiny
 from completiond.models.device import cpu_flags
 from completiond.models.kernels import cpu_kernel
 from completiond.core.engine import Engine, Request
-from completiond.models import self_draft
+from completiond.models.loader import self_draft
 from completiond.models.quant import quantize, scheme_of
 
 

@@ -67,7 +67,7 @@ def run_main(capsys, *argv):
      "--target qwen2.5-coder-1.5b@int4 runs its int4 weights but --quant says int8"),
 ])
 def test_bad_spellings_are_one_line_before_any_model_loads(capsys, src, argv, needle, monkeypatch):
-    from completiond import models
+    from completiond.models import loader as models
 
     monkeypatch.setattr(models, "load", lambda *a, **k: pytest.fail("a model was loaded before the check"))
     code, out, err = run_main(capsys, "complete", str(src), "--line", "1", "--col", "1", *argv)
@@ -134,7 +134,7 @@ def test_convert_makes_the_runtime_form_a_start_then_maps(tmp_path, monkeypatch,
     prints): the runtime form is in the cache afterwards, and a load finds it without converting."""
     from tiny_gguf import write_qwen2_gguf
 
-    import completiond.models as models
+    import completiond.models.loader as models
 
     monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path / "cache"))
     gguf = write_qwen2_gguf(tmp_path / "tiny-qwen2.gguf", seed=3)

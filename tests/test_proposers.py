@@ -59,7 +59,7 @@ def test_a_draft_that_does_not_pay_is_left_out_and_output_stays_identical(code_i
     from completiond.core.engine import Engine, Request
     from completiond.core.speculation.gate import StepGate
     from completiond.core.speculation.tree import Candidate
-    from completiond.models import self_draft
+    from completiond.models.loader import self_draft
 
     monkeypatch.setattr("completiond.core.engine.could_pay", lambda *a: True)  # the gate alone decides
     target = tiny.loaded(tiny.gemma_config(window=16, layers=4), seed=1, scale=4.0)
@@ -97,7 +97,7 @@ def test_a_returning_daemon_does_not_warm_up_its_gate_again(code_ids, tmp_path, 
 
     from completiond.core.engine import Engine, Request
     from completiond.core.speculation.gate import StepGate
-    from completiond.models import self_draft
+    from completiond.models.loader import self_draft
 
     monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path))
     monkeypatch.setenv("COMPLETIOND_RECALIBRATE", "0")  # a table measured under load is kept (not re-measured)
@@ -141,7 +141,7 @@ def test_the_gate_counts_only_the_tokens_a_completion_keeps(code_ids):
     from completiond.core.prompt.stops import StopRules
     from completiond.core.speculation.gate import StepGate
     from completiond.core.speculation.tree import Candidate
-    from completiond.models import self_draft
+    from completiond.models.loader import self_draft
 
     target = tiny.loaded(tiny.gemma_config(window=16, layers=4), seed=1, scale=4.0)
     prompt = code_ids[40:80]
@@ -252,7 +252,7 @@ def test_a_draft_as_dear_as_a_target_pass_is_never_asked_once_measured(code_ids)
     same draft measured cheap is asked where prompt lookup finds nothing."""
     from completiond.core.engine import Engine, Request
     from completiond.core.speculation.gate import StepGate
-    from completiond.models import self_draft
+    from completiond.models.loader import self_draft
 
     target = tiny.loaded(tiny.gemma_config(window=16, layers=4), seed=1, scale=4.0)
     prompt = code_ids[40:80]

@@ -336,7 +336,7 @@ def test_embedding_served_from_a_file_mapping(tmp_path, code_ids, kind):
     pass reads it whole (an output layer of its own, or a quantized one that only gathers its rows):
     the same bf16 values, so the same logits bit for bit; its rows are not copied into memory. A tied,
     unquantized output layer reads it every pass: it stays in memory."""
-    from completiond.models import map_embedding
+    from completiond.models.loader import map_embedding
 
     def model():
         lm = tiny.loaded(tiny.qwen2_config(hidden=128, tied=kind.startswith("tied")), seed=3, dtype=torch.bfloat16)
@@ -435,7 +435,7 @@ def test_an_int4_targets_w4_output_layer_refines_with_rows_near_the_full_ones(co
 def test_a_quantized_target_gets_an_int8_draft(tiny_dir, tmp_path):
     """The draft runs on the same int8 path as a quantized target (it only ranks guesses: the output
     stays the target's); a full-precision target keeps a full-precision draft."""
-    from completiond.models import load, load_draft
+    from completiond.models.loader import load, load_draft
 
     draft_dir = tiny.save(tmp_path / "draft", tiny.gemma_config(window=16, layers=1), seed=7, scale=4.0)
     for scheme, want in (("int8", "int8"), ("int4", "int8"), ("none", "none")):

@@ -104,7 +104,7 @@ def test_slow_start_big_document_two_clients(tmp_path):
         chosen, why = expected_default()
         assert ready["state"] == "ready" and ready["target"] == f"{chosen}@{ready['quant']}"
         assert ready["requests_served"] == 2 and ready["default_reason"] == why, ready
-        from completiond.models import default_quant
+        from completiond.models.choice import default_quant
         from completiond.models.kernels import cpu_kernel  # the daemon runs the int8 kernel this CPU's calibration chose
         quant = default_quant("cpu") if chosen == "qwen2.5-coder-1.5b" else "auto"  # the weights the 1.5B measured fastest
         assert ready["quant"] == ("int8" if quant == "auto" else quant) and ready["int8_kernel"] == cpu_kernel.name(), ready

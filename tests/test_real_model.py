@@ -9,7 +9,7 @@ import torch
 
 from completiond import cli
 from completiond.core.engine import Engine, Request
-from completiond.models import load, load_draft
+from completiond.models.loader import load, load_draft
 from completiond.core.prompt import build_prompt
 
 pytestmark = pytest.mark.real_model
@@ -35,7 +35,7 @@ def test_gemma_config_and_dtype():
 
 
 def _fast_bf16():
-    from completiond.models import cpu_has_fast_bf16
+    from completiond.models.device import cpu_has_fast_bf16
     return cpu_has_fast_bf16()
 
 
@@ -72,7 +72,10 @@ def expected_default() -> tuple[str, str]:
     """(named target, why) that `--target default` loads on this CPU (models.choice.choose_default)."""
     import torch
 
-    from completiond.models import choose_default, converted, pick_dtype, pick_quant
+    from completiond.models.choice import choose_default
+    from completiond.models.loader import converted
+    from completiond.models.device import pick_dtype
+    from completiond.models.quant import pick_quant
 
     dev = torch.device("cpu")
     dt = pick_dtype("auto", dev)

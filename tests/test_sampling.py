@@ -8,7 +8,7 @@ from scipy.stats import chisquare
 
 import tiny
 from completiond.core.engine import Engine, Request
-from completiond.models import self_draft
+from completiond.models.loader import self_draft
 from completiond.models.heads import EagleHead, MedusaHeads
 from completiond.core.speculation.tree import Candidate, build_tree
 from completiond.core.speculation.verify import Sampling, accept, warp

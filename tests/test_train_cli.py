@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from completiond import cli, models
+from completiond import cli
+from completiond.models import loader as models
 from completiond.draft.train import TrainConfig, train
 
 

@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
 
-from completiond.models import LoadedModel
+from completiond.models.loaded import LoadedModel
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 CORPUS_FILES = ["json/decoder.py", "json/encoder.py", "textwrap.py", "string.py", "bisect.py", "heapq.py"]

@@ -27,7 +27,7 @@ import torch
 
 from completiond.models.kernels import cpu_kernel
 from completiond.core.forward.runner import Runner
-from completiond.models import load
+from completiond.models.loader import load
 from completiond.models.device import cpu_name
 
 FILES = ["textwrap.py", "json/decoder.py", "argparse.py", "functools.py", "shlex.py", "csv.py", "heapq.py",

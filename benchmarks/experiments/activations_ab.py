@@ -24,7 +24,7 @@ from completiond.bench.repo import mean_scores, read_text_file, resolve_repo, sa
 from completiond.models.kernels import cpu_kernel
 from completiond.core.engine import Engine, Request
 from completiond.core.prompt import build_prompt
-from completiond.models import load
+from completiond.models.loader import load
 
 VARIANTS = {"float32": "float32", "int16": "int16"}  # cpu_kernel.ACTIVATIONS also has "int8"
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 from completiond.bench.modes import index_repo, open_position, prepare, warm  # noqa: E402
 from completiond.bench.repo import resolve_repo, sample_positions  # noqa: E402
 from completiond.core.engine import Engine, Request  # noqa: E402
-from completiond.models import load  # noqa: E402
+from completiond.models.loader import load  # noqa: E402
 from completiond.models.device import cpu_name  # noqa: E402
 
 

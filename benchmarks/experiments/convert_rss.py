@@ -100,7 +100,7 @@ def main() -> None:
                     help="after --daemon: a converting start whose calibration is cached against a converted one")
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "convert-rss.json"))
     a = ap.parse_args()
-    from completiond.models import named_gguf
+    from completiond.models.loader import named_gguf
 
     gguf = named_gguf(a.target)
     cache = Path(a.cache)

@@ -33,7 +33,7 @@ from benchmarks.experiments.pld_replay import after_the_fact, collect, scored  #
 
 from completiond.bench.cli import machine  # noqa: E402
 from completiond.core.engine import Engine  # noqa: E402
-from completiond.models import load  # noqa: E402
+from completiond.models.loader import load  # noqa: E402
 from completiond.paths import cache_root  # noqa: E402
 
 BITS = 20  # bits per token in a key (Qwen's ids are below 2**18)

@@ -25,7 +25,7 @@ from completiond.bench.cli import machine
 from completiond.bench.modes import index_repo, open_position, prepare, warm
 from completiond.bench.repo import resolve_repo, sample_positions
 from completiond.core.engine import Engine, Request
-from completiond.models import load, load_draft
+from completiond.models.loader import load, load_draft
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ import torch
 from benchmarks.gpu_pass_cost import SHAPES, model  # noqa: E402
 
 from completiond.core.forward.runner import Runner  # noqa: E402
-from completiond.models import LoadedModel  # noqa: E402
+from completiond.models.loaded import LoadedModel  # noqa: E402
 
 CHAIN = 8
 

@@ -23,7 +23,7 @@ from benchmarks.pass_cost import fill_cache, tree  # noqa: E402
 
 from completiond.core.forward import graphs  # noqa: E402
 from completiond.core.forward.runner import Runner  # noqa: E402
-from completiond.models import LoadedModel  # noqa: E402
+from completiond.models.loaded import LoadedModel  # noqa: E402
 
 
 def median_ms(r: Runner, n: int, context: int, reps: int) -> float:

@@ -176,7 +176,7 @@ def main() -> int:
     import torch
 
     from completiond.core.engine import Engine
-    from completiond.models import load
+    from completiond.models.loader import load
 
     real_cache = cache_root()
     tmp = Path(tempfile.mkdtemp(prefix="heal-"))

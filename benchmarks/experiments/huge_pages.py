@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from completiond.core.forward.runner import Runner
-from completiond.models import load, pages
+from completiond.models.loader import load
+from completiond.models import pages
 from benchmarks.pass_cost import cpu_info, fill_cache, tree
 
 

@@ -10,7 +10,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from completiond.models import load
+from completiond.models.loader import load
 from completiond.paths import cache_root
 torch.set_num_threads(2)
 files = sorted((cache_root() / "bench-repos").glob("*[!l]/*/*.py"))[:6]

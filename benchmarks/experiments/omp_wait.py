@@ -35,11 +35,11 @@ import importlib.util, json, sys, time, torch
 spec = importlib.util.spec_from_file_location("pass_cost", {pass_cost!r})  # by path: PYTHONPATH picks completiond
 pass_cost = importlib.util.module_from_spec(spec); spec.loader.exec_module(pass_cost)
 fill_cache, tree = pass_cost.fill_cache, pass_cost.tree
-from completiond import models
-from completiond.models import LoadedModel
+from completiond.models.loader import load
+from completiond.models.loaded import LoadedModel
 from completiond.core.forward.runner import Runner
 torch.set_num_threads({threads})
-loaded = models.load({target!r}, quant={quant!r})
+loaded = load({target!r}, quant={quant!r})
 if {settle!r}:
     from completiond.models import pages
     pages.settle()  # the weights in 2 MB pages, as a daemon's are once it has run a while

@@ -25,7 +25,7 @@ from completiond.bench.cli import machine
 from completiond.bench.modes import index_repo, open_position, prepare, warm
 from completiond.bench.repo import resolve_repo, sample_positions
 from completiond.core.engine import Engine, Request
-from completiond.models import load
+from completiond.models.loader import load
 
 PRIORS = {2: 0.3, 4: 0.5, 8: 0.7, 16: 0.8}  # PromptLookup.first's priors; later tokens 0.8
 

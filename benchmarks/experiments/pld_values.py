@@ -21,7 +21,7 @@ from completiond.bench.modes import index_repo, open_position, prepare, warm
 from completiond.bench.repo import resolve_repo, sample_positions
 from completiond.core.engine import Engine, Request
 from completiond.core.speculation.proposers import Candidate, Outcome, PromptLookup
-from completiond.models import load
+from completiond.models.loader import load
 
 
 class ByMatchLength(PromptLookup):

@@ -11,7 +11,7 @@ try:  # this layout, or a checkout from before the folders (the "before" run of 
 except ImportError:
     from completiond.engine import Engine, Request
     from completiond.runner import Cancelled
-from completiond.models import load
+from completiond.models.loader import load
 
 target = load("qwen2.5-coder-0.5b", "target", "cpu", "auto", "auto")
 tok = target.tokenizer

@@ -23,7 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 from completiond.core.engine import Engine  # noqa: E402
-from completiond.models import load  # noqa: E402
+from completiond.models.loader import load  # noqa: E402
 from completiond.models.device import cpu_features, cpu_name  # noqa: E402
 
 

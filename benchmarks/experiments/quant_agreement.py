@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from completiond.models import quant
-from completiond.models import load
+from completiond.models.loader import load
 from completiond.models.device import cpu_name
 from completiond.paths import cache_root
 

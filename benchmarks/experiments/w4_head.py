@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from completiond.core.forward.runner import Runner
-from completiond.models import load
+from completiond.models.loader import load
 from benchmarks.pass_cost import cpu_info, fill_cache, tree
 
 

@@ -185,7 +185,8 @@ def start_target(a: argparse.Namespace, root: Path, modes: list[str], peers: lis
 
     from ..flags import UsageError
     from ..core.engine import Engine, draft_for
-    from ..models import ModelError, load, load_draft
+    from ..models.catalog import ModelError
+    from ..models.loader import load, load_draft
     from ..models import pages
     from .modes import index_repo
     from .peers import llama_cpp_run
@@ -218,7 +219,7 @@ def start_target(a: argparse.Namespace, root: Path, modes: list[str], peers: lis
 def finish_target(r: TargetRun, root: Path, label: str, positions: list, modes: list[str], peers: list[str]) -> dict:
     """The transformers peers on the positions the target ran (llama.cpp ran beside each block), then
     its JSON summary."""
-    from ..models import draft_label
+    from ..models.loader import draft_label
     from ..service.protocol import prefill_dtype
     from .peers import run_transformers
     from .report import details, summarize_modes, summarize_peers

@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 
 from ..core.engine import Engine
-from ..models import LoadedModel
+from ..models.loaded import LoadedModel
 from ..paths import cache_root
 from .modes import WARM_GAP, BenchPrompt
 from .repo import score

@@ -21,7 +21,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..models import cache_root
+from ..paths import cache_root
 from ..service.workspace import iter_files, read_text_file
 
 SOURCE_SUFFIXES = {".py"}

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .decoding import Decoding
     from .forward.runner import Pass, Runner
     from .speculation.budget import TreeBudget
-    from ..models import LoadedModel
+    from ..models.loaded import LoadedModel
 
 MAX_N = 3
 # What the alternatives may add to the single suggestion's cost. The first run on the 0.5B (no cap on

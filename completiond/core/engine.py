@@ -27,7 +27,7 @@ from .speculation.gate import StepGate, could_pay, gates_path, load_gates, save_
 from .speculation.index import TokenIndex
 from ..models.heads import EagleHead, MedusaHeads
 from .speculation.heads import head_proposer
-from ..models import LoadedModel
+from ..models.loaded import LoadedModel
 from ..models.device import LOADED, OthersBusy, loadavg, quiet_now
 from .prompt import Heal, fim_tokens, special_ids
 from .speculation.proposers import DraftModel, Limits, Outcome, PromptLookup, Proposer
@@ -58,7 +58,7 @@ def draft_for(spec: str | None, target: LoadedModel) -> tuple[LoadedModel | Medu
     """`load_draft(spec, target)`, except that the default draft stays unloaded where an earlier
     daemon on this machine measured it slower than prompt lookup alone (`gate.slower_draft`):
     then (None, why). A draft named by the user is always loaded."""
-    from ..models import default_draft, load_draft
+    from ..models.loader import default_draft, load_draft
 
     name = default_draft(target) if spec == "default" else None
     why = slower_draft(gates_path(target), name) if name not in (None, "none", "default") else None

@@ -30,7 +30,7 @@ class PassCosts(Protocol):
 
 @runtime_checkable
 class EngineLike(Turns, Protocol):
-    target: Any  # name, tokenizer, meta, device: models.LoadedModel, or remote.RemoteTarget
+    target: Any  # name, tokenizer, meta, device: models.loaded.LoadedModel, or remote.RemoteTarget
     index: TokenIndex  # prompt lookup's index of open documents and workspace files
     draft: Any  # the draft model, None without one
     runner: Any  # the target's runner: `backend`, and `graphs` where CUDA graphs replay passes

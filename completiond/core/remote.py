@@ -498,7 +498,8 @@ def load_remote(spec: str, index: TokenIndex, timeout_s: float = 30.0, token: st
     """A RemoteEngine with the tokenizer of the spec's #model (named model, directory or HF id)."""
     from transformers import AutoTokenizer
 
-    from ..models import ModelError, resolve
+    from ..models.catalog import ModelError
+    from ..models.loader import resolve
 
     rs = parse_remote(spec)
     model = rs.model if rs.model != "default" else "default"

@@ -133,7 +133,7 @@ def cmd_label(a: argparse.Namespace) -> int:
     _at_least(a, 1, "tokens")
     _at_least(a, 2, "seq_len")  # a window predicts each token from those before it
     _out_dir("--out", a.out)
-    from ..models import load
+    from ..models.loader import load
     from .corpus import label
 
     target = load("default", "target", a.device, a.dtype)
@@ -159,7 +159,7 @@ def cmd_train(a: argparse.Namespace) -> int:
             raise _usage(f"--out {a.out}: {e}") from None
     import torch
 
-    from ..models import load
+    from ..models.loader import load
     from .train import TrainConfig, train
 
     cfg = TrainConfig(steps=a.steps, batch=a.batch, lr=a.lr, layers=a.layers, hidden=a.hidden,
@@ -178,7 +178,7 @@ def cmd_heads(a: argparse.Namespace) -> int:
         raise _usage(f"--lr {a.lr}: must be positive")
     _out_dir("--out", a.out)
     from ..models.heads import shipped_path
-    from ..models import load
+    from ..models.loader import load
     from .heads import export, train_heads
 
     target = load(a.target, "target", "cpu", "bfloat16")
@@ -208,7 +208,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         root, label = resolve_repo(a.repo)  # a bad --repo fails here, before the models load
     except ValueError as e:
         raise _usage(str(e)) from None
-    from ..models import load, load_draft
+    from ..models.loader import load, load_draft
     from ..core.prompt import build_prompt
     from .evaluate import agreement, by_draft_length, pass_cost, plot
 

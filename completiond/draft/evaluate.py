@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from ..bench.modes import warm
 from ..core.engine import Engine, Request
-from ..models import LoadedModel
+from ..models.loaded import LoadedModel
 from ..core.forward.runner import Runner
 
 

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from ..models.heads import EagleHead, MedusaHeads, save_heads
 from ..models.quant import full_weight
-from ..models import LoadedModel
+from ..models.loaded import LoadedModel
 from .corpus import source_files, windows
 
 HOLDOUT_EVERY = 20

@@ -19,7 +19,8 @@ from . import graphs
 from .context import NO_CONTEXT, Cancelled, PassContext, Preempted  # Cancelled, Preempted: this module's API too
 from .kvcache import TreeKVCache, for_transformers
 from .lean import lean_decoder, supports_lean
-from ...models import LoadedModel, pages
+from ...models import pages
+from ...models.loaded import LoadedModel
 from ...models.quant import bulk, QuantLinear, exact_head_logits, head_rows
 
 SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}

@@ -19,7 +19,7 @@ from ...paths import cache_root
 from .budget import QUANTILE, quantile
 
 if TYPE_CHECKING:
-    from ...models import LoadedModel
+    from ...models.loaded import LoadedModel
     from ..forward.runner import Runner
 
 MAX_AGE_S = 7 * 86400.0  # a cached table older than this is measured again (at start-up, when quiet)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from .calibration import MAX_AGE_S, calibration_path, write_json
 
 if TYPE_CHECKING:
-    from ...models import LoadedModel
+    from ...models.loaded import LoadedModel
     from .tree import Candidate
 
 

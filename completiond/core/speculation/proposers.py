@@ -16,7 +16,7 @@ import torch
 
 from .gate import Ewma
 from .index import TokenIndex, continuations
-from ...models import LoadedModel
+from ...models.loaded import LoadedModel
 from ..forward.context import NO_CONTEXT, PassContext
 from ..forward.runner import Runner
 from .tree import Candidate
