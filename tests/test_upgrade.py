@@ -223,3 +223,25 @@ async def test_a_failed_upgrade_keeps_the_smaller_serving_and_says_why(tmp_path,
         assert sum(f"upgrade to {LARGER}@none failed" in line for line in log.splitlines()) == 1
     finally:
         assert stop_daemon(proc) == 0
+
+
+def test_complete_without_a_daemon_follows_the_same_choice(tmp_path, base_cache, ggufs):
+    """`complete --no-daemon` serves the smaller model and says in one line that the larger default
+    converts on the daemon's start (or now, with `completiond convert`), which runs as printed."""
+    cache = tmp_path / "cache"
+    shutil.copytree(base_cache, cache)
+    src = tmp_path / "m.py"
+    src.write_text(SRC)
+    env = {**os.environ, "COMPLETIOND_CACHE": str(cache),
+           "UPGRADE_TEST": json.dumps({"ggufs": ggufs, "larger_form": "none"})}
+    out = subprocess.run([sys.executable, str(HERE / "upgrade_serve.py"), "complete", str(src), "--line", "9",
+                          "--col", "15", "--no-daemon", "--dtype", "float32", "--max-tokens", "8", "--json"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["target"] == f"{SMALLER}@none" and "in the background" in res["default_reason"]
+    lines = [ln for ln in out.stderr.splitlines() if LARGER in ln]
+    assert len(lines) == 1 and lines[0].startswith(f"completiond: {SMALLER}@none answers while {LARGER}@none")
+    command = lines[0].split("`")[3]
+    assert command == f"completiond convert {LARGER}@none"
+    assert not (cache / "runtime" / LARGER).exists()  # nothing converted by a completion
