@@ -47,8 +47,9 @@ log = logging.getLogger("completiond.daemon")
 
 
 # what initialize says of the models: the target (NAME@FORM for a named one), its weights form and,
-# for `--target default`, why this target and form are the default here
-MODEL_KEYS = ("target", "draft", "device", "state", "quant", "default_reason")
+# for `--target default`, why this target and form are the default here, and the background upgrade
+# to the larger default where one runs (upgrade.py: the editors follow it in `status`)
+MODEL_KEYS = ("target", "draft", "device", "state", "quant", "default_reason", "upgrade")
 EARLY = {"initialize", "status", "shutdown", "document/open", "document/change"}  # answered while loading
 CALIBRATION_SAVE_S = 300.0  # how often the pass costs that real requests measured are written back
 Loader = Callable[[TokenIndex, Callable[..., None]], "tuple[EngineLike, dict]"]
