@@ -245,3 +245,33 @@ def test_complete_without_a_daemon_follows_the_same_choice(tmp_path, base_cache,
     command = lines[0].split("`")[3]
     assert command == f"completiond convert {LARGER}@none"
     assert not (cache / "runtime" / LARGER).exists()  # nothing converted by a completion
+
+
+async def test_a_request_under_way_at_the_switch_ends_on_the_engine_it_began_on(tmp_path):
+    """Daemon.switch in process: a long request running on the old engine when the switch comes is
+    answered by that engine (its `ar` text, whole), and the next one by the new engine. (Whether the
+    old engine is released is checked on the real daemon above: here in_process holds it.)"""
+    import tiny
+    from completiond.core.engine import Engine
+    from daemon_util import in_process
+
+    old, new = (Engine(tiny.loaded(tiny.qwen2_config(layers=n), seed=s, scale=4.0)) for n, s in ((2, 1), (3, 2)))
+    new.index = None  # built with the daemon's index, as the upgrade's load builds it
+    uri = "file:///w/long.py"
+    async with in_process(tmp_path, old, warm=False) as (c, daemon):
+        new.index = daemon.index
+        await c.request("document/open", {"uri": uri, "text": SRC, "version": 1, "language_id": "python"})
+        params = {"uri": uri, "position": POS, "max_tokens": 200, "multiline": True}
+        old_ar = (await c.request("complete", {**params, "mode": "ar"}))["text"]
+        running = asyncio.ensure_future(c.request("complete", {**params, "mode": "combined"}))
+        while not daemon.scheduler.jobs:  # it reached the old engine's scheduler
+            await asyncio.sleep(0.001)
+        switching = asyncio.ensure_future(daemon.switch(new, {"target": "new"}))
+        await asyncio.sleep(0)
+        assert daemon.engine is new and not switching.done()
+        assert daemon._retiring[1].jobs  # the request is still on the old engine's scheduler
+        assert (await running)["text"] == old_ar  # the whole answer from the engine it began on
+        await switching
+        new_ar = (await c.request("complete", {**params, "mode": "ar"}))["text"]
+        assert new_ar != old_ar and (await c.request("complete", {**params, "mode": "combined"}))["text"] == new_ar
+        assert (await c.request("status", {}))["target"] == "new"
