@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -263,14 +264,16 @@ async def test_a_request_under_way_at_the_switch_ends_on_the_engine_it_began_on(
         await c.request("document/open", {"uri": uri, "text": SRC, "version": 1, "language_id": "python"})
         params = {"uri": uri, "position": POS, "max_tokens": 200, "multiline": True}
         old_ar = (await c.request("complete", {**params, "mode": "ar"}))["text"]
+        gate = threading.Event()  # the old engine's thread waits here: the request stays queued on it
+        daemon.scheduler.submit(lambda ctx: gate.wait(30))
         running = asyncio.ensure_future(c.request("complete", {**params, "mode": "combined"}))
-        while not daemon.scheduler.jobs:  # it reached the old engine's scheduler
+        while len(daemon.scheduler.jobs) < 2:  # it reached the old engine's scheduler
             await asyncio.sleep(0.001)
         switching = asyncio.ensure_future(daemon.switch(new, {"target": "new"}))
-        await asyncio.sleep(0)
-        assert daemon.engine is new and not switching.done()
-        assert daemon._retiring[1].jobs  # the request is still on the old engine's scheduler
-        assert (await running)["text"] == old_ar  # the whole answer from the engine it began on
+        await asyncio.sleep(0.2)
+        assert daemon.engine is new and not switching.done() and not running.done()
+        gate.set()
+        assert (await running)["text"] == old_ar  # the whole answer from the engine it was sent to
         await switching
         new_ar = (await c.request("complete", {**params, "mode": "ar"}))["text"]
         assert new_ar != old_ar and (await c.request("complete", {**params, "mode": "combined"}))["text"] == new_ar
