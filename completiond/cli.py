@@ -124,6 +124,13 @@ def cmd_complete(a: argparse.Namespace) -> int:
                 draft = load_draft(a.draft, target)
         except ModelError as e:
             raise UsageError(str(e)) from None
+        if a.target == "default":  # the larger default not converted yet: one line on what serves, and how
+            from .models.choice import pending_for
+
+            if (p := pending_for(a.device, a.dtype, a.quant)) is not None:
+                print(f"completiond: {spelled(target.name, target.meta.get('quant'))} answers while {p.spelled}, "
+                      "this CPU's default, is not converted: `completiond serve` converts it in the background, "
+                      f"`completiond convert {p.spelled}` now", file=sys.stderr)
     if a.mode == "draft" and draft is None:
         raise UsageError(f"--mode draft needs a draft model; {draft_label(a.draft, None, target)}")
     engine = Engine(target, draft, backend=a.backend)

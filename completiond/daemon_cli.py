@@ -50,6 +50,10 @@ def add_parsers(sub) -> None:
                    help="with a remote --target: seconds one answer may stream in all (then it ends with what came)")
     s.add_argument("--remote-token-file", default=None, metavar="F",
                    help="with a remote --target: the server's API key / token, sent as 'Authorization: Bearer'")
+    s.add_argument("--no-upgrade", dest="upgrade", action="store_false",
+                   help="with --target default: where this CPU's default is the larger model but its weights are not "
+                        "converted yet, keep serving the smaller one (default: convert the larger in the background "
+                        "and switch to it between requests)")
     s.add_argument("--log-level", default="INFO")
     model_flags(s)
     s.set_defaults(func=cmd_serve)
@@ -127,10 +131,81 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
     def load_models(index, phase) -> tuple[Engine, dict]:
         """On a loader thread, after the socket is up: `status` meanwhile reports each phase."""
+        engine, info = _load_paused(index, phase)
+        if a.target == "default" and engine.target.device.type == "cpu":
+            _pending_upgrade(engine, info)
+        return engine, info
+
+    def _load_paused(index, phase) -> tuple[Engine, dict]:
         from .gc_pause import paused_gc
 
         with paused_gc():
             return _load_models(index, phase)
+
+    upgrade_steps = None  # the background upgrade's steps, where `serve --target default` has one
+
+    def _pending_upgrade(engine, info: dict) -> None:
+        """The first load served the smaller target because the larger default is not converted:
+        status says so, and (unless --no-upgrade) the daemon upgrades in the background."""
+        nonlocal upgrade_steps
+        from .models.choice import MEASURED_PAIR, pending_for
+        from .service import upgrade
+
+        if engine.target.name != MEASURED_PAIR[1] or (p := pending_for(a.device, a.dtype, a.quant)) is None:
+            return
+        served = info["target"]
+        if not a.upgrade:
+            info["default_reason"] = (f"{served} serves while {p.spelled}, this CPU's default ({p.why}), is not "
+                                      f"converted yet and --no-upgrade is set: `completiond convert {p.spelled}` "
+                                      "converts it, and the next start serves it")
+            info["upgrade"] = upgrade.off_status(p.spelled, p.why)
+            return
+        info["default_reason"] = (f"{served} serves while {p.spelled}, this CPU's default ({p.why}), converts in the "
+                                  "background: this daemon switches to it between requests once it is ready "
+                                  "(status: upgrade)")
+        upgrade_steps = _upgrade_steps(p)
+        info["upgrade"] = upgrade.waiting_status(p.spelled, p.why)
+
+    def _upgrade_steps(p):
+        """Convert, check and load `p` (choice.Pending), the larger default, for service/upgrade.py."""
+        from . import models
+        from .models import convert as conv, runtime
+        from .models.convert import available_memory
+        from .service.upgrade import Steps, UpgradeError
+
+        dev = models.pick_device(a.device)
+        dt = models.pick_dtype(a.dtype, dev)
+        folder = models.runtime_dir(p.name)
+
+        def room() -> str | None:
+            if models.converted(p.name, dt, p.form):  # converted meanwhile (`completiond convert`)
+                return None
+            return conv.room_for(models.named_gguf(p.name), folder, dt, p.form)
+
+        def convert(on_progress) -> None:
+            with conv.low_priority():  # the child converts at the lowest CPU priority
+                models.ensure_runtime(models.named_gguf(p.name), folder, dt, p.form, progress=False,
+                                      on_progress=on_progress)
+
+        def load(phase):
+            weights = folder / runtime.weights_file(dt, p.form)
+            need, free = weights.stat().st_size, available_memory()
+            if free < need:  # its weights become resident next to the smaller model's for a moment
+                raise UpgradeError(f"not enough memory to load {p.spelled} next to {daemon.info.get('target')}: "
+                                   f"it needs {need / 1e9:.1f} GB available, {free / 1e9:.1f} GB is (close other "
+                                   "programs, or restart the daemon to serve it alone)")
+            with conv.low_priority():  # a draft it needs converted: in the background too
+                engine, info = _load_paused(daemon.index, phase)
+            if engine.target.name != p.name:
+                raise UpgradeError(f"the default changed meanwhile: {info['target']} loaded, not {p.spelled}")
+            probe = "def f(x):\n    return {'a': [1, 2]}  # é\n"
+            old = daemon.engine.target.tokenizer
+            if engine.target.tokenizer.encode(probe) != old.encode(probe):
+                raise UpgradeError(f"{p.spelled} tokenizes differently from {daemon.info.get('target')}: "
+                                   "restart the daemon to serve it")
+            return engine, info
+
+        return Steps(p.spelled, p.why, room, convert, load, conv.stop_background)
 
     def _load_models(index, phase) -> tuple[Engine, dict]:
         t0 = time.perf_counter()
@@ -183,6 +258,10 @@ def cmd_serve(a: argparse.Namespace) -> int:
         daemon = Daemon(load_models, info, token=token, default_mode=a.mode,
                         roots=[Path(r) for r in a.workspace], auth_timeout=a.auth_timeout, warm=a.warm,
                         quick_prompt_ms=a.quick_prompt_ms, repo_context=a.repo_context)
+        if a.target == "default" and a.upgrade:
+            from .service.upgrade import Upgrade
+
+            daemon.upgrade = Upgrade(daemon, lambda: upgrade_steps)
         if http:
             from .service.http import start_http
             await start_http(daemon, *http, token)

@@ -136,11 +136,19 @@ def test_a_chosen_larger_target_not_converted_yet_leaves_the_smaller_serving(mon
     m = models.load("default", "target", "cpu", "auto", "auto")
     why = m.meta["default_reason"]
     assert loaded == [SMALLER] and why.startswith(f"{SMALLER}@int8 serves while {LARGER}@int4")
-    command = why.split("`")[1]
-    assert command == f"completiond convert {LARGER}@int4" and "converts it once" in why
-    from completiond import cli  # the command runs as printed
+    serve, command = why.split("`")[1::2]
+    assert command == f"completiond convert {LARGER}@int4" and "converts it now" in why
+    assert serve == "completiond serve" and "in the background and switches to it" in why
+    from completiond import cli  # the commands run as printed
     a = cli.build_parser().parse_args(command.split()[1:])
     assert a.command == "convert" and a.model == f"{LARGER}@int4"
+    assert cli.build_parser().parse_args(serve.split()[1:]).command == "serve"
+    pending = choice.pending_default(types.SimpleNamespace(type="cpu"), "auto", models.pick_quant,
+                                     lambda name, form: name != LARGER)
+    assert (pending.name, pending.form, pending.spelled) == (LARGER, "int4", f"{LARGER}@int4")
+    assert pending.why == f"{LARGER}@int4: measured; int4: the weights form measured fastest"
+    assert choice.pending_default(types.SimpleNamespace(type="cpu"), "auto", models.pick_quant,
+                                  lambda name, form: True) is None
 
 
 @pytest.mark.parametrize("costs, installed, expected, form", [

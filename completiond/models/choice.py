@@ -120,13 +120,46 @@ def default_target(device: str) -> tuple[str, str]:
     return c.name, c.why
 
 
+@dataclass(frozen=True)
+class Pending:
+    """The larger target this CPU chose whose weights form is not converted yet: what a daemon's
+    background upgrade converts and then serves (service/upgrade.py)."""
+    name: str
+    form: str  # the weights form it will run (quant.pick_quant's scheme)
+    why: str  # why it is the default here, as `default_reason` will say once it serves
+
+    @property
+    def spelled(self) -> str:
+        return spelled(self.name, self.form)
+
+
 def choose_default(device: torch.device, quant: str, pick: Callable[[str], str],
                    converted: Callable[[str, str], bool]) -> tuple[str, str, str]:
     """(named target, --quant to load it with, why) for `--target default`, what status and --json
     say. `pick(quant)` is the weights form a --quant resolves to here (quant.pick_quant);
     `converted(name, form)` whether that form of a named model is in the cache already. A larger
     target this CPU chose but whose weights are not converted yet is not converted here (it takes a
-    minute and gigabytes): the smaller serves, and `why` says so and how to convert it."""
+    minute and gigabytes): the smaller serves, and `why` says so and how it gets converted."""
+    name, quant, why, pending = _choose(device, quant, pick, converted)
+    if pending is not None:
+        smaller = MEASURED_PAIR[1]
+        return smaller, quant, (f"{spelled(smaller, pick(quant))} serves while {pending.spelled}, this CPU's "
+                                f"default ({pending.why}), is not converted yet: `completiond serve` converts it "
+                                f"in the background and switches to it, or `completiond convert {pending.spelled}` "
+                                "converts it now (a minute or more)")
+    return name, quant, why
+
+
+def pending_default(device: torch.device, quant: str, pick: Callable[[str], str],
+                    converted: Callable[[str, str], bool]) -> Pending | None:
+    """The larger target `--target default` would serve here once its weights are converted (None
+    where it serves what this CPU chose already, or chose the smaller); arguments as choose_default's."""
+    return _choose(device, quant, pick, converted)[3]
+
+
+def _choose(device: torch.device, quant: str, pick: Callable[[str], str],
+            converted: Callable[[str, str], bool]) -> tuple[str, str, str, Pending | None]:
+    """(named target, --quant, why, the pending larger target) for choose_default and pending_default."""
     asked = quant
     if device.type == "cpu":
         c = cpu_default()  # once: it may probe the machine's load
@@ -141,13 +174,18 @@ def choose_default(device: torch.device, quant: str, pick: Callable[[str], str],
         form_why = "as --quant asked"
     form = pick(quant)
     if device.type == "cpu" and name == MEASURED_PAIR[0] and not converted(name, form):
-        smaller = MEASURED_PAIR[1]
-        small_form = pick(asked)
-        return smaller, asked, (f"{spelled(smaller, small_form)} serves while {spelled(name, form)}, this CPU's "
-                                 f"default ({why}), is not converted yet; `completiond convert "
-                                 f"{spelled(name, form)}` converts it once (a minute or more), and the daemon's "
-                                 "next start serves it")
-    return name, quant, f"{spelled(name, form)}: {why}; {form}: {form_why}"
+        return MEASURED_PAIR[1], asked, why, Pending(name, form, f"{spelled(name, form)}: {why}; {form}: {form_why}")
+    return name, quant, f"{spelled(name, form)}: {why}; {form}: {form_why}", None
+
+
+def pending_for(device: str = "auto", dtype: str = "auto", quant: str = "auto") -> Pending | None:
+    """pending_default for these flags (what `complete --no-daemon` and `serve` ask)."""
+    from completiond import models  # the loader, imported here: it imports this module
+
+    dev = models.pick_device(device)
+    dt = models.pick_dtype(dtype, dev)
+    return pending_default(dev, quant, lambda q: models.pick_quant(q, dev, dt, dtype_asked=dtype != "auto"),
+                           lambda name, form: models.converted(name, dt, form))
 
 
 def cpu_default() -> Choice:

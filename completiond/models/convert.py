@@ -17,10 +17,11 @@ skeleton, config.json, generation_config.json and tokenizer still come from tran
 only; the skeleton on the meta device); buffers (rotary tables) are initialised as from_pretrained
 initialises them.
 
-`python -m completiond.models.convert GGUF FOLDER DTYPE SCHEME [PARENT_PID]` runs it in a child
-process (`models.ensure_runtime` does: the daemon then keeps none of the conversion's memory; with
-PARENT_PID it dies with that process), printing `progress DONE TOTAL` lines, and last
-`digests {json}` or `error <one line>`.
+`python -m completiond.models.convert GGUF FOLDER DTYPE SCHEME [PARENT_PID] [--idle]` runs it in a
+child process (`models.ensure_runtime` does: the daemon then keeps none of the conversion's memory;
+with PARENT_PID it dies with that process; --idle: at the lowest CPU priority, for a daemon's
+background conversion), printing `progress DONE TOTAL` lines, and last `digests {json}` or
+`error <one line>`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import os
 import shutil
 import struct
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -445,7 +447,7 @@ def available_memory() -> int:
 def check_room(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, tensors: list[Tensor]) -> None:
     """One line (ResourceError) when this machine lacks the memory or disk to convert `gguf`."""
     mem, disk = needs(tensors, dtype, scheme)
-    free_mem, free_disk = available_memory(), shutil.disk_usage(folder).free
+    free_mem, free_disk = available_memory(), shutil.disk_usage(folder if folder.exists() else folder.parent).free
     gb = lambda n: f"{n / 1e9:.1f} GB"  # noqa: E731
     if free_disk < disk:
         raise ResourceError(f"not enough disk to convert {gguf.name}: it needs {gb(disk)} free in {folder.parent}, "
@@ -457,6 +459,61 @@ def check_room(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, tensor
 
 class ResourceError(Exception):
     """Too little memory or disk for a conversion: its message is one line for the user."""
+
+
+def room_for(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str) -> str | None:
+    """check_room before a conversion is started (a daemon's background one): None where this machine
+    has the memory and disk to convert `gguf` into `folder`, else the one line saying what is missing."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tensors = read_gguf(gguf)[1]
+    except (ValueError, OverflowError, KeyError, IndexError, struct.error) as e:  # a damaged file's table
+        return f"cannot convert {gguf.name}: not a readable GGUF file ({type(e).__name__}: {e})"
+    try:
+        check_room(gguf, folder, dtype, scheme, tensors)
+    except ResourceError as e:
+        return str(e)
+    return None
+
+
+_idle = threading.local()
+
+
+@contextlib.contextmanager
+def low_priority():
+    """Conversions this thread starts meanwhile run at the lowest CPU priority (nice 19 and
+    SCHED_IDLE where the kernel has it): a daemon's background conversion takes only CPU time
+    that its requests leave."""
+    before = getattr(_idle, "on", False)
+    _idle.on = True
+    try:
+        yield
+    finally:
+        _idle.on = before
+
+
+_background: set = set()  # the child processes of conversions started under low_priority
+
+
+def stop_background() -> None:
+    """Kill the background conversions under way (a daemon stopping): each one's run_child then
+    fails, and its partial folder is removed."""
+    for proc in list(_background):
+        try:
+            proc.kill()
+        except OSError:
+            pass
+
+
+def _lowest_priority() -> None:
+    try:
+        os.nice(19)
+    except OSError:
+        pass
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # threads started later inherit it
+    except (AttributeError, OSError):
+        pass
 
 
 def run_child(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progress: bool = False,
@@ -476,10 +533,15 @@ def run_child(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progres
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     cmd = [sys.executable, "-m", "completiond.models.convert", str(gguf), str(folder),
            runtime.dtype_name(dtype), scheme, str(os.getpid())]
+    if getattr(_idle, "on", False):
+        cmd.append("--idle")
     digests, error = None, None
     with tempfile.TemporaryFile("w+") as err, tqdm(total=100, disable=None if progress else True, file=sys.stderr,
                                                    desc=f"converting {gguf.name}", bar_format=BAR) as bar:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        background = getattr(_idle, "on", False)
+        if background:
+            _background.add(proc)
         try:
             for line in proc.stdout:
                 kind, _, rest = line.strip().partition(" ")
@@ -495,6 +557,7 @@ def run_child(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progres
                     error = rest
             code = proc.wait()
         finally:
+            _background.discard(proc)
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
@@ -527,6 +590,9 @@ def _die_with_parent(parent: int) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if "--idle" in argv:
+        argv = [a for a in argv if a != "--idle"]
+        _lowest_priority()
     gguf, folder, dtype, scheme = argv[:4]
     if len(argv) > 4:
         _die_with_parent(int(argv[4]))

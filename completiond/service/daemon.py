@@ -8,16 +8,20 @@ Malformed input gets an error answer (or, when the byte stream cannot be resynch
 connection is closed); the daemon itself keeps serving.
 
 Roles: transport.py (sockets, frames), session.py (one connection's documents and jobs),
-handlers.py (the methods), this file (dispatch, the engine thread, the daemon's life).
+handlers.py (the methods), upgrade.py (a first start's background switch to the larger default),
+this file (dispatch, the engine thread, the daemon's life, swapping engines between jobs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,13 +41,15 @@ from .workspace import WorkspaceWatcher
 
 if TYPE_CHECKING:  # torch is imported by the loader, after the socket is up
     from ..core.engine_like import EngineLike
+    from .upgrade import Upgrade
 
 log = logging.getLogger("completiond.daemon")
 
 
 # what initialize says of the models: the target (NAME@FORM for a named one), its weights form and,
-# for `--target default`, why this target and form are the default here
-MODEL_KEYS = ("target", "draft", "device", "state", "quant", "default_reason")
+# for `--target default`, why this target and form are the default here, and the background upgrade
+# to the larger default where one runs (upgrade.py: the editors follow it in `status`)
+MODEL_KEYS = ("target", "draft", "device", "state", "quant", "default_reason", "upgrade")
 EARLY = {"initialize", "status", "shutdown", "document/open", "document/change"}  # answered while loading
 CALIBRATION_SAVE_S = 300.0  # how often the pass costs that real requests measured are written back
 Loader = Callable[[TokenIndex, Callable[..., None]], "tuple[EngineLike, dict]"]
@@ -69,9 +75,11 @@ class Daemon:
         self.quick_prompt_ms = quick_prompt_ms
         # other files in the prompt (core.prompt.context.related_files); off by default: docs/models.md "The prompt"
         self.repo_context = repo_context
-        self.engine: EngineLike | None = None if callable(engine) else engine
+        # an engine being replaced (switch): its scheduler's thread still finishes the jobs it had
+        self._retiring: tuple[EngineLike, Scheduler] | None = None
+        self.engine = None if callable(engine) else engine
         # model work: one engine thread, every client's jobs in turns (core/scheduler.py)
-        self.scheduler: Scheduler | None = Scheduler(self.engine) if self.engine is not None else None
+        self.scheduler = Scheduler(self.engine) if self.engine is not None else None
         self._loader = None if self.engine is not None else engine
         self.index = self.engine.index if self.engine is not None else TokenIndex()
         tok = self.engine.target.tokenizer if self.engine is not None else None
@@ -95,9 +103,65 @@ class Daemon:
         self._tasks: set[asyncio.Task] = set()  # complete / rewrite answers in flight
         self.warmer = Warmer(self, enabled=warm)
         self.next_edits = Ahead(self, enabled=warm)  # next edits computed in the pauses (service/next_edit.py)
+        self.upgrade: Upgrade | None = None  # a first start's switch to the larger default (upgrade.py)
         if self.engine is not None:
             self.info["state"] = "ready"
             self.ready.set()
+
+    # The engine and the scheduler that new work goes to. On the thread of an engine being replaced
+    # (switch), they are that engine and its scheduler: a job it started before the switch (a
+    # request, a warm-up that reads `d.engine` as it runs) ends on the engine it began on.
+    @property
+    def engine(self) -> EngineLike | None:
+        old = self._retiring
+        return old[0] if old is not None and threading.current_thread() is old[1].thread else self._engine
+
+    @engine.setter
+    def engine(self, engine: EngineLike | None) -> None:
+        self._engine = engine
+
+    @property
+    def scheduler(self) -> Scheduler | None:
+        old = self._retiring
+        return old[1] if old is not None and threading.current_thread() is old[1].thread else self._scheduler
+
+    @scheduler.setter
+    def scheduler(self, scheduler: Scheduler | None) -> None:
+        self._scheduler = scheduler
+
+    async def switch(self, engine: EngineLike, info: dict) -> bool:
+        """Serve `engine` from now on, losing no request: requests that reached the old engine's
+        scheduler finish there (its thread runs until they are done), every new one goes to `engine`.
+        Warm-ups and next edits computed ahead on the old engine are cancelled, and every open document
+        is warmed again on the new one (the old engine's cached sequences go with it). Then the old
+        engine is freed: its scheduler's thread ends, and its memory goes back to the system. `engine`
+        shares this daemon's token index (built with it). Returns whether the old engine was released
+        (no reference to it left)."""
+        old_engine, old = self._engine, self._scheduler
+        self._retiring = (old_engine, old)
+        self._engine, self._scheduler = engine, Scheduler(engine)
+        self.info.update(info)
+        self.warmer.warmed.clear()  # what it cached lives in the old engine
+        with old.cond:  # work done ahead on the old engine: nobody waits for it
+            for job in old.jobs:
+                if job.low:
+                    job.cancel.set()
+        if self.warmer.cancel is not None:
+            self.warmer.cancel.set()
+        for s in list(self.sessions.values()):  # warmed again on the new engine, at once
+            for uri in list(s.docs):
+                self.warmer.touched(s, uri, None, 0.0)
+        while old.jobs:  # the requests it had finish on it
+            await asyncio.sleep(0.02)
+        await asyncio.to_thread(old.stop)
+        self._retiring = None
+        old_engine.save_calibration()
+        gone = weakref.ref(old_engine)
+        del old_engine, old
+        await asyncio.to_thread(_release)
+        log.info("switched to %s; the old engine %s", self.info.get("target"),
+                 "is released" if gone() is None else "is still referenced")
+        return gone() is None
 
     def model_info(self) -> dict:
         return {k: self.info[k] for k in MODEL_KEYS if k in self.info}
@@ -336,21 +400,40 @@ class Daemon:
             loading = asyncio.create_task(self._load())
             self._tasks.add(loading)
             loading.add_done_callback(self._tasks.discard)
+        if self.upgrade is not None:  # it waits for the first engine to serve
+            upgrading = asyncio.create_task(self.upgrade.run())
+            self._tasks.add(upgrading)
+            upgrading.add_done_callback(self._tasks.discard)
         try:
             await self.stopping.wait()
         finally:
+            if self.upgrade is not None:
+                self.upgrade.stop()
             for srv in self.servers:
                 srv.close()
             for s in list(self.sessions.values()):
                 self.drop(s)
                 _close(s.writer)
             self.watcher.stop()
-            if self.scheduler is not None:
-                self.scheduler.stop()
-            if self.engine is not None:
-                self.engine.save_calibration()  # the next start reads what this run measured
+            if self._retiring is not None:  # stopped mid-switch
+                self._retiring[1].stop()
+            if self._scheduler is not None:
+                self._scheduler.stop()
+            if self._engine is not None:
+                self._engine.save_calibration()  # the next start reads what this run measured
             if sock_path is not None and ident is not None:
                 remove_own(sock_path, ident)  # not a newer daemon's socket at the same path
+
+
+def _release() -> None:
+    """After an engine was dropped: collect its cycles, objects a load froze included (gc_pause:
+    gc.freeze keeps frozen objects out of collections), and give the freed heap back to the system."""
+    from ..models.device import trim_heap
+
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()  # what lives now is the new engine's: later collections skip it again
+    trim_heap()
 
 
 def _close(writer: asyncio.StreamWriter) -> None:

@@ -30,6 +30,35 @@ def daemon_log(socket: Path) -> Path:
     digest = hashlib.sha256(str(sock.resolve()).encode()).hexdigest()[:10]
     return cache_root() / "logs" / f"daemon-{sock.stem}-{digest}.log"
 
+# what the editor is told of a ready daemon's models (its status fields)
+READY_KEYS = ("target", "draft", "device", "state", "quant", "default_reason", "upgrade")
+UPGRADE_POLL_S = 1.0  # s: how often a background upgrade's progress is asked for
+
+
+def _upgrading(info: dict) -> bool:
+    """The daemon converts or loads the larger default in the background (service/upgrade.py)."""
+    up = info.get("upgrade")
+    return isinstance(up, dict) and up.get("phase") in ("converting", "loading")
+
+
+def ready_message(info: dict) -> str:
+    """The status message of a ready daemon: the model that answers, and a background upgrade's
+    phase and progress while one runs (or why it failed)."""
+    line = f"completiond: ready: {info.get('target')} on {info.get('device')}"
+    up = info.get("upgrade")
+    if not isinstance(up, dict):
+        return line
+    pct = up.get("progress")
+    if up.get("phase") == "converting":
+        done = f" {pct * 100:.0f} %" if isinstance(pct, (int, float)) else ""
+        return f"{line}; converting {up.get('model')} in the background{done}"
+    if up.get("phase") == "loading":
+        return f"{line}; loading {up.get('model')} in the background"
+    if up.get("phase") == "failed":
+        return f"{line}; upgrade to {up.get('model')} failed"
+    return line
+
+
 class DaemonUnavailable(Exception):
     pass
 
@@ -55,6 +84,7 @@ class DaemonLink:
         self.start_timeout = 300.0
         self._lock = asyncio.Lock()
         self._watch: asyncio.Task | None = None  # follows a loading daemon until it is ready
+        self._upgrade: asyncio.Task | None = None  # follows a background upgrade until it is done
         self._proc: subprocess.Popen | None = None
         self._tasks: set[asyncio.Task] = set()
         self._closing = False  # set on shutdown: a closed connection is then no lost daemon
@@ -103,7 +133,28 @@ class DaemonLink:
             self._ready(self.info)
 
     def _ready(self, info: dict) -> None:
-        self.on_status("ready", f"completiond: ready: {info.get('target')} on {info.get('device')}", info)
+        self.on_status("ready", ready_message(info), info)
+        if _upgrading(info) and self.client is not None and (self._upgrade is None or self._upgrade.done()):
+            self._upgrade = asyncio.create_task(self._follow_upgrade(self.client))
+
+    async def _follow_upgrade(self, client: Client) -> None:
+        """While the daemon converts and loads the larger default in the background (its status'
+        `upgrade`): pass its phase and progress on each second, then the model that serves."""
+        while not client.closed.is_set():
+            await asyncio.sleep(UPGRADE_POLL_S)
+            try:
+                st = await client.request("status", {}, timeout=STATUS_TIMEOUT)
+            except asyncio.TimeoutError:
+                continue
+            except (DaemonError, ConnectionError, OSError):
+                return  # a closed connection is _watch_closed's to report
+            if client is not self.client:
+                return
+            if st.get("upgrade") != self.info.get("upgrade") or st.get("target") != self.info.get("target"):
+                self.info.update({k: st[k] for k in READY_KEYS if k in st})
+                self.on_status("ready", ready_message(self.info), self.info)
+            if not _upgrading(st):
+                return
 
     def _watch_closed(self, client: Client) -> None:
         """Notice a lost daemon at once (`completiond stop`, a crash): say so, and start or reconnect
@@ -145,8 +196,7 @@ class DaemonLink:
             except (DaemonError, ConnectionError, OSError):
                 return  # a closed connection is _watch_closed's to report
             if st is not None and st.get("state") == "ready":
-                self.info.update({k: st[k] for k in ("target", "draft", "device", "state", "quant", "default_reason")
-                                  if k in st})
+                self.info.update({k: st[k] for k in READY_KEYS if k in st})
                 self._ready(self.info)
                 return
             if st is not None and st.get("state") == "failed":

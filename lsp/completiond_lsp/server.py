@@ -113,6 +113,8 @@ class CompletiondServer(LanguageServer):
                             "quant": info.get("quant"), "defaultReason": info.get("default_reason"),
                             "phase": info.get("phase"), "phaseS": info.get("phase_s"),
                             "elapsedS": info.get("elapsed_s"), "progress": info.get("progress"),
+                            # a background switch to the larger default: {model, phase, progress, why}
+                            "upgrade": info.get("upgrade"),
                             "lastLatencyMs": self.last_status.get("lastLatencyMs"),
                             "meanAccepted": self.last_status.get("meanAccepted")}
         self.protocol.notify("completiond/status", self.last_status)

@@ -1,7 +1,7 @@
 /**
  * The status bar item's text and tooltip, from the server's `completiond/status` notification
  * (params: state, message, target, draft, device, quant, defaultReason, phase, phaseS, elapsedS,
- * progress, lastLatencyMs, meanAccepted) and the client's own state; and what the start-up progress notification says.
+ * progress, upgrade, lastLatencyMs, meanAccepted) and the client's own state; and what the start-up progress notification says.
  * Pure module: unit-tested without VS Code.
  */
 
@@ -25,6 +25,16 @@ export interface ServerStatus {
   phase?: string | null;
   elapsedS?: number | null;
   progress?: number | null;
+  /** The daemon's background switch to the larger default: converting / loading / switched / failed / off. */
+  upgrade?: Upgrade | null;
+}
+
+export interface Upgrade {
+  model: string;
+  phase: string;
+  /** Fraction done (0..1) while it converts. */
+  progress: number | null;
+  why: string;
 }
 
 /** What the extension knows about the server process itself. */
@@ -68,7 +78,22 @@ export function normalizeStatus(params: unknown): ServerStatus {
   if (num(p.progress) !== null) s.progress = num(p.progress);
   if (typeof p.quant === 'string' && p.quant !== '') s.quant = p.quant;
   if (typeof p.defaultReason === 'string' && p.defaultReason !== '') s.defaultReason = p.defaultReason;
+  const up = (p.upgrade && typeof p.upgrade === 'object' ? p.upgrade : null) as Record<string, unknown> | null;
+  if (up && typeof up.phase === 'string') {
+    s.upgrade = { model: str(up.model), phase: up.phase, progress: num(up.progress), why: str(up.why) };
+  }
   return s;
+}
+
+/** A background upgrade while it runs, for the status bar: "converting qwen2.5-coder-1.5b@int4 42 %". */
+export function upgradeText(u: Upgrade | null | undefined): string | null {
+  if (!u) return null;
+  if (u.phase === 'converting') {
+    const pct = u.progress !== null ? ` ${Math.round(u.progress * 100)} %` : '';
+    return `converting ${u.model}${pct}`;
+  }
+  if (u.phase === 'loading') return `loading ${u.model}`;
+  return null;
 }
 
 /** The server's message without its "completiond: " prefix (the UI names completiond already). */
@@ -144,6 +169,7 @@ export function renderStatus(view: StatusView): StatusRender {
     `Target: ${s.target || '–'}`,
     // why this model and weights form: the daemon's own choice, or the one the settings named
     s.defaultReason ? `Why: ${s.defaultReason}` : s.target ? 'Why: named (completiond.target or serve --target)' : 'Why: –',
+    ...(s.upgrade ? [`Upgrade: ${s.upgrade.model} ${s.upgrade.phase} — ${s.upgrade.why}`] : []),
     `Draft: ${s.draft ?? 'none'}`,
     `Device: ${s.device || '–'}`,
     `Last completion: ${formatLatency(latency)}`,
@@ -171,5 +197,7 @@ export function renderStatus(view: StatusView): StatusRender {
   if (s.device) parts.push(s.device);
   if (latency !== null) parts.push(formatLatency(latency));
   if (s.meanAccepted !== null) parts.push(`${formatAccepted(s.meanAccepted)} tok/pass`);
+  const upgrading = upgradeText(s.upgrade);
+  if (upgrading) parts.push(upgrading);
   return { text: `$(zap) ${parts.join(' · ')}`, tooltip, severity: 'normal' };
 }

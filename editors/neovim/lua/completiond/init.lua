@@ -38,7 +38,7 @@ local function show_progress(prev, s)
     local new_phase = not prev or prev.state ~= s.state or prev.phase ~= s.phase
     M.progress_message = msg
     api.nvim_echo({ { msg, 'MoreMsg' } }, new_phase, {})
-  elseif s.state == 'ready' and (not prev or prev.state ~= 'ready') then
+  elseif s.state == 'ready' and (not prev or prev.state ~= 'ready' or prev.target ~= s.target) then
     M.progress_message = msg
     api.nvim_echo({ { msg, 'MoreMsg' } }, true, {})
   end
@@ -259,8 +259,25 @@ function M.toggle()
   vim.notify('completiond ' .. (suggest.enabled and 'enabled' or 'disabled'))
 end
 
---- A short status for a statusline: the server's state (the daemon's phase while it starts) and
---- the last latency.
+--- The daemon's background switch to the larger default while it runs, e.g. 'converting
+--- qwen2.5-coder-1.5b@int4 42%' (nil when none runs).
+function M.upgrade_text(s)
+  local up = present(s.upgrade)
+  if type(up) ~= 'table' then
+    return nil
+  end
+  local phase, model = present(up.phase), tostring(present(up.model) or '?')
+  if phase == 'converting' then
+    local pct = tonumber(present(up.progress))
+    return ('converting %s%s'):format(model, pct and (' %d%%'):format(math.floor(pct * 100 + 0.5)) or '')
+  elseif phase == 'loading' then
+    return 'loading ' .. model
+  end
+  return nil
+end
+
+--- A short status for a statusline: the server's state (the daemon's phase while it starts), the
+--- last latency, and a background upgrade's progress while it runs.
 function M.statusline()
   local client = M.client(api.nvim_get_current_buf())
   local s = client and M.status[client.id]
@@ -268,6 +285,10 @@ function M.statusline()
     return ''
   end
   local ms = tonumber(present(s.lastLatencyMs))
+  local upgrade = s.state == 'ready' and M.upgrade_text(s)
+  if upgrade then
+    return ('completiond%s (%s)'):format(ms and (' %dms'):format(math.floor(ms + 0.5)) or '', upgrade)
+  end
   if s.state == 'ready' and ms then
     return ('completiond %dms'):format(math.floor(ms + 0.5))
   end
@@ -302,6 +323,10 @@ function M.status_line()
     local ms = tonumber(present(s.lastLatencyMs))
     line = line .. (ms and (', last latency %d ms)'):format(math.floor(ms + 0.5)) or ')')
     line = line .. '; ' .. M.model_reason(s)
+    local up = present(s.upgrade)
+    if type(up) == 'table' and present(up.why) then
+      line = line .. ('; upgrade %s: %s'):format(tostring(present(up.phase) or '?'), tostring(up.why))
+    end
   end
   return line
 end

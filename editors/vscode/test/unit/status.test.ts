@@ -8,6 +8,7 @@ import {
   progressStep,
   renderStatus,
   shortModelName,
+  upgradeText,
 } from '../../src/status';
 
 const ready = normalizeStatus({
@@ -129,4 +130,23 @@ test('a named model shows the weights form it runs, and the tooltip says why it 
   // a target named in the settings has no default reason: the tooltip says it was named
   const named = renderStatus({ client: 'running', server: { ...s, defaultReason: null } });
   assert.match(named.tooltip, /Why: named \(completiond\.target or serve --target\)/);
+});
+
+test('a background upgrade shows its phase and progress next to the model that answers now', () => {
+  const s = normalizeStatus({
+    state: 'ready', message: 'completiond: ready: qwen2.5-coder-0.5b@int8 on cpu', target: 'qwen2.5-coder-0.5b@int8',
+    device: 'cpu', lastLatencyMs: null, meanAccepted: null,
+    upgrade: { model: 'qwen2.5-coder-1.5b@int4', phase: 'converting', progress: 0.42, why: 'converting in the background' },
+  });
+  const r = renderStatus({ client: 'running', server: s });
+  assert.equal(r.text, '$(zap) qwen2.5-coder-0.5b@int8 · cpu · converting qwen2.5-coder-1.5b@int4 42 %');
+  assert.match(r.tooltip, /Upgrade: qwen2\.5-coder-1\.5b@int4 converting — converting in the background/);
+  const loading = { ...s, upgrade: { ...s.upgrade!, phase: 'loading', progress: 1 } };
+  assert.equal(upgradeText(loading.upgrade), 'loading qwen2.5-coder-1.5b@int4');
+  // switched: the new model answers and the status bar says nothing more of it
+  const done = normalizeStatus({ ...s, target: 'qwen2.5-coder-1.5b@int4', upgrade: { ...s.upgrade!, phase: 'switched' } });
+  assert.equal(renderStatus({ client: 'running', server: done }).text, '$(zap) qwen2.5-coder-1.5b@int4 · cpu');
+  assert.match(renderStatus({ client: 'running', server: done }).tooltip, /Upgrade: qwen2\.5-coder-1\.5b@int4 switched/);
+  // an older server sends no upgrade: nothing is shown
+  assert.equal(normalizeStatus({ state: 'ready', upgrade: null }).upgrade, undefined);
 });
