@@ -10,8 +10,9 @@ of `ring_chunk_size` 64 lines, within `ring_scope` 1024 lines), which `s:ring_up
 context update (`n_predict` 0) and every later request carries in `input_extra`.
 
 Per position (the bench's sampler, on lines at or beyond --min-line so llama.vim's window starts
-inside the file): a ring update with the position's two chunks, then the position through both
-paths, alternating which goes first; with --infill-idle S, both again after S seconds idle (the
+inside the file): the file opened on the wire with the cursor's place (`document/cursor`, as the
+editor plugins send it), a ring update with the position's two chunks, then the position through
+both paths, alternating which goes first; with --infill-idle S, both again after S seconds idle (the
 warm-up had its turn). The `/infill` answer is scored as llama.vim shows it (`s:fim_render`: on a
 line of blanks the suggestion's first line loses as many leading blanks as the line has), the LSP
 answer as the editor inserts it; both with repo.score against the removed text. Latency: wall ms per
@@ -174,6 +175,9 @@ async def _run(sock: Path, port: int, token_file: Path, proc: subprocess.Popen, 
         lines = doc.splitlines()
         uri = f"file://{p.file}"
         await client.request("document/open", {"uri": uri, "text": doc, "version": 1})
+        # where the cursor rests (completiond-lsp's completiond/cursor, as the editor plugins send it):
+        # the daemon warms there, not at the document's end
+        await client.notify("document/cursor", {"uri": uri, "position": {"line": p.line, "character": p.col}})
         cur = lines[p.line]
         blanks = len(cur) if not cur.strip() else None  # llama.vim sends such a line empty
         extra = jump_chunks(lines, p.line, p.file.name, rng)
