@@ -26,6 +26,8 @@ import pytest
 import torch
 
 import tiny
+from completiond.bench import infill
+from completiond.bench.infill import fim_ctx_local, fim_request, ring_request
 from completiond.core.prompt import build_prompt, special_ids
 from completiond.service.client import Client
 from completiond.service.handlers import QUICK_PROMPT_TOKENS
@@ -34,57 +36,11 @@ from daemon_util import daemon_status, start_daemon, stop_daemon
 FILE = (tiny.STDLIB / "difflib.py").read_text()
 OTHER = (tiny.STDLIB / "argparse.py").read_text()
 LINES = FILE.splitlines()
-N_PREFIX, N_SUFFIX = 256, 64
-FIELDS = ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
-          "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
-          "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached"]
-# ours, asked for beside llama.vim's own fields (a client may ask for any field of the answer)
-OURS = ["tokens_evaluated", "completiond/document", "completiond/prompt_lane", "completiond/reused_tokens",
-        "completiond/prompt_tokens", "completiond/stopped_by", "completiond/cancelled", "completiond/extra_chunks"]
 
 
-# ---- llama.vim's requests ---------------------------------------------------------------------------------
-def fim_ctx_local(lines: list[str], line: int, col: int | None = None, prev: list[str] | None = None) -> dict:
-    """s:fim_ctx_local at 0-based `line`: {prefix, middle, suffix, indent}. `prev`: a suggestion
-    (its lines) shown at the cursor: the context as if it were accepted."""
-    cur = lines[line]
-    if not prev:
-        col = len(cur) if col is None else col
-        mid, rest = cur[:col], cur[col:]
-        before = lines[max(0, line - N_PREFIX):line]
-        if not cur.strip():
-            mid, rest, indent = "", "", 0
-        else:
-            indent = len(cur) - len(cur.lstrip())
-    else:
-        cur = cur + prev[0] if len(prev) == 1 else prev[-1]
-        mid, rest, indent = cur, "", 0
-        before = lines[max(0, line - N_PREFIX + len(prev) - 1):line]
-        if len(prev) > 1:
-            before = before + [lines[line] + prev[0]] + prev[1:-1]
-    after = lines[line + 1:line + 1 + N_SUFFIX]
-    return {"prefix": "\n".join(before) + "\n", "middle": mid, "suffix": rest + "\n" + "\n".join(after) + "\n",
-            "indent": indent}
-
-
-def fim_request(ctx: dict, extra: list[dict], first: bool = True) -> dict:
-    """llama#fim's request body."""
-    return {"id_slot": 0, "input_prefix": ctx["prefix"], "input_suffix": ctx["suffix"], "input_extra": extra,
-            "prompt": ctx["middle"], "n_predict": 128, "stop": [], "n_indent": ctx["indent"], "top_k": 40,
-            "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True,
-            "t_max_prompt_ms": 500, "t_max_predict_ms": 250 if first else 1000, "response_fields": FIELDS + OURS}
-
-
-def ring_request(extra: list[dict]) -> dict:
-    """s:ring_update's request body."""
-    return {"id_slot": 0, "input_prefix": "", "input_suffix": "", "input_extra": extra, "prompt": "",
-            "n_predict": 0, "temperature": 0.0, "samplers": [], "stream": False, "cache_prompt": True,
-            "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""]}
-
-
+# llama.vim's requests: the bench's builders (completiond bench --via infill asks with the same)
 def chunk(lines: list[str], start: int, filename: str = "difflib.py", t: float = 1.0) -> dict:
-    """A ring chunk (s:pick_chunk): 32 lines, "\\n"-joined and ended."""
-    return {"text": "\n".join(lines[start:start + 32]) + "\n", "time": t, "filename": filename}
+    return infill.chunk(lines, start, filename, t)
 
 
 # ---- the daemons --------------------------------------------------------------------------------------------

@@ -45,6 +45,15 @@ def add_parser(sub) -> None:
     b.add_argument("--replay-shown-only", action="store_true",
                    help="with --replay, only the shown suggestions: skip the typing runs with and without "
                         "prefix reuse (keystroke latency; the no-reuse run prefills every prompt whole)")
+    b.add_argument("--via", default="engine", choices=["engine", "infill"],
+                   help="engine: the modes (and peers) on an engine in this process; infill: a real daemon's "
+                        "/infill asked as llama.vim asks, beside the wire complete as completiond-lsp asks, "
+                        "same positions, same scores (bench/infill.py)")
+    b.add_argument("--min-line", type=int, default=None, metavar="N",
+                   help="positions on 0-based line N or later (default 0; with --via infill 257: llama.vim's "
+                        "256-line window then starts inside the file)")
+    b.add_argument("--infill-idle", type=float, default=0.0, metavar="S",
+                   help="with --via infill, ask every position again after S seconds idle (the warm-up's turn)")
     b.add_argument("--edits", type=int, default=0, metavar="N", help="also run N rewrite (edit) tasks")
     b.add_argument("--prompt-tokens", type=int, default=2048, metavar="N",
                    help="prompt budget per completion (the daemon's quick prompt: 256)")
@@ -91,15 +100,31 @@ def cmd_bench(a: argparse.Namespace) -> int:
         raise UsageError(f"--targets: {e}") from None
     if a.replay_open_pause and any(s < 0 for s in a.replay_open_pause):
         raise UsageError("--replay-open-pause takes seconds, 0 or more")
+    if a.min_line is None:
+        a.min_line = 257 if a.via == "infill" else 0
+    if a.min_line < 0 or a.infill_idle < 0:
+        raise UsageError("--min-line and --infill-idle take 0 or more")
+    if a.via == "infill" and (targets or peers or a.replay or a.edits):
+        raise UsageError("--via infill runs alone: no --targets, --peers, --replay or --edits")
     if a.threads:
         torch.set_num_threads(a.threads)
     try:
         root, label = resolve_repo(a.repo)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    positions = sample_positions(root, a.positions, a.cursor, a.seed)
+    positions = sample_positions(root, a.positions, a.cursor, a.seed, a.min_line)
     if not positions:
-        raise UsageError(f"no code positions found in {root}")
+        where = f" on line {a.min_line} or later" if a.min_line else ""
+        raise UsageError(f"no code positions found in {root}{where}")
+    if a.via == "infill":
+        from .infill import run_infill, table as infill_table
+
+        summary = run_infill(a, root, label, positions)
+        if a.json:
+            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.json).write_text(json.dumps(summary, indent=2) + "\n")
+        print(infill_table(summary))
+        return 0
     if not targets:
         summary = bench_targets({a.target: a}, root, label, positions, modes, peers)[a.target]
         if a.plot:

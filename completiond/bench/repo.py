@@ -102,13 +102,14 @@ def code_lines(text: str) -> list[int]:
     return out
 
 
-def sample_positions(root: Path, n: int, cursor: str = "both", seed: int = 0) -> list[Cursor]:
+def sample_positions(root: Path, n: int, cursor: str = "both", seed: int = 0, min_line: int = 0) -> list[Cursor]:
+    """`n` cursors on code lines (0-based line `min_line` or later) of the repository's files."""
     rng = random.Random(seed)
     candidates: list[tuple[Path, int, str]] = []
     texts: dict[Path, str] = {}
     for f in source_files(root):
         texts[f] = read_text_file(f) or ""
-        candidates += [(f, i, texts[f].splitlines()[i]) for i in code_lines(texts[f])]
+        candidates += [(f, i, texts[f].splitlines()[i]) for i in code_lines(texts[f]) if i >= min_line]
     rng.shuffle(candidates)
     kinds = ["line-start", "mid-line"] if cursor == "both" else [cursor]
     out: list[Cursor] = []
