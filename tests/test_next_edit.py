@@ -4,8 +4,9 @@ import pytest
 
 import tiny
 from completiond.core.engine import Engine, Request
-from completiond.core.prompt.next_edit import (END, START, Window, answer_text, edits, last_change_hint, next_edit_prompt,
-                                               next_edit_window, removed_names, renamed_draft, window_at)
+from completiond.core.prompt.next_edit import (END, START, Window, answer_text, edits, last_change_hint, name_at,
+                                               next_edit_prompt, next_edit_window, removed_names, renamed_draft,
+                                               window_at)
 from completiond.service.history import History, common_span
 
 SRC = "def area(w, h):\n    return w * h\n\n\ndef scale(x, k):\n    y = x * k\n    return y + x\n"
@@ -124,6 +125,47 @@ def test_the_window_follows_a_removed_name_past_a_docstring():
     far = text.replace("    \"\"\"\n    if", "    \"\"\"\n" + "    x = 1\n" * 30 + "    if")
     w = next_edit_window(far, at, ["path"])  # too far to grow to: the region is around the use (a jump)
     assert far[w.start:w.end].startswith("    if not os.path.exists(path):") and "def other" not in far[w.start:w.end]
+
+
+def test_a_region_that_follows_a_use_ends_two_lines_below_it():
+    """With a use of the removed name, the region ends USE_LINES (2) lines below the use's line: fewer
+    tokens to prefill and to copy back (before, it ran to the plain window's end, 12 lines below)."""
+    body = "".join(f"    step_{i} = {i}\n" for i in range(14))
+    text = "def load(file_name, mode):\n    data = open(path, mode)\n" + body + "    return data\n"
+    at = text.index("file_name") + len("file_name")
+    w = next_edit_window(text, at, ["path"])
+    assert text[w.start:w.end] == "def load(file_name, mode):\n    data = open(path, mode)\n    step_0 = 0\n    step_1 = 1\n"
+    old = next_edit_window(text, at, ["path"], use_lines=None)  # the earlier rule: to the window's end
+    assert old.end > w.end and text[old.start:old.end].count("\n") == 13
+
+
+def test_a_resting_cursor_gets_the_region_it_will_have_after_a_rename():
+    """The warm-up at a cursor resting on a parameter (Ahead) follows the name under the cursor, so its
+    prompt has the region the request after renaming that parameter has: the code around it is cached
+    (before, the resting cursor had the plain window and a region that grew after the edit missed it)."""
+    from completiond.service.next_edit import followed_names
+
+    tok = tiny.qwen_tokenizer()
+    doc = '"""A module."""\n\n\n' + LOAD.replace("def load(path", "def load(path, extra")
+    at = doc.index("def load(path") + len("def load(path")
+    assert name_at(doc, at) == "path" and name_at(doc, at - 2) == "path" and name_at(doc, 0) is None
+    assert name_at("def f(x):", 3) is None  # a keyword is no name
+    rest = next_edit_window(doc, at, followed_names(doc, at, None))
+    assert "os.path.exists(path)" in doc[rest.start:rest.end]
+    h = History()
+    after = doc.replace("def load(path", "def load(file_name")
+    h.record("file:///a.py", doc, after, now=1.0)
+    last = h.last("file:///a.py")
+    anchor = at + len("file_name") - len("path")
+    assert followed_names(after, anchor, last) == ["path"]  # at the edit: the removed name, not `file_name`
+    w = next_edit_window(after, anchor, followed_names(after, anchor, last))
+    assert (w.start, w.end - rest.end) == (rest.start, len("file_name") - len("path"))
+    warm, _ = next_edit_prompt(tok, doc, rest, [], "a.py", "python")
+    req, _ = next_edit_prompt(tok, after, w, [last.diff("a.py")], "a.py", "python")
+    common = next(i for i, (a, b) in enumerate(zip(warm, req)) if a != b)
+    assert tok.decode(req[common:]).lstrip().startswith(("--- a/a.py", "diff"))  # cached up to the new diff
+    plain = next_edit_window(doc, at, [])  # without following the name at rest: another region
+    assert plain != rest
 
 
 def test_a_rename_drafts_its_other_code_uses():
@@ -277,8 +319,8 @@ def test_speculative_next_edit_is_identical_to_plain_decoding(engine):
     at = SRC.index("x, k")
     text = SRC[:at] + "value" + SRC[at + 1:]
     h.record("file:///a.py", SRC, text, now=1.0)
-    for anchor in (at, len(text) - 1, 0):
-        w = window_at(text, anchor)
+    for anchor, names in ((at, []), (len(text) - 1, []), (0, []), (at + len("value"), ["x"])):
+        w = next_edit_window(text, anchor, names) if names else window_at(text, anchor)  # the region that follows
         ids, stops = next_edit_prompt(tok, text, w, [e.diff("a.py") for e in h.recent()], "a.py", "python")
         region = text[w.start:w.end]
         draft = renamed_draft(region, "x", "value", "def scale(", ", k")  # proposed from, verified

@@ -28,8 +28,8 @@ import numpy as np
 from . import protocol as P
 from ..core.forward.context import PassContext
 from ..core.prompt.context import locate
-from ..core.prompt.next_edit import (TextEdit, Window, answer_text, edits, next_edit_prompt, next_edit_window,
-                                     removed_names, renamed_draft)
+from ..core.prompt.next_edit import (TextEdit, Window, answer_text, edits, name_at, next_edit_prompt,
+                                     next_edit_window, removed_names, renamed_draft)
 from .plan import Built, EngineJob
 from .history import job_key
 from .session import Session
@@ -132,6 +132,17 @@ class NextEditJob(EngineJob):
                 "version": self.version, "cancelled": True, "stopped_by": "cancelled", "mode": self.mode}
 
 
+def followed_names(text: str, anchor: int, last) -> list[str]:
+    """The names whose next use the region follows: those the last edit (a history Edit, or None)
+    removed, and, when the anchor is away from that edit, the name under the cursor (a cursor resting
+    on a parameter before renaming it gets the region it will have after: the prompt warmed then
+    is the request's up to the edit)."""
+    names = removed_names(last.old, last.new, last.before, last.after) if last is not None else []
+    at_edit = last is not None and last.start <= anchor <= last.start + len(last.new)
+    here = None if at_edit else name_at(text, anchor)
+    return sorted(set(names) | {here}) if here else names
+
+
 def prepare(d: Serving, s: Session, p: P.NextEdit, ahead: bool = False) -> NextEditJob:
     """The next_edit job; `ahead`: the same job for a pause (Ahead), which a request for the same
     prompt then waits for instead of stopping it."""
@@ -139,8 +150,8 @@ def prepare(d: Serving, s: Session, p: P.NextEdit, ahead: bool = False) -> NextE
     anchor = s.offset(doc, p.position) if p.position is not None else doc.edited_at
     text = doc.text
     last = s.history.last(doc.uri)
-    names = removed_names(last.old, last.new, last.before, last.after) if last is not None else []
-    window = next_edit_window(text, min(anchor, len(text)), names)
+    anchor = min(anchor, len(text))
+    window = next_edit_window(text, anchor, followed_names(text, anchor, last))
     region = text[window.start:window.end]
     draft = renamed_draft(region, last.old, last.new, last.before, last.after) if last is not None else None
     roots = list(d.watcher.roots)

@@ -40,6 +40,7 @@ SCOPE_LINES = 1000  # the header of the anchor's block is looked for this far up
 SCOPE_CHARS = 20_000  # ... this far down (both scans are Python loops on the event loop: bounded)
 FOLLOW_LINES = 12  # the region grows down by up to this many lines to reach the next use of a name the
 # last edit removed; a use further down gets a region of its own there (a jump)
+USE_LINES = 2  # ... and ends this many lines below that use's line: a shorter region to prefill and rewrite
 MAX_HINT_CHARS = 60  # the last change named in words only when it is this short (a rename, a literal)
 LAST_CHANGE_HINT = True
 MIN_SIMILARITY = 0.5  # an answer that changes more than half the region is not an edit but a new text: none
@@ -214,6 +215,23 @@ def scope_end(text: str, offset: int) -> int:
     return len(text)
 
 
+def name_at(text: str, offset: int) -> str | None:
+    """The identifier `offset` is in or just after (the cursor resting on or behind a name), or None;
+    a Python keyword is no name (`def`)."""
+    import keyword
+
+    a = offset
+    while a > 0 and (text[a - 1].isalnum() or text[a - 1] == "_"):
+        a -= 1
+    b = offset
+    while b < len(text) and (text[b].isalnum() or text[b] == "_"):
+        b += 1
+    word = text[a:b]
+    if not word or word[0].isdigit() or keyword.iskeyword(word):
+        return None
+    return word
+
+
 def next_use(text: str, start: int, end: int, names: list[str]) -> int | None:
     """The offset of the first code use (not in a string or comment, not an attribute `x.name`) of one
     of `names` in text[start:end], or None."""
@@ -229,7 +247,7 @@ def next_use(text: str, start: int, end: int, names: list[str]) -> int | None:
 
 
 def next_edit_window(text: str, offset: int, names: list[str] = (), follow_lines: int = FOLLOW_LINES,
-                     max_chars: int = MAX_WINDOW_CHARS) -> Window:
+                     max_chars: int = MAX_WINDOW_CHARS, use_lines: int | None = USE_LINES) -> Window:
     """The editable region for a next edit at `offset`: `window_at`, made to follow the next use of a
     name the last edit removed (`names`: a renamed parameter) in the block of `offset` (`scope_end`).
     A use below the region within `follow_lines` lines of its end (and `max_chars` of its start) grows
@@ -238,7 +256,10 @@ def next_edit_window(text: str, offset: int, names: list[str] = (), follow_lines
     `offset` opens its block (a `def` edited in its signature), the region ends where the block does:
     the next function's own uses of a name are another scope, and the region is the same before the
     edit (the cursor resting there) as after it, so the prompt warmed before it stays valid. A use
-    counts only as code (`next_use`: not in a docstring or comment); else the region is `window_at`'s."""
+    counts only as code (`next_use`: not in a docstring or comment); else the region is `window_at`'s.
+    With a use, the region ends `use_lines` lines below the use's line (within the block; None: at
+    the window's own end): the next edit there is that use's, and every line more is prefilled at
+    the request and copied by the answer."""
     w = window_at(text, offset, max_chars=max_chars)
     line_start = text.rfind("\n", 0, offset) + 1
     line_end = text.find("\n", offset)
@@ -253,12 +274,16 @@ def next_edit_window(text: str, offset: int, names: list[str] = (), follow_lines
         nl = text.find("\n", end)
         end = len(text) if nl < 0 else nl + 1
     use_end = text.find("\n", use) + 1 or len(text)
+    tight = use_end
+    for _ in range(use_lines or 0):
+        nl = text.find("\n", tight)
+        tight = len(text) if nl < 0 else nl + 1
     if use < w.end:
-        return Window(w.start, max(min(w.end, block_end), use_end))
+        return Window(w.start, max(min(w.end if use_lines is None else tight, block_end), use_end))
     if text.count("\n", w.end, end) <= follow_lines and end - w.start <= max_chars:
         return Window(w.start, max(min(end, block_end), use_end))
     j = window_at(text, use, max_chars=max_chars)
-    return Window(j.start, max(min(j.end, block_end), use_end))
+    return Window(j.start, max(min(j.end if use_lines is None else tight, block_end), use_end))
 
 
 def next_edit_prompt(tokenizer, text: str, window: Window, diffs: list[str], path: str = "", language: str = "",
