@@ -435,7 +435,7 @@ def run_case(engine, tok, case: Case, with_ar: bool, warm: str = "rest", use_dra
     spec = engine.complete(Request(prompt=ids, mode="pld", max_tokens=max_tokens, stops=stops, slot=slot,
                                    reuse_prefix=warm != "none"))
     engine.index.close("next-edit-draft")
-    answer = answer_text(spec.text, region)
+    answer = answer_text(spec.text, region, case.text[w.end:w.end + 4000])
     found = edits(region, answer, w.start, spec.stopped_by != "max_tokens")
     latency_ms = (time.perf_counter() - t0) * 1000
     decode_ms = spec.ms_total - spec.ms_first_token

@@ -4,9 +4,9 @@ import pytest
 
 import tiny
 from completiond.core.engine import Engine, Request
-from completiond.core.prompt.next_edit import (END, START, Window, answer_text, edits, last_change_hint, name_at,
-                                               next_edit_prompt, next_edit_window, removed_names, renamed_draft,
-                                               window_at)
+from completiond.core.prompt.next_edit import (END, START, TextEdit, Window, answer_text, edits, last_change_hint,
+                                               name_at, next_edit_prompt, next_edit_window, removed_names,
+                                               renamed_draft, window_at)
 from completiond.service.history import History, common_span
 
 SRC = "def area(w, h):\n    return w * h\n\n\ndef scale(x, k):\n    y = x * k\n    return y + x\n"
@@ -248,6 +248,26 @@ def test_an_answer_that_ends_early_keeps_the_rest_of_the_region():
     answer = "def _get_factory(value, kwargs):\n    name = f.__name__\n    return name.upper()\n"
     found = edits(region, answer)
     assert len(found) == 1 and found[0].text == ".upper()" and region[found[0].end:].startswith("\n\n\ndef merge")
+
+
+def test_an_answer_that_copies_on_below_the_region_is_cut_there():
+    """A region that ends mid-function: the 0.5B renamed the use, skipped the first line below the
+    region and copied the rest of the function, which read as inserted lines. Those lines are dropped
+    from the answer, and the first code lines below stop the decode."""
+    from completiond.core.prompt.next_edit import overrun_stop, trim_overrun
+
+    region = '    def dl_mul(value, y):\n        xx_hi, xx_lo = dl_split(x)\n        p = xx_hi * yy_hi\n'
+    below = '        q = xx_hi * yy_lo\n        z = p + q\n        return z, zz\n\n\ndef other():\n    pass\n'
+    renamed = region.replace("(x)", "(value)")
+    answer = renamed + '        z = p + q\n        return z, zz\n'
+    assert answer_text(answer, region, below) == renamed
+    assert edits(region, answer_text(answer, region, below)) == [TextEdit(58, 59, "value")]
+    assert trim_overrun(renamed, below) == renamed  # nothing below copied: as is
+    assert trim_overrun(renamed + "\n", below) == renamed + "\n"  # a blank line alone: kept
+    far = renamed + "    pass\n"  # a line that is below, but not within the first lines there
+    assert trim_overrun(far, below) == far
+    assert overrun_stop(region, below) == ("\n        q = xx_hi * yy_lo\n", "\n        z = p + q\n",
+                                           "\n        return z, zz\n")
 
 
 def test_edits_apply_to_give_the_answer():

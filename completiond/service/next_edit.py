@@ -117,7 +117,7 @@ class NextEditJob(EngineJob):
     def answer(self, result: Result, built: Built) -> dict:
         self.index.close(self.draft_key)
         res, window, region = result, self.window, self.region
-        answer = answer_text(res.text, region)
+        answer = answer_text(res.text, region, self.text[window.end:window.end + 4000])
         found = [] if res.cancelled else edits(region, answer, window.start, finished=res.stopped_by != "max_tokens")
         return {"edits": [self._wire(e) for e in found], "ms": round((time.perf_counter() - self.t0) * 1000, 2),
                 "target_passes": res.target_passes, "version": self.version, "cancelled": res.cancelled,

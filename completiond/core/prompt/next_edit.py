@@ -43,6 +43,8 @@ FOLLOW_LINES = 12  # the region grows down by up to this many lines to reach the
 USE_LINES = 2  # ... and ends this many lines below that use's line: a shorter region to prefill and rewrite
 MAX_HINT_CHARS = 60  # the last change named in words only when it is this short (a rename, a literal)
 LAST_CHANGE_HINT = True
+OVERRUN_LINES = 3  # the first code lines below the region stop an answer that copies on into them
+MAX_OVERRUN_LINES = 60  # lines below the region an overrun is looked for in
 MIN_SIMILARITY = 0.5  # an answer that changes more than half the region is not an edit but a new text: none
 
 
@@ -279,7 +281,7 @@ def next_edit_window(text: str, offset: int, names: list[str] = (), follow_lines
         nl = text.find("\n", tight)
         tight = len(text) if nl < 0 else nl + 1
     if use < w.end:
-        return Window(w.start, max(min(w.end if use_lines is None else tight, block_end), use_end))
+        return Window(w.start, max(min(w.end if use_lines is None else min(w.end, tight), block_end), use_end))
     if text.count("\n", w.end, end) <= follow_lines and end - w.start <= max_chars:
         return Window(w.start, max(min(end, block_end), use_end))
     j = window_at(text, use, max_chars=max_chars)
@@ -373,25 +375,56 @@ def last_change_hint(diff: str) -> str:
     return f"Their last edit inserted `{b}`. " if b else f"Their last edit deleted `{a}`. "
 
 
-def overrun_stop(region: str, after: str) -> tuple[str, ...]:
-    """A stop at the first line after the region: a model that copies on past the region's end into the
-    code below it (the 0.5B did, to max_tokens, on a region that ended mid-function) is cut there.
-    Only a line distinctive enough not to be written inside the region: some code, not in the region."""
-    for line in after.split("\n"):
-        if line.strip():
-            stop = "\n" + line + "\n"
-            return (stop,) if len(line.strip()) >= 8 and stop not in "\n" + region else ()
-    return ()
+def overrun_stop(region: str, after: str, lines: int = OVERRUN_LINES) -> tuple[str, ...]:
+    """Stops at the first `lines` code lines after the region: a model that copies on past the region's
+    end into the code below it (the 0.5B did, to max_tokens, on a region that ended mid-function; and
+    it skipped the first line below and copied the rest of the function) is cut there. Only lines
+    distinctive enough not to be written inside the region: some code, not in the region."""
+    out = []
+    for line in [l for l in after.split("\n") if l.strip()][:lines]:
+        stop = "\n" + line + "\n"
+        if len(line.strip()) >= 8 and stop not in "\n" + region:
+            out.append(stop)
+    return tuple(out)
 
 
-def answer_text(generated: str, region: str) -> str:
-    """The region as the model rewrote it: markers it may have copied dropped, the trailing newline kept."""
+def trim_overrun(answer: str, below: str, skipped: int = OVERRUN_LINES) -> str:
+    """The answer without the lines it copied on from below the region: its longest run of last lines
+    that the code below the region has in the same order, the first of them within `skipped` lines
+    of the region's end (the model skipped a line and copied the rest of the function: read as
+    inserted lines, the edit was wrong). A run of blank lines alone is kept. Dropping them never
+    deletes code: an answer that ends early keeps the region's remaining lines (`edits`)."""
+    a = answer.splitlines(keepends=True)
+    b = [l if l.endswith("\n") else l + "\n" for l in below.splitlines(keepends=True)[:MAX_OVERRUN_LINES]]
+    best = 0
+    for k in range(1, len(a) + 1):
+        j, first = 0, None
+        for line in a[-k:]:
+            line = line if line.endswith("\n") else line + "\n"
+            try:
+                j = b.index(line, j) + 1
+            except ValueError:
+                j = -1
+                break
+            first = j - 1 if first is None else first
+        if j < 0 or first is None or first > skipped:
+            break
+        if any(l.strip() for l in a[-k:]):
+            best = k
+    return "".join(a[:len(a) - best]) if best else answer
+
+
+def answer_text(generated: str, region: str, below: str = "") -> str:
+    """The region as the model rewrote it: markers it may have copied dropped, the trailing newline kept,
+    lines it copied on from `below` (the text after the region) dropped (`trim_overrun`)."""
     out = generated
     if out.startswith(START):
         out = out[len(START):].lstrip("\n")
     out = out.replace(END, "")
     if region.endswith("\n") and not out.endswith("\n"):
         out += "\n"
+    if below:
+        out = trim_overrun(out, below)
     return _skipped_head(region, out) + out
 
 
