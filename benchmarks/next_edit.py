@@ -71,6 +71,10 @@ try:  # the rename draft for copy speculation (service/next_edit.prepare)
     from completiond.core.prompt.next_edit import renamed_draft  # noqa: E402
 except ImportError:
     renamed_draft = None
+try:  # a signature change's draft: the region's other calls changed the same way
+    from completiond.core.prompt.next_edit import call_draft  # noqa: E402
+except ImportError:
+    call_draft = None
 
 # packages not used to tune the prompt (toolz 0.12 and boltons 23 were: rounds 4-5 of docs/next-edit.md)
 PACKAGES = ["more_itertools==10.8.0:11.1.0", "fsspec==2026.7.0:2026.9.0"]
@@ -430,6 +434,9 @@ def run_case(engine, tok, case: Case, with_ar: bool, warm: str = "rest", use_dra
     last = h.edits[-1] if h.edits else None
     draft = renamed_draft(region, last.old, last.new, last.before, last.after) \
         if renamed_draft is not None and last is not None and use_draft else None
+    if draft is None and call_draft is not None and last is not None and use_draft:  # a signature change's
+        draft = call_draft(region, last.old, last.new, last.before, last.after)
+
     if draft is not None:  # as the daemon does: prompt lookup proposes from it, the target verifies
         engine.index.set_open("next-edit-draft", tok.encode(draft, add_special_tokens=False))
     spec = engine.complete(Request(prompt=ids, mode="pld", max_tokens=max_tokens, stops=stops, slot=slot,

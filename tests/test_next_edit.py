@@ -250,6 +250,24 @@ def test_an_answer_that_ends_early_keeps_the_rest_of_the_region():
     assert len(found) == 1 and found[0].text == ".upper()" and region[found[0].end:].startswith("\n\n\ndef merge")
 
 
+def test_a_signature_change_drafts_its_other_calls():
+    """Parameters reordered or removed in a signature move or drop the same arguments of the region's
+    calls with as many arguments; arguments appended at one call are appended at the others. A draft
+    only (the target verifies it); None for a rename or an edit of neither kind."""
+    from completiond.core.prompt.next_edit import call_draft
+
+    region = "x = 1\nset_conf(conf_dir, conf)\ny = self.branch(a, f(b, c), d)\nset_conf(only)\n"
+    assert call_draft(region, "cdir, conf_dict", "conf_dict, cdir", "def set_conf(", "):\n    pass\n") == \
+        "x = 1\nset_conf(conf, conf_dir)\ny = self.branch(a, f(b, c), d)\nset_conf(only)\n"
+    assert call_draft(region, ", kwargs", "", "    def branch(self, path_1, path_2", "):\n") == \
+        "x = 1\nset_conf(conf_dir, conf)\ny = self.branch(a, f(b, c))\nset_conf(only)\n"
+    assert call_draft(region, "", ", strict=True", "z = set_conf(p, q", ")\n") == \
+        "x = 1\nset_conf(conf_dir, conf, strict=True)\ny = self.branch(a, f(b, c), d)\nset_conf(only)\n"
+    assert call_draft(region, "cdir", "path", "def set_conf(", ", conf_dict):\n") is None  # a rename
+    assert call_draft(region, "1", "2", "x = ", "\n") is None
+    assert call_draft('f("a, b", c)\n', "a, b", "b, a", "def f(", "):\n") is None  # a string: not read
+
+
 def test_an_answer_that_copies_on_below_the_region_is_cut_there():
     """A region that ends mid-function: the 0.5B renamed the use, skipped the first line below the
     region and copied the rest of the function, which read as inserted lines. Those lines are dropped
@@ -333,17 +351,26 @@ def engine():
 
 
 def test_speculative_next_edit_is_identical_to_plain_decoding(engine):
-    """Copy speculation (the window in the prompt as the draft) changes speed, never the edit (fp32)."""
+    """Copy speculation (the window in the prompt as the draft, a rename's or a signature change's
+    draft indexed) changes speed, never the edit (fp32)."""
+    from completiond.core.prompt.next_edit import call_draft
+
     tok = engine.target.tokenizer
     h = History()
     at = SRC.index("x, k")
     text = SRC[:at] + "value" + SRC[at + 1:]
     h.record("file:///a.py", SRC, text, now=1.0)
-    for anchor, names in ((at, []), (len(text) - 1, []), (0, []), (at + len("value"), ["x"])):
-        w = next_edit_window(text, anchor, names) if names else window_at(text, anchor)  # the region that follows
-        ids, stops = next_edit_prompt(tok, text, w, [e.diff("a.py") for e in h.recent()], "a.py", "python")
-        region = text[w.start:w.end]
+    swapped = SRC.replace("def scale(x, k)", "def scale(k, x)") + "\n\nz = scale(2, 3) + scale(4, 5)\n"
+    for anchor, names in ((at, []), (len(text) - 1, []), (0, []), (at + len("value"), ["x"]), (-1, [])):
+        doc = swapped if anchor == -1 else text  # -1: a signature change, its calls drafted
+        anchor = len(doc) - 2 if anchor == -1 else anchor
+        w = next_edit_window(doc, anchor, names) if names else window_at(doc, anchor)  # the region that follows
+        ids, stops = next_edit_prompt(tok, doc, w, [e.diff("a.py") for e in h.recent()], "a.py", "python")
+        region = doc[w.start:w.end]
         draft = renamed_draft(region, "x", "value", "def scale(", ", k")  # proposed from, verified
+        if doc is swapped:
+            draft = call_draft(region, "x, k", "k, x", "def scale(", "):")
+            assert draft is not None and "scale(3, 2) + scale(5, 4)" in draft
         engine.index.set_open("draft", tok.encode(draft or region, add_special_tokens=False))
         results = {}
         for mode in ("ar", "pld", "combined"):

@@ -28,7 +28,7 @@ import numpy as np
 from . import protocol as P
 from ..core.forward.context import PassContext
 from ..core.prompt.context import locate
-from ..core.prompt.next_edit import (TextEdit, Window, answer_text, edits, name_at, next_edit_prompt,
+from ..core.prompt.next_edit import (TextEdit, Window, answer_text, call_draft, edits, name_at, next_edit_prompt,
                                      next_edit_window, removed_names, renamed_draft)
 from .plan import Built, EngineJob
 from .history import job_key
@@ -75,7 +75,8 @@ class NextEditJob(EngineJob):
     window: Window
     diffs: tuple[str, ...]  # recent edits, oldest first
     path: str
-    draft: str | None  # a rename's other uses renamed: a draft for copy speculation (the target verifies it)
+    draft: str | None  # a rename's other uses renamed, or a signature change's other calls changed: a draft
+    # for copy speculation (the target verifies it)
     draft_key: str
     t0: float  # when the request arrived (perf_counter)
 
@@ -153,7 +154,8 @@ def prepare(d: Serving, s: Session, p: P.NextEdit, ahead: bool = False) -> NextE
     anchor = min(anchor, len(text))
     window = next_edit_window(text, anchor, followed_names(text, anchor, last))
     region = text[window.start:window.end]
-    draft = renamed_draft(region, last.old, last.new, last.before, last.after) if last is not None else None
+    draft = (renamed_draft(region, last.old, last.new, last.before, last.after)
+             or call_draft(region, last.old, last.new, last.before, last.after)) if last is not None else None
     roots = list(d.watcher.roots)
     diffs = tuple(e.diff(locate(e.uri, roots)[0]) for e in s.history.shown(HISTORY_EDITS, HISTORY_STEP))
     mode = p.mode or ("pld" if d.default_mode == "combined" else d.default_mode)

@@ -164,6 +164,90 @@ def renamed_draft(region: str, old: str, new: str, before: str = "", after: str 
     return "".join(out) + region[last:] if out else None
 
 
+def _args(inner: str) -> list[str] | None:
+    """`a, f(b, c), d` -> ['a', 'f(b, c)', 'd'] (split at top-level commas, spaces kept off); None when
+    brackets do not balance or there is a string (too hard to read lexically)."""
+    out, depth, cur = [], 0, ""
+    for c in inner:
+        if c in "\"'":
+            return None
+        depth += c in "([{"
+        depth -= c in ")]}"
+        if depth < 0:
+            return None
+        if c == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += c
+    if depth:
+        return None
+    return out + [cur.strip()] if cur.strip() or out else []
+
+
+def _calls_in(code: str, name: str) -> list[tuple[int, int, list[str]]]:
+    """One-line calls `name(...)` (or `x.name(...)`) in `code`, not `def name(`: (start and end of the
+    argument text, the arguments)."""
+    out = []
+    for m in re.finditer(r"(?<![\w])" + re.escape(name) + r"\(", code):
+        if re.search(r"\bdef\s+$", code[:m.start()]):
+            continue
+        depth, j = 1, m.end()
+        while j < len(code) and depth and code[j] != "\n":
+            depth += code[j] in "([{"
+            depth -= code[j] in ")]}"
+            j += 1
+        if depth == 0 and (args := _args(code[m.end():j - 1])) is not None:
+            out.append((m.end(), j - 1, args))
+    return out
+
+
+def call_draft(region: str, old: str, new: str, before: str = "", after: str = "") -> str | None:
+    """A draft of the answer when the last edit (`old` -> `new` between `before` and `after`, whole
+    lines around it) changed a function's parameters or one call's arguments: the region's other calls
+    of that function changed the same way. A signature `def f(a, b, c)` -> `def f(b, a)` (parameters
+    reordered or removed, by name) moves or drops the same positions of calls with as many arguments
+    as it had; a call `f(x, y)` -> `f(x, y, z=1)` (arguments appended) appends them to the other calls.
+    Only a draft, as `renamed_draft`: the target verifies every token. None when it is no such edit."""
+    line_a = before[before.rfind("\n") + 1:] + old + after[:after.find("\n") if "\n" in after else len(after)]
+    line_b = before[before.rfind("\n") + 1:] + new + after[:after.find("\n") if "\n" in after else len(after)]
+    sig = re.compile(r"\bdef\s+(\w+)\s*\((.*)\)")
+    ma, mb = sig.search(line_a), sig.search(line_b)
+    if ma and mb and ma.group(1) == mb.group(1):
+        pa, pb = _args(ma.group(2)), _args(mb.group(2))
+        if pa is None or pb is None:
+            return None
+        names_a = [re.split(r"[:=]", p)[0].strip() for p in pa if p not in ("self", "cls")]
+        names_b = [re.split(r"[:=]", p)[0].strip() for p in pb if p not in ("self", "cls")]
+        if names_a == names_b or not set(names_b) <= set(names_a) or len(set(names_a)) != len(names_a):
+            return None
+        order = [names_a.index(n) for n in names_b]
+        name, n_args = ma.group(1), len(names_a)
+
+        def change(args: list[str]) -> list[str] | None:
+            return [args[i] for i in order] if len(args) == n_args else None
+    else:
+        found = [(m.group(1), m) for m in re.finditer(r"([A-Za-z_]\w*)\(", line_a)]
+        for fname, _ in found:
+            a, b = _calls_in(line_a, fname), _calls_in(line_b, fname)
+            if len(a) == 1 and len(b) == 1 and b[0][2][:len(a[0][2])] == a[0][2] and len(b[0][2]) > len(a[0][2]):
+                extra = b[0][2][len(a[0][2]):]
+                name, n_args = fname, len(a[0][2])
+                break
+        else:
+            return None
+
+        def change(args: list[str]) -> list[str] | None:
+            return args + extra if len(args) == n_args else None
+    out, last = [], 0
+    for s, e, args in _calls_in(region, name):
+        new_args = change(args)
+        if new_args is not None and new_args != args:
+            out += [region[last:s], ", ".join(new_args)]
+            last = e
+    return "".join(out) + region[last:] if out else None
+
+
 def _quiet_spans(code: str) -> list[tuple[int, int]]:
     """Spans of `code` that are strings or comments (`#`, `//`, quotes single or triple): a name there
     is a mention, not a use. Lexical and approximate, so any language."""
