@@ -71,6 +71,10 @@ try:  # the rename draft for copy speculation (service/next_edit.prepare)
     from completiond.core.prompt.next_edit import renamed_draft  # noqa: E402
 except ImportError:
     renamed_draft = None
+try:  # the answer's token budget (an older checkout: twice the region + 64)
+    from completiond.core.prompt.next_edit import answer_budget  # noqa: E402
+except ImportError:
+    answer_budget = None
 try:  # a signature change's draft: the region's other calls changed the same way
     from completiond.core.prompt.next_edit import call_draft  # noqa: E402
 except ImportError:
@@ -430,7 +434,8 @@ def run_case(engine, tok, case: Case, with_ar: bool, warm: str = "rest", use_dra
     region = case.text[w.start:w.end]
     ids, stops = next_edit_prompt(tok, case.text, w, shown_diffs(h, path), path, "python")
     build_ms = (time.perf_counter() - t0) * 1000
-    max_tokens = 2 * len(tok.encode(region, add_special_tokens=False)) + 64
+    n_region = len(tok.encode(region, add_special_tokens=False))
+    max_tokens = answer_budget(n_region) if answer_budget is not None else 2 * n_region + 64
     last = h.edits[-1] if h.edits else None
     draft = renamed_draft(region, last.old, last.new, last.before, last.after) \
         if renamed_draft is not None and last is not None and use_draft else None
@@ -522,7 +527,7 @@ def write(a: argparse.Namespace, rows: list[dict], n_cases: int, target, engine,
         "cpu": cpu_name(), "target": target.name, "dtype": str(target.dtype).replace("torch.", ""),
         "quant": target.meta.get("quant", "none"), "calibration": calibration,
         "pass_cost_ms": {str(k): round(v, 2) for k, v in engine.budget.costs().items()},
-        "load_s": round(load_s, 1), "packages": a.packages, "cases_done": f"{len(rows)}/{n_cases}",
+        "load_s": round(load_s, 1), "packages": a.packages, "cases_done": f"{len(rows) // max(1, len(a.variants))}/{n_cases}",
         "warm": a.warm, "window": "follows the edit" if next_edit_window is not None else "plain (window_at)",
         "rename_draft": renamed_draft is not None and not a.no_draft, "use_lines": USE_LINES,
         "note": a.note,

@@ -288,6 +288,15 @@ def test_an_answer_that_copies_on_below_the_region_is_cut_there():
                                            "\n        return z, zz\n")
 
 
+def test_an_answer_may_add_a_little_to_its_region():
+    """The budget covers the region, the end marker and what a next edit adds; a runaway answer (lines
+    repeated, the function below rewritten: twice the region before) stops at it."""
+    from completiond.core.prompt.next_edit import answer_budget
+
+    assert answer_budget(0) == 32 and answer_budget(160) == 160 + 32 + 20
+    assert answer_budget(160) < 2 * 160 + 64
+
+
 def test_edits_apply_to_give_the_answer():
     region = "a = 1\nb = 2\nc = 3\n"
     for answer in ("a = 1\nb = 20\nc = 3\n", "a = 1\nc = 3\n", "a = 1\nb = 2\nb2 = 2\nc = 3\n", "x = 1\nb = 2\nc = 4\n"):

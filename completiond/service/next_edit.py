@@ -28,8 +28,8 @@ import numpy as np
 from . import protocol as P
 from ..core.forward.context import PassContext
 from ..core.prompt.context import locate
-from ..core.prompt.next_edit import (TextEdit, Window, answer_text, call_draft, edits, name_at, next_edit_prompt,
-                                     next_edit_window, removed_names, renamed_draft)
+from ..core.prompt.next_edit import (TextEdit, Window, answer_budget, answer_text, call_draft, edits, name_at,
+                                     next_edit_prompt, next_edit_window, removed_names, renamed_draft)
 from .plan import Built, EngineJob
 from .history import job_key
 from .session import Session
@@ -103,7 +103,7 @@ class NextEditJob(EngineJob):
             engine.index.set_open(self.draft_key, tok.encode(self.draft, add_special_tokens=False))
         else:
             engine.index.close(self.draft_key)
-        max_tokens = min(P.MAX_REWRITE_TOKENS, 2 * n_region + 64) if p.max_tokens is None else p.max_tokens
+        max_tokens = min(P.MAX_REWRITE_TOKENS, answer_budget(n_region)) if p.max_tokens is None else p.max_tokens
         # typed_through: a next edit computed ahead for this prompt (greedy, verified) is served as is;
         # not when a mode is named (a comparison of modes computes each)
         return Built(request=Request(prompt=ids, mode=self.mode, max_tokens=max_tokens, stops=stops,

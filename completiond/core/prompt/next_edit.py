@@ -372,6 +372,15 @@ def next_edit_window(text: str, offset: int, names: list[str] = (), follow_lines
     return Window(j.start, max(min(j.end if use_lines is None else tight, block_end), use_end))
 
 
+def answer_budget(region_tokens: int) -> int:
+    """The most tokens an answer for a region of `region_tokens` may take: the region, an end marker
+    and room for what a next edit adds (a longer name at each use, an argument at each call). An
+    answer that repeats lines or rewrites the function below ran to twice the region before (the
+    0.5B: 260-358 tokens for 130-170-token regions, wrong every time); it now stops earlier. Greedy
+    decoding of the same prompt with the same budget gives the same answer."""
+    return region_tokens + 32 + region_tokens // 8
+
+
 def next_edit_prompt(tokenizer, text: str, window: Window, diffs: list[str], path: str = "", language: str = "",
                      max_tokens: int = 3072) -> tuple[list[int], StopRules]:
     """Prompt ids and stop rules for rewriting `text[window]` as the next edit after `diffs`.
