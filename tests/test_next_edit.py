@@ -4,8 +4,9 @@ import pytest
 
 import tiny
 from completiond.core.engine import Engine, Request
-from completiond.core.prompt.next_edit import (END, START, Window, answer_text, edits, last_change_hint, next_edit_prompt,
-                                               next_edit_window, removed_names, renamed_draft, window_at)
+from completiond.core.prompt.next_edit import (END, START, TextEdit, Window, answer_text, edits, last_change_hint,
+                                               name_at, next_edit_prompt, next_edit_window, removed_names,
+                                               renamed_draft, window_at)
 from completiond.service.history import History, common_span
 
 SRC = "def area(w, h):\n    return w * h\n\n\ndef scale(x, k):\n    y = x * k\n    return y + x\n"
@@ -126,6 +127,47 @@ def test_the_window_follows_a_removed_name_past_a_docstring():
     assert far[w.start:w.end].startswith("    if not os.path.exists(path):") and "def other" not in far[w.start:w.end]
 
 
+def test_a_region_that_follows_a_use_ends_two_lines_below_it():
+    """With a use of the removed name, the region ends USE_LINES (2) lines below the use's line: fewer
+    tokens to prefill and to copy back (before, it ran to the plain window's end, 12 lines below)."""
+    body = "".join(f"    step_{i} = {i}\n" for i in range(14))
+    text = "def load(file_name, mode):\n    data = open(path, mode)\n" + body + "    return data\n"
+    at = text.index("file_name") + len("file_name")
+    w = next_edit_window(text, at, ["path"])
+    assert text[w.start:w.end] == "def load(file_name, mode):\n    data = open(path, mode)\n    step_0 = 0\n    step_1 = 1\n"
+    old = next_edit_window(text, at, ["path"], use_lines=None)  # the earlier rule: to the window's end
+    assert old.end > w.end and text[old.start:old.end].count("\n") == 13
+
+
+def test_a_resting_cursor_gets_the_region_it_will_have_after_a_rename():
+    """The warm-up at a cursor resting on a parameter (Ahead) follows the name under the cursor, so its
+    prompt has the region the request after renaming that parameter has: the code around it is cached
+    (before, the resting cursor had the plain window and a region that grew after the edit missed it)."""
+    from completiond.service.next_edit import followed_names
+
+    tok = tiny.qwen_tokenizer()
+    doc = '"""A module."""\n\n\n' + LOAD.replace("def load(path", "def load(path, extra")
+    at = doc.index("def load(path") + len("def load(path")
+    assert name_at(doc, at) == "path" and name_at(doc, at - 2) == "path" and name_at(doc, 0) is None
+    assert name_at("def f(x):", 3) is None  # a keyword is no name
+    rest = next_edit_window(doc, at, followed_names(doc, at, None))
+    assert "os.path.exists(path)" in doc[rest.start:rest.end]
+    h = History()
+    after = doc.replace("def load(path", "def load(file_name")
+    h.record("file:///a.py", doc, after, now=1.0)
+    last = h.last("file:///a.py")
+    anchor = at + len("file_name") - len("path")
+    assert followed_names(after, anchor, last) == ["path"]  # at the edit: the removed name, not `file_name`
+    w = next_edit_window(after, anchor, followed_names(after, anchor, last))
+    assert (w.start, w.end - rest.end) == (rest.start, len("file_name") - len("path"))
+    warm, _ = next_edit_prompt(tok, doc, rest, [], "a.py", "python")
+    req, _ = next_edit_prompt(tok, after, w, [last.diff("a.py")], "a.py", "python")
+    common = next(i for i, (a, b) in enumerate(zip(warm, req)) if a != b)
+    assert tok.decode(req[common:]).lstrip().startswith(("--- a/a.py", "diff"))  # cached up to the new diff
+    plain = next_edit_window(doc, at, [])  # without following the name at rest: another region
+    assert plain != rest
+
+
 def test_a_rename_drafts_its_other_code_uses():
     region = 'def f(value, k):\n    """x is it"""\n    y = x * k  # x\n    return y.x + x + f(x=1)\n'
     draft = renamed_draft(region, "x", "value", "def f(", ", k)")
@@ -208,6 +250,53 @@ def test_an_answer_that_ends_early_keeps_the_rest_of_the_region():
     assert len(found) == 1 and found[0].text == ".upper()" and region[found[0].end:].startswith("\n\n\ndef merge")
 
 
+def test_a_signature_change_drafts_its_other_calls():
+    """Parameters reordered or removed in a signature move or drop the same arguments of the region's
+    calls with as many arguments; arguments appended at one call are appended at the others. A draft
+    only (the target verifies it); None for a rename or an edit of neither kind."""
+    from completiond.core.prompt.next_edit import call_draft
+
+    region = "x = 1\nset_conf(conf_dir, conf)\ny = self.branch(a, f(b, c), d)\nset_conf(only)\n"
+    assert call_draft(region, "cdir, conf_dict", "conf_dict, cdir", "def set_conf(", "):\n    pass\n") == \
+        "x = 1\nset_conf(conf, conf_dir)\ny = self.branch(a, f(b, c), d)\nset_conf(only)\n"
+    assert call_draft(region, ", kwargs", "", "    def branch(self, path_1, path_2", "):\n") == \
+        "x = 1\nset_conf(conf_dir, conf)\ny = self.branch(a, f(b, c))\nset_conf(only)\n"
+    assert call_draft(region, "", ", strict=True", "z = set_conf(p, q", ")\n") == \
+        "x = 1\nset_conf(conf_dir, conf, strict=True)\ny = self.branch(a, f(b, c), d)\nset_conf(only)\n"
+    assert call_draft(region, "cdir", "path", "def set_conf(", ", conf_dict):\n") is None  # a rename
+    assert call_draft(region, "1", "2", "x = ", "\n") is None
+    assert call_draft('f("a, b", c)\n', "a, b", "b, a", "def f(", "):\n") is None  # a string: not read
+
+
+def test_an_answer_that_copies_on_below_the_region_is_cut_there():
+    """A region that ends mid-function: the 0.5B renamed the use, skipped the first line below the
+    region and copied the rest of the function, which read as inserted lines. Those lines are dropped
+    from the answer, and the first code lines below stop the decode."""
+    from completiond.core.prompt.next_edit import overrun_stop, trim_overrun
+
+    region = '    def dl_mul(value, y):\n        xx_hi, xx_lo = dl_split(x)\n        p = xx_hi * yy_hi\n'
+    below = '        q = xx_hi * yy_lo\n        z = p + q\n        return z, zz\n\n\ndef other():\n    pass\n'
+    renamed = region.replace("(x)", "(value)")
+    answer = renamed + '        z = p + q\n        return z, zz\n'
+    assert answer_text(answer, region, below) == renamed
+    assert edits(region, answer_text(answer, region, below)) == [TextEdit(58, 59, "value")]
+    assert trim_overrun(renamed, below) == renamed  # nothing below copied: as is
+    assert trim_overrun(renamed + "\n", below) == renamed + "\n"  # a blank line alone: kept
+    far = renamed + "    pass\n"  # a line that is below, but not within the first lines there
+    assert trim_overrun(far, below) == far
+    assert overrun_stop(region, below) == ("\n        q = xx_hi * yy_lo\n", "\n        z = p + q\n",
+                                           "\n        return z, zz\n")
+
+
+def test_an_answer_may_add_a_little_to_its_region():
+    """The budget covers the region, the end marker and what a next edit adds; a runaway answer (lines
+    repeated, the function below rewritten: twice the region before) stops at it."""
+    from completiond.core.prompt.next_edit import answer_budget
+
+    assert answer_budget(0) == 32 and answer_budget(160) == 160 + 32 + 20
+    assert answer_budget(160) < 2 * 160 + 64
+
+
 def test_edits_apply_to_give_the_answer():
     region = "a = 1\nb = 2\nc = 3\n"
     for answer in ("a = 1\nb = 20\nc = 3\n", "a = 1\nc = 3\n", "a = 1\nb = 2\nb2 = 2\nc = 3\n", "x = 1\nb = 2\nc = 4\n"):
@@ -271,17 +360,26 @@ def engine():
 
 
 def test_speculative_next_edit_is_identical_to_plain_decoding(engine):
-    """Copy speculation (the window in the prompt as the draft) changes speed, never the edit (fp32)."""
+    """Copy speculation (the window in the prompt as the draft, a rename's or a signature change's
+    draft indexed) changes speed, never the edit (fp32)."""
+    from completiond.core.prompt.next_edit import call_draft
+
     tok = engine.target.tokenizer
     h = History()
     at = SRC.index("x, k")
     text = SRC[:at] + "value" + SRC[at + 1:]
     h.record("file:///a.py", SRC, text, now=1.0)
-    for anchor in (at, len(text) - 1, 0):
-        w = window_at(text, anchor)
-        ids, stops = next_edit_prompt(tok, text, w, [e.diff("a.py") for e in h.recent()], "a.py", "python")
-        region = text[w.start:w.end]
+    swapped = SRC.replace("def scale(x, k)", "def scale(k, x)") + "\n\nz = scale(2, 3) + scale(4, 5)\n"
+    for anchor, names in ((at, []), (len(text) - 1, []), (0, []), (at + len("value"), ["x"]), (-1, [])):
+        doc = swapped if anchor == -1 else text  # -1: a signature change, its calls drafted
+        anchor = len(doc) - 2 if anchor == -1 else anchor
+        w = next_edit_window(doc, anchor, names) if names else window_at(doc, anchor)  # the region that follows
+        ids, stops = next_edit_prompt(tok, doc, w, [e.diff("a.py") for e in h.recent()], "a.py", "python")
+        region = doc[w.start:w.end]
         draft = renamed_draft(region, "x", "value", "def scale(", ", k")  # proposed from, verified
+        if doc is swapped:
+            draft = call_draft(region, "x, k", "k, x", "def scale(", "):")
+            assert draft is not None and "scale(3, 2) + scale(5, 4)" in draft
         engine.index.set_open("draft", tok.encode(draft or region, add_special_tokens=False))
         results = {}
         for mode in ("ar", "pld", "combined"):

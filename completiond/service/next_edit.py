@@ -28,8 +28,8 @@ import numpy as np
 from . import protocol as P
 from ..core.forward.context import PassContext
 from ..core.prompt.context import locate
-from ..core.prompt.next_edit import (TextEdit, Window, answer_text, edits, next_edit_prompt, next_edit_window,
-                                     removed_names, renamed_draft)
+from ..core.prompt.next_edit import (TextEdit, Window, answer_budget, answer_text, call_draft, edits, name_at,
+                                     next_edit_prompt, next_edit_window, removed_names, renamed_draft)
 from .plan import Built, EngineJob
 from .history import job_key
 from .session import Session
@@ -75,7 +75,8 @@ class NextEditJob(EngineJob):
     window: Window
     diffs: tuple[str, ...]  # recent edits, oldest first
     path: str
-    draft: str | None  # a rename's other uses renamed: a draft for copy speculation (the target verifies it)
+    draft: str | None  # a rename's other uses renamed, or a signature change's other calls changed: a draft
+    # for copy speculation (the target verifies it)
     draft_key: str
     t0: float  # when the request arrived (perf_counter)
 
@@ -102,7 +103,7 @@ class NextEditJob(EngineJob):
             engine.index.set_open(self.draft_key, tok.encode(self.draft, add_special_tokens=False))
         else:
             engine.index.close(self.draft_key)
-        max_tokens = min(P.MAX_REWRITE_TOKENS, 2 * n_region + 64) if p.max_tokens is None else p.max_tokens
+        max_tokens = min(P.MAX_REWRITE_TOKENS, answer_budget(n_region)) if p.max_tokens is None else p.max_tokens
         # typed_through: a next edit computed ahead for this prompt (greedy, verified) is served as is;
         # not when a mode is named (a comparison of modes computes each)
         return Built(request=Request(prompt=ids, mode=self.mode, max_tokens=max_tokens, stops=stops,
@@ -117,7 +118,7 @@ class NextEditJob(EngineJob):
     def answer(self, result: Result, built: Built) -> dict:
         self.index.close(self.draft_key)
         res, window, region = result, self.window, self.region
-        answer = answer_text(res.text, region)
+        answer = answer_text(res.text, region, self.text[window.end:window.end + 4000])
         found = [] if res.cancelled else edits(region, answer, window.start, finished=res.stopped_by != "max_tokens")
         return {"edits": [self._wire(e) for e in found], "ms": round((time.perf_counter() - self.t0) * 1000, 2),
                 "target_passes": res.target_passes, "version": self.version, "cancelled": res.cancelled,
@@ -132,6 +133,17 @@ class NextEditJob(EngineJob):
                 "version": self.version, "cancelled": True, "stopped_by": "cancelled", "mode": self.mode}
 
 
+def followed_names(text: str, anchor: int, last) -> list[str]:
+    """The names whose next use the region follows: those the last edit (a history Edit, or None)
+    removed, and, when the anchor is away from that edit, the name under the cursor (a cursor resting
+    on a parameter before renaming it gets the region it will have after: the prompt warmed then
+    is the request's up to the edit)."""
+    names = removed_names(last.old, last.new, last.before, last.after) if last is not None else []
+    at_edit = last is not None and last.start <= anchor <= last.start + len(last.new)
+    here = None if at_edit else name_at(text, anchor)
+    return sorted(set(names) | {here}) if here else names
+
+
 def prepare(d: Serving, s: Session, p: P.NextEdit, ahead: bool = False) -> NextEditJob:
     """The next_edit job; `ahead`: the same job for a pause (Ahead), which a request for the same
     prompt then waits for instead of stopping it."""
@@ -139,10 +151,11 @@ def prepare(d: Serving, s: Session, p: P.NextEdit, ahead: bool = False) -> NextE
     anchor = s.offset(doc, p.position) if p.position is not None else doc.edited_at
     text = doc.text
     last = s.history.last(doc.uri)
-    names = removed_names(last.old, last.new, last.before, last.after) if last is not None else []
-    window = next_edit_window(text, min(anchor, len(text)), names)
+    anchor = min(anchor, len(text))
+    window = next_edit_window(text, anchor, followed_names(text, anchor, last))
     region = text[window.start:window.end]
-    draft = renamed_draft(region, last.old, last.new, last.before, last.after) if last is not None else None
+    draft = (renamed_draft(region, last.old, last.new, last.before, last.after)
+             or call_draft(region, last.old, last.new, last.before, last.after)) if last is not None else None
     roots = list(d.watcher.roots)
     diffs = tuple(e.diff(locate(e.uri, roots)[0]) for e in s.history.shown(HISTORY_EDITS, HISTORY_STEP))
     mode = p.mode or ("pld" if d.default_mode == "combined" else d.default_mode)

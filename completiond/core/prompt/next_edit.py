@@ -40,8 +40,11 @@ SCOPE_LINES = 1000  # the header of the anchor's block is looked for this far up
 SCOPE_CHARS = 20_000  # ... this far down (both scans are Python loops on the event loop: bounded)
 FOLLOW_LINES = 12  # the region grows down by up to this many lines to reach the next use of a name the
 # last edit removed; a use further down gets a region of its own there (a jump)
+USE_LINES = 2  # ... and ends this many lines below that use's line: a shorter region to prefill and rewrite
 MAX_HINT_CHARS = 60  # the last change named in words only when it is this short (a rename, a literal)
 LAST_CHANGE_HINT = True
+OVERRUN_LINES = 3  # the first code lines below the region stop an answer that copies on into them
+MAX_OVERRUN_LINES = 60  # lines below the region an overrun is looked for in
 MIN_SIMILARITY = 0.5  # an answer that changes more than half the region is not an edit but a new text: none
 
 
@@ -161,6 +164,90 @@ def renamed_draft(region: str, old: str, new: str, before: str = "", after: str 
     return "".join(out) + region[last:] if out else None
 
 
+def _args(inner: str) -> list[str] | None:
+    """`a, f(b, c), d` -> ['a', 'f(b, c)', 'd'] (split at top-level commas, spaces kept off); None when
+    brackets do not balance or there is a string (too hard to read lexically)."""
+    out, depth, cur = [], 0, ""
+    for c in inner:
+        if c in "\"'":
+            return None
+        depth += c in "([{"
+        depth -= c in ")]}"
+        if depth < 0:
+            return None
+        if c == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += c
+    if depth:
+        return None
+    return out + [cur.strip()] if cur.strip() or out else []
+
+
+def _calls_in(code: str, name: str) -> list[tuple[int, int, list[str]]]:
+    """One-line calls `name(...)` (or `x.name(...)`) in `code`, not `def name(`: (start and end of the
+    argument text, the arguments)."""
+    out = []
+    for m in re.finditer(r"(?<![\w])" + re.escape(name) + r"\(", code):
+        if re.search(r"\bdef\s+$", code[:m.start()]):
+            continue
+        depth, j = 1, m.end()
+        while j < len(code) and depth and code[j] != "\n":
+            depth += code[j] in "([{"
+            depth -= code[j] in ")]}"
+            j += 1
+        if depth == 0 and (args := _args(code[m.end():j - 1])) is not None:
+            out.append((m.end(), j - 1, args))
+    return out
+
+
+def call_draft(region: str, old: str, new: str, before: str = "", after: str = "") -> str | None:
+    """A draft of the answer when the last edit (`old` -> `new` between `before` and `after`, whole
+    lines around it) changed a function's parameters or one call's arguments: the region's other calls
+    of that function changed the same way. A signature `def f(a, b, c)` -> `def f(b, a)` (parameters
+    reordered or removed, by name) moves or drops the same positions of calls with as many arguments
+    as it had; a call `f(x, y)` -> `f(x, y, z=1)` (arguments appended) appends them to the other calls.
+    Only a draft, as `renamed_draft`: the target verifies every token. None when it is no such edit."""
+    line_a = before[before.rfind("\n") + 1:] + old + after[:after.find("\n") if "\n" in after else len(after)]
+    line_b = before[before.rfind("\n") + 1:] + new + after[:after.find("\n") if "\n" in after else len(after)]
+    sig = re.compile(r"\bdef\s+(\w+)\s*\((.*)\)")
+    ma, mb = sig.search(line_a), sig.search(line_b)
+    if ma and mb and ma.group(1) == mb.group(1):
+        pa, pb = _args(ma.group(2)), _args(mb.group(2))
+        if pa is None or pb is None:
+            return None
+        names_a = [re.split(r"[:=]", p)[0].strip() for p in pa if p not in ("self", "cls")]
+        names_b = [re.split(r"[:=]", p)[0].strip() for p in pb if p not in ("self", "cls")]
+        if names_a == names_b or not set(names_b) <= set(names_a) or len(set(names_a)) != len(names_a):
+            return None
+        order = [names_a.index(n) for n in names_b]
+        name, n_args = ma.group(1), len(names_a)
+
+        def change(args: list[str]) -> list[str] | None:
+            return [args[i] for i in order] if len(args) == n_args else None
+    else:
+        found = [(m.group(1), m) for m in re.finditer(r"([A-Za-z_]\w*)\(", line_a)]
+        for fname, _ in found:
+            a, b = _calls_in(line_a, fname), _calls_in(line_b, fname)
+            if len(a) == 1 and len(b) == 1 and b[0][2][:len(a[0][2])] == a[0][2] and len(b[0][2]) > len(a[0][2]):
+                extra = b[0][2][len(a[0][2]):]
+                name, n_args = fname, len(a[0][2])
+                break
+        else:
+            return None
+
+        def change(args: list[str]) -> list[str] | None:
+            return args + extra if len(args) == n_args else None
+    out, last = [], 0
+    for s, e, args in _calls_in(region, name):
+        new_args = change(args)
+        if new_args is not None and new_args != args:
+            out += [region[last:s], ", ".join(new_args)]
+            last = e
+    return "".join(out) + region[last:] if out else None
+
+
 def _quiet_spans(code: str) -> list[tuple[int, int]]:
     """Spans of `code` that are strings or comments (`#`, `//`, quotes single or triple): a name there
     is a mention, not a use. Lexical and approximate, so any language."""
@@ -214,6 +301,23 @@ def scope_end(text: str, offset: int) -> int:
     return len(text)
 
 
+def name_at(text: str, offset: int) -> str | None:
+    """The identifier `offset` is in or just after (the cursor resting on or behind a name), or None;
+    a Python keyword is no name (`def`)."""
+    import keyword
+
+    a = offset
+    while a > 0 and (text[a - 1].isalnum() or text[a - 1] == "_"):
+        a -= 1
+    b = offset
+    while b < len(text) and (text[b].isalnum() or text[b] == "_"):
+        b += 1
+    word = text[a:b]
+    if not word or word[0].isdigit() or keyword.iskeyword(word):
+        return None
+    return word
+
+
 def next_use(text: str, start: int, end: int, names: list[str]) -> int | None:
     """The offset of the first code use (not in a string or comment, not an attribute `x.name`) of one
     of `names` in text[start:end], or None."""
@@ -229,7 +333,7 @@ def next_use(text: str, start: int, end: int, names: list[str]) -> int | None:
 
 
 def next_edit_window(text: str, offset: int, names: list[str] = (), follow_lines: int = FOLLOW_LINES,
-                     max_chars: int = MAX_WINDOW_CHARS) -> Window:
+                     max_chars: int = MAX_WINDOW_CHARS, use_lines: int | None = USE_LINES) -> Window:
     """The editable region for a next edit at `offset`: `window_at`, made to follow the next use of a
     name the last edit removed (`names`: a renamed parameter) in the block of `offset` (`scope_end`).
     A use below the region within `follow_lines` lines of its end (and `max_chars` of its start) grows
@@ -238,7 +342,10 @@ def next_edit_window(text: str, offset: int, names: list[str] = (), follow_lines
     `offset` opens its block (a `def` edited in its signature), the region ends where the block does:
     the next function's own uses of a name are another scope, and the region is the same before the
     edit (the cursor resting there) as after it, so the prompt warmed before it stays valid. A use
-    counts only as code (`next_use`: not in a docstring or comment); else the region is `window_at`'s."""
+    counts only as code (`next_use`: not in a docstring or comment); else the region is `window_at`'s.
+    With a use, the region ends `use_lines` lines below the use's line (within the block; None: at
+    the window's own end): the next edit there is that use's, and every line more is prefilled at
+    the request and copied by the answer."""
     w = window_at(text, offset, max_chars=max_chars)
     line_start = text.rfind("\n", 0, offset) + 1
     line_end = text.find("\n", offset)
@@ -253,12 +360,25 @@ def next_edit_window(text: str, offset: int, names: list[str] = (), follow_lines
         nl = text.find("\n", end)
         end = len(text) if nl < 0 else nl + 1
     use_end = text.find("\n", use) + 1 or len(text)
+    tight = use_end
+    for _ in range(use_lines or 0):
+        nl = text.find("\n", tight)
+        tight = len(text) if nl < 0 else nl + 1
     if use < w.end:
-        return Window(w.start, max(min(w.end, block_end), use_end))
+        return Window(w.start, max(min(w.end if use_lines is None else min(w.end, tight), block_end), use_end))
     if text.count("\n", w.end, end) <= follow_lines and end - w.start <= max_chars:
         return Window(w.start, max(min(end, block_end), use_end))
     j = window_at(text, use, max_chars=max_chars)
-    return Window(j.start, max(min(j.end, block_end), use_end))
+    return Window(j.start, max(min(j.end if use_lines is None else tight, block_end), use_end))
+
+
+def answer_budget(region_tokens: int) -> int:
+    """The most tokens an answer for a region of `region_tokens` may take: the region, an end marker
+    and room for what a next edit adds (a longer name at each use, an argument at each call). An
+    answer that repeats lines or rewrites the function below ran to twice the region before (the
+    0.5B: 260-358 tokens for 130-170-token regions, wrong every time); it now stops earlier. Greedy
+    decoding of the same prompt with the same budget gives the same answer."""
+    return region_tokens + 32 + region_tokens // 8
 
 
 def next_edit_prompt(tokenizer, text: str, window: Window, diffs: list[str], path: str = "", language: str = "",
@@ -348,25 +468,56 @@ def last_change_hint(diff: str) -> str:
     return f"Their last edit inserted `{b}`. " if b else f"Their last edit deleted `{a}`. "
 
 
-def overrun_stop(region: str, after: str) -> tuple[str, ...]:
-    """A stop at the first line after the region: a model that copies on past the region's end into the
-    code below it (the 0.5B did, to max_tokens, on a region that ended mid-function) is cut there.
-    Only a line distinctive enough not to be written inside the region: some code, not in the region."""
-    for line in after.split("\n"):
-        if line.strip():
-            stop = "\n" + line + "\n"
-            return (stop,) if len(line.strip()) >= 8 and stop not in "\n" + region else ()
-    return ()
+def overrun_stop(region: str, after: str, lines: int = OVERRUN_LINES) -> tuple[str, ...]:
+    """Stops at the first `lines` code lines after the region: a model that copies on past the region's
+    end into the code below it (the 0.5B did, to max_tokens, on a region that ended mid-function; and
+    it skipped the first line below and copied the rest of the function) is cut there. Only lines
+    distinctive enough not to be written inside the region: some code, not in the region."""
+    out = []
+    for line in [l for l in after.split("\n") if l.strip()][:lines]:
+        stop = "\n" + line + "\n"
+        if len(line.strip()) >= 8 and stop not in "\n" + region:
+            out.append(stop)
+    return tuple(out)
 
 
-def answer_text(generated: str, region: str) -> str:
-    """The region as the model rewrote it: markers it may have copied dropped, the trailing newline kept."""
+def trim_overrun(answer: str, below: str, skipped: int = OVERRUN_LINES) -> str:
+    """The answer without the lines it copied on from below the region: its longest run of last lines
+    that the code below the region has in the same order, the first of them within `skipped` lines
+    of the region's end (the model skipped a line and copied the rest of the function: read as
+    inserted lines, the edit was wrong). A run of blank lines alone is kept. Dropping them never
+    deletes code: an answer that ends early keeps the region's remaining lines (`edits`)."""
+    a = answer.splitlines(keepends=True)
+    b = [l if l.endswith("\n") else l + "\n" for l in below.splitlines(keepends=True)[:MAX_OVERRUN_LINES]]
+    best = 0
+    for k in range(1, len(a) + 1):
+        j, first = 0, None
+        for line in a[-k:]:
+            line = line if line.endswith("\n") else line + "\n"
+            try:
+                j = b.index(line, j) + 1
+            except ValueError:
+                j = -1
+                break
+            first = j - 1 if first is None else first
+        if j < 0 or first is None or first > skipped:
+            break
+        if any(l.strip() for l in a[-k:]):
+            best = k
+    return "".join(a[:len(a) - best]) if best else answer
+
+
+def answer_text(generated: str, region: str, below: str = "") -> str:
+    """The region as the model rewrote it: markers it may have copied dropped, the trailing newline kept,
+    lines it copied on from `below` (the text after the region) dropped (`trim_overrun`)."""
     out = generated
     if out.startswith(START):
         out = out[len(START):].lstrip("\n")
     out = out.replace(END, "")
     if region.endswith("\n") and not out.endswith("\n"):
         out += "\n"
+    if below:
+        out = trim_overrun(out, below)
     return _skipped_head(region, out) + out
 
 
