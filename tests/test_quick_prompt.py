@@ -12,9 +12,12 @@ import tiny
 from completiond.core.engine import Engine
 from completiond.core.prompt import build_prompt
 from completiond.service.handlers import QUICK_PROMPT_TOKENS, Lane, pick_lane
+from completiond.service import plan
+from completiond.service.plan import QUICK_PROMPT_MAX_TOKENS, quick_prompt_tokens
 from daemon_util import in_process, insert, wait_warm
 
 SRC = (tiny.STDLIB / "textwrap.py").read_text()
+SLOW_MS_PER_TOKEN = 4.0
 URI = "file:///w/textwrap.py"
 
 
@@ -23,6 +26,8 @@ async def served(tmp_path, request):
     """(client, daemon); request.param: (warm, quick_prompt_ms)."""
     warm, quick_ms = getattr(request, "param", (False, 0.0))
     engine = Engine(tiny.loaded(tiny.qwen2_config(), seed=5, scale=4.0))
+    if quick_ms == 0.0:  # a slow device's prefill (a 1.5B on 2 cores): the quick prompt keeps its least size
+        engine.prefill_ms_per_token = lambda: SLOW_MS_PER_TOKEN
     async with in_process(tmp_path, engine, warm=warm, quick_prompt_ms=quick_ms) as (c, daemon):
         yield c, daemon
 
@@ -86,6 +91,27 @@ async def test_a_fast_device_always_uses_the_full_prompt(served):
     await c.request("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
     res = await complete(c, line, char)
     assert res["prompt_lane"] == "full" and res["prompt_tokens"] > 2 * QUICK_PROMPT_TOKENS
+
+
+def test_the_quick_prompt_is_as_long_as_this_device_prefills_in_its_budget():
+    second = 1000.0
+    assert quick_prompt_tokens(SLOW_MS_PER_TOKEN, second) == QUICK_PROMPT_TOKENS == 256  # the 1.5B on 2 cores
+    assert quick_prompt_tokens(1.4, second) == 512  # the 0.5B on 2 quiet cores
+    assert quick_prompt_tokens(0.5, second) == quick_prompt_tokens(0.01, second) == QUICK_PROMPT_MAX_TOKENS == 1024
+    assert quick_prompt_tokens(64.0, second) == 256  # a loaded machine: never under the least size
+    assert quick_prompt_tokens(0.01, 0.0) == 256  # no budget: the least size
+
+
+async def test_a_faster_device_gets_a_longer_quick_prompt(tmp_path, monkeypatch):
+    monkeypatch.setattr(plan, "QUICK_PREFILL_MS", 1000.0)
+    engine = Engine(tiny.loaded(tiny.qwen2_config(), seed=5, scale=4.0))
+    engine.prefill_ms_per_token = lambda: 0.9  # 1,024 tokens in about a second
+    async with in_process(tmp_path, engine, warm=False, quick_prompt_ms=0.0) as (c, daemon):
+        line, char = middle_cursor()
+        await c.request("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
+        res = await complete(c, line, char)
+        assert res["prompt_lane"] == "quick"
+        assert 2 * QUICK_PROMPT_TOKENS < res["prompt_tokens"] <= QUICK_PROMPT_MAX_TOKENS + 8
 
 
 def test_pick_lane_weighs_what_each_cache_lacks():

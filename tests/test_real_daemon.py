@@ -120,7 +120,8 @@ def test_slow_start_big_document_two_clients(tmp_path):
         # the big document was cold: its first completion came from the quick prompt around the cursor
         # (a full ~2.5k-token prompt takes seconds to prefill on CPU); once the warm-up has filled the
         # full prompt, completions there use it
-        assert big_res["prompt_lane"] == "quick" and big_res["prompt_tokens"] <= 300, big_res
+        from completiond.service.plan import QUICK_PROMPT_MAX_TOKENS  # sized by the prefill speed measured
+        assert big_res["prompt_lane"] == "quick" and big_res["prompt_tokens"] <= QUICK_PROMPT_MAX_TOKENS + 8, big_res
         assert small_res["prompt_lane"] == "full", small_res
         warm = asyncio.run(warm_then_complete(sock, "file:///w/big.py", big, mid, 4))
         assert warm["prompt_lane"] == "full" and warm["prompt_tokens"] > 1000, warm

@@ -29,7 +29,8 @@ from ..core.prompt import build_prompt, extend_middle, fim_tokens, stops_at
 from ..core.prompt.rewrite import TooLarge, check_selection, finish, rewrite_prompt
 from .history import change_span, job_key
 from .next_edit import prepare as prepare_next_edit
-from .plan import Anchor, Built, EngineJob, Lane
+from . import plan as quick_plan  # the quick prompt's size and outline (read per request: tests set them)
+from .plan import QUICK_PROMPT_TOKENS, Anchor, Built, EngineJob, Lane, quick_prompt_tokens  # noqa: F401 (QUICK_PROMPT_TOKENS: re-exported)
 from ..core.prompt.stops import drop_repeated_head
 from .session import Session
 
@@ -179,7 +180,6 @@ def _mode(d: Serving, mode: str | None) -> str:
     return mode
 
 
-QUICK_PROMPT_TOKENS = 256  # the quick prompt: the cursor's neighbourhood (prefix and suffix), no other files
 QUICK_CAPACITY = 512  # its cached sequence starts this small (it grows if typing makes it longer)
 
 
@@ -286,10 +286,11 @@ def build_completion(engine: EngineLike, plan: CompletionPlan) -> Built:
                           starts=plan.starts)
     full = Lane(prompt.ids, prompt.heal, slot)
     quick = None
-    if p.reuse_prefix and p.quick and plan.quick_prompt_ms >= 0 and len(full.ids) > QUICK_PROMPT_TOKENS + 64:
-        q = build_prompt(tok, text, offset, multiline=p.multiline, max_tokens=QUICK_PROMPT_TOKENS, path=path,
-                         repo=repo, starts=plan.starts)
-        quick = Lane(q.ids, q.heal, (*slot, "quick"), QUICK_CAPACITY)
+    size = quick_prompt_tokens(engine.prefill_ms_per_token())
+    if p.reuse_prefix and p.quick and plan.quick_prompt_ms >= 0 and len(full.ids) > size + 64:
+        q = build_prompt(tok, text, offset, multiline=p.multiline, max_tokens=size, path=path,
+                         repo=repo, starts=plan.starts, outline=quick_plan.QUICK_OUTLINE)
+        quick = Lane(q.ids, q.heal, (*slot, "quick"), max(QUICK_CAPACITY, 2 * size))
     chosen = pick_lane(engine, plan.quick_prompt_ms, full, quick)
     req = Request(prompt=chosen.ids, stops=prompt.stops, heal=chosen.heal, slot=chosen.slot, **common)
     return Built(request=req, lane=chosen, full=full,

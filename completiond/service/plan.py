@@ -32,6 +32,24 @@ if TYPE_CHECKING:
     from ..core.request import Request, Result
 
 
+QUICK_PROMPT_TOKENS = 256  # the quick prompt's least size: the cursor's neighbourhood (prefix and suffix), no other files
+QUICK_PROMPT_MAX_TOKENS = 1024  # its most
+QUICK_PREFILL_MS = 0.0  # it grows (doubling) while its whole prefill still fits this on this device (0: it does not)
+QUICK_OUTLINE = False  # it starts with the imports and enclosing headers its window leaves out (prompt/outline.py)
+
+
+def quick_prompt_tokens(prefill_ms_per_token: float, budget_ms: float | None = None) -> int:
+    """The quick prompt's size where prefilling one token costs `prefill_ms_per_token` (measured):
+    256 doubled while the whole prompt prefills within `budget_ms` (default QUICK_PREFILL_MS), at
+    most 1024. Powers of two, so a measurement that drifts a little does not change the prompt (its
+    cache stays)."""
+    budget_ms = QUICK_PREFILL_MS if budget_ms is None else budget_ms
+    n = QUICK_PROMPT_TOKENS
+    while n * 2 <= QUICK_PROMPT_MAX_TOKENS and n * 2 * prefill_ms_per_token <= budget_ms:
+        n *= 2
+    return n
+
+
 @dataclass
 class Lane:
     """A prompt for the cursor and the cached sequence (slot) it is prefilled into. A completion has a

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...limits import MAX_PROMPT_TOKENS
+from .outline import outline as outline_of
 from .stops import StopRules, indent_width
 
 LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -223,7 +224,7 @@ def prepare_tokenizer(tokenizer) -> None:
 
 def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max_tokens: int = MAX_PROMPT_TOKENS,
                  path: str | None = None, context: list[ContextFile] | None = None, repo: str = "",
-                 starts: np.ndarray | None = None, heal_indent: bool = True) -> Prompt:
+                 starts: np.ndarray | None = None, heal_indent: bool = True, outline: bool = False) -> Prompt:
     """Prompt ids for a completion at `offset` in `text`.
 
     With FIM tokens: [repository context] <fim_prefix> prefix <fim_suffix> suffix <fim_middle>, the
@@ -238,6 +239,8 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     text before the cursor; without it the prefix's lines are found here.
     `heal_indent=False`: the prompt ends with the whole indentation (the earlier prompt, kept for
     benchmarks/indent_ab.py; see after_indent).
+    `outline=True` (the quick prompt): where the prefix is cut, it starts with the imports and the
+    enclosing blocks' headers from above the cut (outline.py), in at most a quarter of its budget.
     """
     suffix = text[offset:offset + max_tokens]  # more characters than the suffix's token share can use
     bos = bos_ids(tokenizer)
@@ -253,7 +256,16 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     # Character budgets shrink in fixed steps, and cuts fall on fixed line numbers (_stable_cut): while
     # the user types, the prompt's start (and so the reusable KV-cache prefix) does not move.
     budget = max(0, (max_tokens - len(head) - len(suffix_ids)) * 4)
-    prefix = _stable_cut(text, offset, starts, budget)
+
+    def cut(budget: int) -> str:  # the prefix's text: the window before the cursor (and its outline)
+        window = _stable_cut(text, offset, starts, budget)
+        if not outline or len(window) == offset:
+            return window
+        above = outline_of(text, offset - len(window), offset, budget // 4)
+        window = _stable_cut(text, offset, starts, budget - len(above))
+        return outline_of(text, offset - len(window), offset, budget // 4) + window
+
+    prefix = cut(budget)
 
     # After a line's indentation the prompt stops one blank short of the cursor (see after_indent).
     indent = after_indent(tokenizer, text[text.rfind("\n", 0, offset) + 1:offset]) if fim and heal_indent else None
@@ -267,7 +279,7 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     ids = assemble(prefix)
     while len(ids) > max_tokens + len(bos) + 4 and budget > 0:  # dense text: a smaller budget
         budget = int(budget * 0.8)
-        prefix = _stable_cut(text, offset, starts, budget)
+        prefix = cut(budget)
         ids = assemble(prefix)
     if len(ids) > max_tokens + len(bos) + 4:  # a single enormous line: keep its tail
         ids = ids[:len(bos)] + ids[-max_tokens:]
