@@ -167,7 +167,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         info["upgrade"] = upgrade.waiting_status(p.spelled, p.why)
 
     def _upgrade_steps(p):
-        """Convert, check and load `p` (choice.Pending), the larger default, for service/upgrade.py."""
+        """Convert, check and load `p` (choice.Unconverted), the larger default, for service/upgrade.py."""
         from . import models
         from .models import convert as conv, runtime
         from .models.convert import available_memory

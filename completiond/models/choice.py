@@ -121,7 +121,7 @@ def default_target(device: str) -> tuple[str, str]:
 
 
 @dataclass(frozen=True)
-class Pending:
+class Unconverted:
     """The larger target this CPU chose whose weights form is not converted yet: what a daemon's
     background upgrade converts and then serves (service/upgrade.py)."""
     name: str
@@ -151,14 +151,14 @@ def choose_default(device: torch.device, quant: str, pick: Callable[[str], str],
 
 
 def pending_default(device: torch.device, quant: str, pick: Callable[[str], str],
-                    converted: Callable[[str, str], bool]) -> Pending | None:
+                    converted: Callable[[str, str], bool]) -> Unconverted | None:
     """The larger target `--target default` would serve here once its weights are converted (None
     where it serves what this CPU chose already, or chose the smaller); arguments as choose_default's."""
     return _choose(device, quant, pick, converted)[3]
 
 
 def _choose(device: torch.device, quant: str, pick: Callable[[str], str],
-            converted: Callable[[str, str], bool]) -> tuple[str, str, str, Pending | None]:
+            converted: Callable[[str, str], bool]) -> tuple[str, str, str, Unconverted | None]:
     """(named target, --quant, why, the pending larger target) for choose_default and pending_default."""
     asked = quant
     if device.type == "cpu":
@@ -174,11 +174,11 @@ def _choose(device: torch.device, quant: str, pick: Callable[[str], str],
         form_why = "as --quant asked"
     form = pick(quant)
     if device.type == "cpu" and name == MEASURED_PAIR[0] and not converted(name, form):
-        return MEASURED_PAIR[1], asked, why, Pending(name, form, f"{spelled(name, form)}: {why}; {form}: {form_why}")
+        return MEASURED_PAIR[1], asked, why, Unconverted(name, form, f"{spelled(name, form)}: {why}; {form}: {form_why}")
     return name, quant, f"{spelled(name, form)}: {why}; {form}: {form_why}", None
 
 
-def pending_for(device: str = "auto", dtype: str = "auto", quant: str = "auto") -> Pending | None:
+def pending_for(device: str = "auto", dtype: str = "auto", quant: str = "auto") -> Unconverted | None:
     """pending_default for these flags (what `complete --no-daemon` and `serve` ask)."""
     from completiond import models  # the loader, imported here: it imports this module
 

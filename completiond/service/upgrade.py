@@ -22,11 +22,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..core.engine_like import EngineLike
-    from .daemon import Daemon
 
 log = logging.getLogger("completiond.upgrade")
 
@@ -60,11 +59,22 @@ def off_status(model: str, why: str) -> dict:
                    f"or switch to it; `completiond convert {model}` converts it, and the next start serves it"}
 
 
+class Switching(Protocol):
+    """The daemon (daemon.Daemon) as the upgrade sees it: daemon.py imports this module, so the type is
+    named here and nothing of daemon.py is imported (no import circle, type-only ones included)."""
+    ready: asyncio.Event
+    stopping: asyncio.Event
+    error: str | None
+    info: dict
+
+    async def switch(self, engine: EngineLike, info: dict) -> bool: ...
+
+
 class Upgrade:
     """The background upgrade of `daemon`, once its first load is in: `steps()` says how (None where
     the first load found nothing to upgrade to)."""
 
-    def __init__(self, daemon: Daemon, steps: Callable[[], Steps | None]):
+    def __init__(self, daemon: Switching, steps: Callable[[], Steps | None]):
         self.d = daemon
         self._steps = steps
         self.steps: Steps | None = None
