@@ -125,7 +125,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
         except ModelError as e:
             raise UsageError(str(e)) from None
         if a.target == "default":  # the larger default not converted yet: one line on what serves, and how
-            from .models.choice import pending_for
+            from .models.loader import pending_for
 
             if (p := pending_for(a.device, a.dtype, a.quant)) is not None:
                 print(f"completiond: {spelled(target.name, target.meta.get('quant'))} answers while {p.spelled}, "

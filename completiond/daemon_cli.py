@@ -148,7 +148,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
         """The first load served the smaller target because the larger default is not converted:
         status says so, and (unless --no-upgrade) the daemon upgrades in the background."""
         nonlocal upgrade_steps
-        from .models.choice import MEASURED_PAIR, pending_for
+        from .models.choice import MEASURED_PAIR
+        from .models.loader import pending_for
         from .service import upgrade
 
         if engine.target.name != MEASURED_PAIR[1] or (p := pending_for(a.device, a.dtype, a.quant)) is None:
@@ -168,23 +169,24 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
     def _upgrade_steps(p):
         """Convert, check and load `p` (choice.Unconverted), the larger default, for service/upgrade.py."""
-        from . import models
         from .models import convert as conv, runtime
+        from .models.device import pick_device, pick_dtype
+        from .models.loader import converted, ensure_runtime, named_gguf, runtime_dir
         from .models.convert import available_memory
         from .service.upgrade import Steps, UpgradeError
 
-        dev = models.pick_device(a.device)
-        dt = models.pick_dtype(a.dtype, dev)
-        folder = models.runtime_dir(p.name)
+        dev = pick_device(a.device)
+        dt = pick_dtype(a.dtype, dev)
+        folder = runtime_dir(p.name)
 
         def room() -> str | None:
-            if models.converted(p.name, dt, p.form):  # converted meanwhile (`completiond convert`)
+            if converted(p.name, dt, p.form):  # converted meanwhile (`completiond convert`)
                 return None
-            return conv.room_for(models.named_gguf(p.name), folder, dt, p.form)
+            return conv.room_for(named_gguf(p.name), folder, dt, p.form)
 
         def convert(on_progress) -> None:
             with conv.low_priority():  # the child converts at the lowest CPU priority
-                models.ensure_runtime(models.named_gguf(p.name), folder, dt, p.form, progress=False,
+                ensure_runtime(named_gguf(p.name), folder, dt, p.form, progress=False,
                                       on_progress=on_progress)
 
         def load(phase):

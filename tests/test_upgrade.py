@@ -48,7 +48,7 @@ def base_cache(tmp_path_factory, ggufs) -> Path:
     test copies it, so every daemon starts with the larger model not converted."""
     import torch
 
-    from completiond import models
+    from completiond.models import loader as models
 
     cache = tmp_path_factory.mktemp("base-cache")
     old = os.environ.get("COMPLETIOND_CACHE")
@@ -109,7 +109,7 @@ async def test_serves_the_smaller_then_switches_losing_no_request(tmp_path, base
     process would hold it) while the smaller one serves; released, it converts, loads and switches.
     Two clients keep asking all along: every answer comes, and equals `ar` on one of the engines
     (the smaller before, the larger after)."""
-    from completiond import models
+    from completiond.models import loader as models
 
     os.environ["COMPLETIOND_CACHE"] = str(tmp_path / "cache")  # where the daemon's cache will be
     try:

@@ -12,16 +12,12 @@ import os
 import sys
 from pathlib import Path
 
-from completiond import models
-from completiond.models import choice, convert
+from completiond.models import choice, convert, loader
 
 config = json.loads(os.environ["UPGRADE_TEST"])
 ggufs = {name: Path(path) for name, path in config["ggufs"].items()}
-loader = sys.modules[models.resolve.__module__]  # where resolve looks named models up
-real_gguf = loader.named_gguf
+real_gguf = loader.named_gguf  # where resolve, convert and the upgrade look named models up
 loader.named_gguf = lambda name: ggufs[name] if name in ggufs else real_gguf(name)
-if models.named_gguf is real_gguf:
-    models.named_gguf = loader.named_gguf
 if config.get("larger_form"):
     choice.cpu_default = lambda: choice.Choice(choice.MEASURED_PAIR[0], config["larger_form"],
                                                "its passes measured fast enough here (test)")

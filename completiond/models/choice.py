@@ -178,16 +178,6 @@ def _choose(device: torch.device, quant: str, pick: Callable[[str], str],
     return name, quant, f"{spelled(name, form)}: {why}; {form}: {form_why}", None
 
 
-def pending_for(device: str = "auto", dtype: str = "auto", quant: str = "auto") -> Unconverted | None:
-    """pending_default for these flags (what `complete --no-daemon` and `serve` ask)."""
-    from completiond import models  # the loader, imported here: it imports this module
-
-    dev = models.pick_device(device)
-    dt = models.pick_dtype(dtype, dev)
-    return pending_default(dev, quant, lambda q: models.pick_quant(q, dev, dt, dtype_asked=dtype != "auto"),
-                           lambda name, form: models.converted(name, dt, form))
-
-
 def cpu_default() -> Choice:
     """`--target default` on a CPU: by the side-by-side bench where it ran here, else by the pass
     costs measured here (`_estimated`)."""

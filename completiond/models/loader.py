@@ -24,7 +24,7 @@ import torch
 
 from . import integrity, pages, runtime
 from .catalog import GEMMA_270M, NAMED, ModelError, assemble, file_lock, split_form
-from .choice import choose_default, default_target
+from .choice import Unconverted, choose_default, default_target, pending_default
 from .device import pick_bulk_dtype, pick_device, pick_dtype
 from .loaded import LoadedModel
 from .quant import pick_quant
@@ -134,6 +134,15 @@ def converted(name: str, dtype: torch.dtype, scheme: str) -> bool:
     """Whether a named model's runtime form for (dtype, scheme) is in the cache (a stat check)."""
     folder = runtime_dir(GEMMA_CACHE_NAME if name == GEMMA_270M else name)
     return integrity.unchanged(folder, _needed(folder, dtype, scheme))
+
+
+def pending_for(device: str = "auto", dtype: str = "auto", quant: str = "auto") -> Unconverted | None:
+    """choice.pending_default for these flags (what `complete --no-daemon` and `serve` ask): the larger
+    default this CPU chose whose weights form is not in the cache yet, else None."""
+    dev = pick_device(device)
+    dt = pick_dtype(dtype, dev)
+    return pending_default(dev, quant, lambda q: pick_quant(q, dev, dt, dtype_asked=dtype != "auto"),
+                           lambda name, form: converted(name, dt, form))
 
 
 def _needed(folder: Path, dtype: torch.dtype, scheme: str) -> list[str]:
