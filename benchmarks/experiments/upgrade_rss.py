@@ -1,7 +1,7 @@
 """RSS of a daemon that switched to the larger default in the background, against a start from the
 converted cache (docs/conversion.md "The larger default converts in the background").
 
-    python -m benchmarks.upgrade_rss [--out benchmarks/results/upgrade-rss.json] [--settle 40]
+    python -m benchmarks.experiments upgrade_rss [--out benchmarks/results/upgrade-rss.json] [--settle 40]
 
 Needs the real cache ($COMPLETIOND_CACHE or ~/.cache/completiond) with both Qwen targets converted
 (qwen2.5-coder-0.5b@int8, qwen2.5-coder-1.5b@int4) and this CPU's choice of the 1.5B as the default.
@@ -27,13 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+from completiond.daemon_cli import wait_ready
+from completiond.models.catalog import file_lock
+from completiond.paths import cache_root
+from completiond.service.client import Client
 
-from completiond.models.catalog import file_lock  # noqa: E402
-from completiond.paths import cache_root  # noqa: E402
-from completiond.service.client import Client  # noqa: E402
-from daemon_util import daemon_status, stop_daemon, wait_for_socket, wait_ready  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 LARGER, SMALLER = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 SRC = (ROOT / "completiond" / "service" / "upgrade.py").read_text()
@@ -72,9 +71,24 @@ async def ask(sock: Path, n: int = 3) -> list[float]:
 def start(sock: Path, env: dict, log: Path) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "completiond", "serve", "--socket", str(sock)],
                             stdout=subprocess.DEVNULL, stderr=open(log, "wb"), env=env)
-    wait_for_socket(sock, proc, 600)
-    wait_ready(sock, proc, 900)
+    asyncio.run(wait_ready(sock, proc, 900))
     return proc
+
+
+def daemon_status(sock: Path) -> dict:
+    async def ask_status() -> dict:
+        c = await Client.connect(sock)
+        try:
+            return await c.request("status", {}, timeout=60)
+        finally:
+            await c.close()
+
+    return asyncio.run(ask_status())
+
+
+def stop_daemon(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.wait(60)
 
 
 def scratch_cache(real: Path, at: Path) -> None:
@@ -102,7 +116,7 @@ def main() -> None:
         scratch_cache(real, cache)
         env = {**os.environ, "COMPLETIOND_CACHE": str(cache)}
         folder = cache / "runtime" / LARGER
-        res: dict = {"command": "python -m benchmarks.upgrade_rss " + " ".join(sys.argv[1:]),
+        res: dict = {"command": " ".join(sys.argv),
                      "cpu": cpu(), "load_average": [round(x, 1) for x in os.getloadavg()]}
         lock = file_lock(folder.with_name(folder.name + ".lock"))
         lock.__enter__()
