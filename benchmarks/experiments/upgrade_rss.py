@@ -116,7 +116,7 @@ def main() -> None:
         scratch_cache(real, cache)
         env = {**os.environ, "COMPLETIOND_CACHE": str(cache)}
         folder = cache / "runtime" / LARGER
-        res: dict = {"command": " ".join(sys.argv),
+        res: dict = {"command": " ".join(["python -m benchmarks.experiments upgrade_rss", *sys.argv[1:]]),
                      "cpu": cpu(), "load_average": [round(x, 1) for x in os.getloadavg()]}
         lock = file_lock(folder.with_name(folder.name + ".lock"))
         lock.__enter__()
