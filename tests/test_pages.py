@@ -104,3 +104,21 @@ def test_thp_off_is_said(monkeypatch, tmp_path):
     off.write_text("always madvise [never]\n")
     monkeypatch.setattr(pages, "THP", off)
     assert pages.unavailable() == "transparent huge pages are off ([never])"
+
+
+@needs_thp
+def test_weights_released_while_they_wait_to_move_are_not_moved_on(tmp_path, monkeypatch):
+    """A daemon that switched models releases the old one's weights: the move does not keep them
+    (it holds the mapping only while a chunk moves), so they are unmapped at once."""
+    monkeypatch.setattr(pages, "CHUNK", pages.HUGE)
+    data = random_file(tmp_path / "w.bin", 4 * pages.HUGE)
+    t = pages.map_file(tmp_path / "w.bin", len(data))
+    meta = {}
+    with pages.passing():  # passes run: the move waits for a pause
+        pages.move_later(tmp_path / "w.bin", meta)
+        pages.settle(0.2)
+        assert str(tmp_path / "w.bin") in Path("/proc/self/maps").read_text()
+        del t  # the model is released: no tensor over the mapping is left
+        assert str(tmp_path / "w.bin") not in Path("/proc/self/maps").read_text()  # unmapped at once
+    pages.settle(60)
+    assert meta["weights"] == "released before its move into 2 MB pages ended"

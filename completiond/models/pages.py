@@ -31,6 +31,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -146,12 +147,14 @@ class Mapping:
         view.owner = self  # frombuffer holds the view, the view holds the mapping
         return torch.frombuffer(view, dtype=torch.uint8)
 
-    def move(self, between: Callable[[], None] = lambda: None) -> None:
+    def move(self, between: Callable[[], None] = lambda: None, chunks: int | None = None) -> None:
         """Copy the file's whole 2 MB chunks into huge pages, CHUNK bytes at a time, each put in place
         by mremap at the same address (the last part under 2 MB stays mapped); `between` runs
-        before each chunk (the daemon's move waits there for a pause in the passes)."""
+        before each chunk (the daemon's move waits there for a pause in the passes); `chunks`: at
+        most that many now."""
         whole = self.size // HUGE * HUGE
-        while self.moved < whole:
+        while self.moved < whole and chunks != 0:
+            chunks = None if chunks is None else chunks - 1
             between()
             n = min(CHUNK, whole - self.moved)
             new = self._aligned(n, None)
@@ -192,17 +195,37 @@ def move_later(path: Path, meta: dict) -> str:
     if m is None:
         return f"mapped (4 KB pages: {_why.get(str(path), 'not mapped by pages.map_file')})"
 
+    used = weakref.ref(m)  # the thread holds it only while a chunk moves (move_while_used)
+
     def run() -> None:
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
         except OSError:
             pass
-        meta["weights"] = move(m, _wait_for_quiet)
+        meta["weights"] = move_while_used(used, _wait_for_quiet)
 
     t = threading.Thread(target=run, name="completiond-huge-pages", daemon=True)
     _moving[:] = [*(u for u in _moving if u.is_alive()), t]
     t.start()
     return "mapped (4 KB pages, moving into 2 MB pages)"
+
+
+def move_while_used(used: weakref.ref, between: Callable[[], None] = lambda: None) -> str:
+    """`move`, a chunk at a time, holding the mapping only while a chunk moves: once no tensor is left
+    over it (its model was released, e.g. by a daemon that switched models) the rest is not moved,
+    and the mapping goes at once."""
+    while True:
+        between()
+        m = used()
+        if m is None:
+            return "released before its move into 2 MB pages ended"
+        if m.moved >= m.size // HUGE * HUGE:
+            return move(m)  # nothing left to move: what holds it now
+        try:
+            m.move(chunks=1)
+        except OSError:
+            return move(m)  # tried once more: the failure is said (and logged) there
+        del m
 
 
 def move(m: Mapping, between: Callable[[], None] = lambda: None) -> str:
