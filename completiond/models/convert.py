@@ -18,7 +18,7 @@ only; the skeleton on the meta device); buffers (rotary tables) are initialised 
 initialises them.
 
 `python -m completiond.models.convert GGUF FOLDER DTYPE SCHEME [PARENT_PID] [--idle]` runs it in a
-child process (`models.ensure_runtime` does: the daemon then keeps none of the conversion's memory;
+child process (`loader.ensure_runtime` does: the daemon then keeps none of the conversion's memory;
 with PARENT_PID it dies with that process; --idle: at the lowest CPU priority, for a daemon's
 background conversion), printing `progress DONE TOTAL` lines, and last `digests {json}` or
 `error <one line>`.
