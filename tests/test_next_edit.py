@@ -166,6 +166,8 @@ def test_a_resting_cursor_gets_the_region_it_will_have_after_a_rename():
     assert tok.decode(req[common:]).lstrip().startswith(("--- a/a.py", "diff"))  # cached up to the new diff
     plain = next_edit_window(doc, at, [])  # without following the name at rest: another region
     assert plain != rest
+    body = doc.index("raise OSError(path)") + len("raise OSError(pa")
+    assert followed_names(doc, body, None) == []  # a cursor in a body: no name followed, the plain region
 
 
 def test_a_rename_drafts_its_other_code_uses():

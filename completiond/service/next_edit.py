@@ -28,8 +28,8 @@ import numpy as np
 from . import protocol as P
 from ..core.forward.context import PassContext
 from ..core.prompt.context import locate
-from ..core.prompt.next_edit import (TextEdit, Window, answer_budget, answer_text, call_draft, edits, name_at,
-                                     next_edit_prompt, next_edit_window, removed_names, renamed_draft)
+from ..core.prompt.next_edit import (TextEdit, Window, answer_budget, answer_text, block_start, call_draft, edits,
+                                     name_at, next_edit_prompt, next_edit_window, removed_names, renamed_draft)
 from .plan import Built, EngineJob
 from .history import job_key
 from .session import Session
@@ -135,12 +135,15 @@ class NextEditJob(EngineJob):
 
 def followed_names(text: str, anchor: int, last) -> list[str]:
     """The names whose next use the region follows: those the last edit (a history Edit, or None)
-    removed, and, when the anchor is away from that edit, the name under the cursor (a cursor resting
-    on a parameter before renaming it gets the region it will have after: the prompt warmed then
-    is the request's up to the edit)."""
+    removed, and, when the anchor is away from that edit on a line that opens a block (a signature),
+    the name under the cursor (a cursor resting on a parameter before renaming it gets the region it
+    will have after: the prompt warmed then is the request's up to the edit). Elsewhere (a cursor in a
+    body on `self`) the region stays the plain one."""
     names = removed_names(last.old, last.new, last.before, last.after) if last is not None else []
     at_edit = last is not None and last.start <= anchor <= last.start + len(last.new)
-    here = None if at_edit else name_at(text, anchor)
+    line_start = text.rfind("\n", 0, anchor) + 1
+    opens = block_start(text, line_start, before=0) == line_start  # a signature: where a rename starts
+    here = None if at_edit or not opens else name_at(text, anchor)
     return sorted(set(names) | {here}) if here else names
 
 
