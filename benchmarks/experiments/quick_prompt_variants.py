@@ -56,8 +56,8 @@ def main() -> None:
         for name, n in variants:
             pr = build_prompt(tok, doc, offset, multiline=True, max_tokens=int(n), path=rel, repo=root.name,
                               outline=name == "o")
-            current = open_position(engine, files, BenchPrompt(pr.ids, doc, pr.stops, p.reference, p.file, heal=pr.heal),
-                                    current)
+            bench_prompt = BenchPrompt(pr.ids, doc, pr.stops, p.reference, p.file, heal=pr.heal)
+            current = open_position(engine, files, bench_prompt, current)
             t0 = time.perf_counter()
             res = engine.complete(Request(prompt=pr.ids, mode="ar", max_tokens=a.max_tokens, stops=pr.stops,
                                           heal=pr.heal, slot=("variant", name, n)))
