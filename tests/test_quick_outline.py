@@ -38,7 +38,8 @@ def test_outline_is_empty_where_the_window_starts_at_the_top_and_is_capped():
 def test_outline_skips_headers_the_window_holds():
     off = cursor()
     window = TEXT.index("    def add")
-    assert outline(TEXT, window, off, 400) == "import os\nfrom typing import (\n    Any,\n    Iterable,\n)\nclass Ledger:\n"
+    imports = "import os\nfrom typing import (\n    Any,\n    Iterable,\n)\n"
+    assert outline(TEXT, window, off, 400) == imports + "class Ledger:\n"
 
 
 def test_quick_prompt_with_outline_keeps_its_budget_and_its_prefix_while_typing():

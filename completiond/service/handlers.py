@@ -30,7 +30,8 @@ from ..core.prompt.rewrite import TooLarge, check_selection, finish, rewrite_pro
 from .history import change_span, job_key
 from .next_edit import prepare as prepare_next_edit
 from . import plan as quick_plan  # the quick prompt's size and outline (read per request: tests set them)
-from .plan import QUICK_PROMPT_TOKENS, Anchor, Built, EngineJob, Lane, quick_prompt_tokens  # noqa: F401 (QUICK_PROMPT_TOKENS: re-exported)
+# QUICK_PROMPT_TOKENS: imported from here by callers and tests
+from .plan import QUICK_PROMPT_TOKENS, Anchor, Built, EngineJob, Lane, quick_prompt_tokens  # noqa: F401
 from ..core.prompt.stops import drop_repeated_head
 from .session import Session
 

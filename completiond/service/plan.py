@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from ..core.request import Request, Result
 
 
-QUICK_PROMPT_TOKENS = 256  # the quick prompt's least size: the cursor's neighbourhood (prefix and suffix), no other files
+QUICK_PROMPT_TOKENS = 256  # the quick prompt's least size: the cursor's neighbourhood, no other files
 QUICK_PROMPT_MAX_TOKENS = 1024  # its most
-QUICK_PREFILL_MS = 0.0  # it grows (doubling) while its whole prefill still fits this on this device (0: it does not)
+QUICK_PREFILL_MS = 1000.0  # it grows (doubling) while its whole prefill still fits this on this device (0: it does not)
 QUICK_OUTLINE = False  # it starts with the imports and enclosing headers its window leaves out (prompt/outline.py)
 
 
