@@ -31,6 +31,7 @@ from completiond.bench.infill import fim_ctx_local, fim_request, ring_request
 from completiond.core.prompt import build_prompt, special_ids
 from completiond.service.client import Client
 from completiond.service.handlers import QUICK_PROMPT_TOKENS
+from completiond.service.plan import QUICK_PROMPT_MAX_TOKENS
 from daemon_util import daemon_status, start_daemon, stop_daemon
 
 FILE = (tiny.STDLIB / "difflib.py").read_text()
@@ -176,10 +177,15 @@ def test_no_empty_prefix_prompt_through_http_or_the_socket(slow, leaky_dir):
         text = ctx["prefix"] + ctx["middle"] + ctx["suffix"]
         cursor = len(ctx["prefix"]) + len(ctx["middle"])
         assert text[:cursor].count("\n") == 256
-        q = build_prompt(tok, text, cursor, multiline=True, max_tokens=QUICK_PROMPT_TOKENS)
-        # the lines above the cursor are in the prompt (was: none, the cut rounded up to line 256)
-        assert q.prefix.count("\n") >= 4 and len(tok.encode(q.prefix)) >= QUICK_PROMPT_TOKENS // 4
-        assert out["tokens_evaluated"] == len(q.ids) >= QUICK_PROMPT_TOKENS // 2
+        # the quick prompt's size follows the prefill speed measured (plan.quick_prompt_tokens): the
+        # daemon's is one of these; each keeps the lines above the cursor (was: none, the cut rounded
+        # up to line 256)
+        sizes = {}
+        for budget in (QUICK_PROMPT_TOKENS, 2 * QUICK_PROMPT_TOKENS, QUICK_PROMPT_MAX_TOKENS):
+            q = build_prompt(tok, text, cursor, multiline=True, max_tokens=budget)
+            assert q.prefix.count("\n") >= 4 and len(tok.encode(q.prefix)) >= budget // 4
+            sizes[len(q.ids)] = budget
+        assert out["tokens_evaluated"] in sizes and out["tokens_evaluated"] >= sizes[out["tokens_evaluated"]] // 2
     import asyncio
 
     async def wire() -> dict:
