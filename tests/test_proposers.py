@@ -1,10 +1,49 @@
 """The draft proposer's tree: every node's children are the draft's own top tokens after its path."""
 
+import time
+import types
+
 import pytest
 import torch
 
 import tiny
 from completiond.core.speculation.proposers import DraftModel, Limits
+
+# What a tiny target's pass costs here, ms by tree size: the tree budget and the draft gate decide on
+# these, not on a calibration and step times that others' work on a loaded machine moves (a 1 ms step
+# taking 20 ms made a draft slowed by 60 ms look as if it paid).
+PASS_MS = {1: 1.0, 4: 1.1, 16: 1.4, 64: 2.6}
+
+
+class PassClock:
+    """The engine's clock in the tests that price its work: a target pass advances it by its PASS_MS,
+    a slow draft's proposal by what the test `spend`s, however long the machine takes for them."""
+
+    def __init__(self) -> None:
+        self.ms = 0.0
+
+    def perf_counter(self) -> float:
+        return self.ms / 1000
+
+    def spend(self, ms: float) -> None:
+        self.ms += ms
+
+
+def priced(engine, monkeypatch) -> PassClock:
+    """Price `engine`'s target passes at PASS_MS: its tree budget holds PASS_MS (real passes move
+    nothing) and its steps, the gate's records, are timed on the PassClock returned."""
+    clock = PassClock()
+    monkeypatch.setattr("completiond.core.engine.time", types.SimpleNamespace(perf_counter=clock.perf_counter,
+                                                                               time=time.time))
+    engine.budget.load_costs(PASS_MS)
+    engine.budget.observe_pass = lambda n, ms, now=None: None
+    run_pass = engine.runner.run_pass
+
+    def run(tokens, *a, **k):
+        clock.spend(engine.budget.cost(len(tokens)))
+        return run_pass(tokens, *a, **k)
+    engine.runner.run_pass = run
+    return clock
 
 
 def reference_top(lm, ids: list[int], k: int) -> tuple[list[int], list[float]]:
@@ -50,12 +89,10 @@ def test_draft_tree_nodes_are_top_tokens_of_their_paths(branch, code_ids):
 
 def test_a_draft_that_does_not_pay_is_left_out_and_output_stays_identical(code_ids, monkeypatch):
     """The engine's StepGate: a draft whose proposals cost far more than the target passes they save
-    (here: 60 ms added to each, beside passes of about a millisecond) runs only while its two arms
-    are measured and then on probes, every PROBE-th step it says it pays; the output is the target's
-    greedy output all the same. A draft that guesses the target's own continuation at no cost keeps
-    running."""
-    import time
-
+    (here: 60 ms added to each, beside passes of about a millisecond: PASS_MS) runs only while its two
+    arms are measured and then on probes, every PROBE-th step it says it pays; the output is the
+    target's greedy output all the same. A draft that guesses the target's own continuation at no
+    cost keeps running."""
     from completiond.core.engine import Engine, Request
     from completiond.core.speculation.gate import StepGate
     from completiond.core.speculation.tree import Candidate
@@ -67,11 +104,11 @@ def test_a_draft_that_does_not_pay_is_left_out_and_output_stays_identical(code_i
     ar = Engine(target).complete(Request(prompt=prompt, mode="ar", max_tokens=48)).token_ids
     for slow in (True, False):
         engine = Engine(target, self_draft(target, 2))
-        engine.calibrate(sizes=(1, 4, 16), context=8)
+        clock = priced(engine, monkeypatch)
         engine.draft.pays = lambda *a, **k: True  # the gate alone decides
         propose = engine.draft.propose
         if slow:
-            engine.draft.propose = lambda *a, **k: time.sleep(0.06) or propose(*a, **k)
+            engine.draft.propose = lambda *a, **k: clock.spend(60) or propose(*a, **k)
         else:  # an oracle: the rest of the target's greedy output after the context
             def oracle(context, limits, ctx=None):
                 rest = ar[len(context) - len(prompt):][:limits.max_len]
@@ -93,8 +130,6 @@ def test_a_returning_daemon_does_not_warm_up_its_gate_again(code_ids, tmp_path, 
     costs back (`calibrate_cached`, a daemon's start) starts from the gate an earlier one measured,
     so a draft found slower runs only on probes, not in the warm-up's turns; the output stays the
     target's. Another draft starts afresh."""
-    import time
-
     from completiond.core.engine import Engine, Request
     from completiond.core.speculation.gate import StepGate
     from completiond.models.loader import self_draft
@@ -109,9 +144,10 @@ def test_a_returning_daemon_does_not_warm_up_its_gate_again(code_ids, tmp_path, 
     def slow_engine(layers: int = 2) -> tuple[Engine, str, list[bool]]:
         engine = Engine(target, self_draft(target, layers))
         how = engine.calibrate_cached()
+        clock = priced(engine, monkeypatch)  # after the cached table and gates are read
         engine.draft.pays = lambda *a, **k: True  # the gate alone decides
         propose = engine.draft.propose
-        engine.draft.propose = lambda *a, **k: time.sleep(0.06) or propose(*a, **k)
+        engine.draft.propose = lambda *a, **k: clock.spend(60) or propose(*a, **k)
         decisions: list[bool] = []
         real = engine.gates.setdefault("draft", StepGate())
         allows = real.allows
@@ -133,7 +169,7 @@ def test_a_returning_daemon_does_not_warm_up_its_gate_again(code_ids, tmp_path, 
     assert how == "cached" and not other.gates["draft"].restored
 
 
-def test_the_gate_counts_only_the_tokens_a_completion_keeps(code_ids):
+def test_the_gate_counts_only_the_tokens_a_completion_keeps(code_ids, monkeypatch):
     """A step that verifies tokens past the completion's end (a stop rule) is worth only those before
     it: the StepGate records the tokens the completion kept, else a draft that runs past the end of
     short completions would look cheaper per token than it is (docs/kernels.md "Round 16")."""
@@ -151,7 +187,7 @@ def test_the_gate_counts_only_the_tokens_a_completion_keeps(code_ids):
               and ar.text.find(ar.tokens[i]) == len("".join(ar.tokens[:i])))
     stops = StopRules(line_rules=False, stop_strings=(ar.tokens[at],))
     engine = Engine(target, self_draft(target, 2))
-    engine.calibrate(sizes=(1, 4, 16), context=8)
+    priced(engine, monkeypatch)  # a budget that keeps the oracle's long path
     engine.draft.pays = lambda *a, **k: True
 
     def oracle(context, limits, ctx=None):  # the target's own continuation, far past the stop
@@ -207,7 +243,7 @@ def test_prompt_lookup_values_an_alternative_below_the_candidate_ranked_before_i
     assert pld.first[2].value == bucket3  # the alternatives' match length (3) learned nothing
 
 
-def test_the_engine_reports_each_tested_node_by_the_path_prompt_lookup_proposed(code_ids):
+def test_the_engine_reports_each_tested_node_by_the_path_prompt_lookup_proposed(code_ids, monkeypatch):
     """Outcome.tokens is the node's path below the root, so prompt lookup learns of the very node
     it valued (a leading token, a later one, an alternative); output stays the target's own."""
     from completiond.core.engine import Engine, Request
@@ -216,7 +252,7 @@ def test_the_engine_reports_each_tested_node_by_the_path_prompt_lookup_proposed(
     prompt = code_ids[:120] + code_ids[40:70]  # repeats itself: prompt lookup has guesses
     ar = Engine(target).complete(Request(prompt=prompt, mode="ar", max_tokens=16))
     engine = Engine(target)
-    engine.calibrate(sizes=(1, 4, 16), context=8)
+    priced(engine, monkeypatch)  # a budget that verifies prompt lookup's guesses
     pld = engine.prompt_lookup
     seen, observe = [], pld.observe
 
@@ -245,7 +281,7 @@ class Priced:
         pass
 
 
-def test_a_draft_as_dear_as_a_target_pass_is_never_asked_once_measured(code_ids):
+def test_a_draft_as_dear_as_a_target_pass_is_never_asked_once_measured(code_ids, monkeypatch):
     """A draft whose proposals cost, a level, more than a target pass cannot pay at any step (each
     level saves at most one target pass): once its proposals are measured so, the engine asks
     neither its `pays` nor its gate (no warm-up, no probes) and the output stays the target's. The
@@ -259,7 +295,7 @@ def test_a_draft_as_dear_as_a_target_pass_is_never_asked_once_measured(code_ids)
     ar = Engine(target).complete(Request(prompt=prompt, mode="ar", max_tokens=32)).token_ids
     for dear in (True, False):
         engine = Engine(target, self_draft(target, 2))
-        engine.calibrate(sizes=(1, 4, 16), context=8)
+        priced(engine, monkeypatch)
         asked = []
         pays = engine.draft.pays
         engine.draft.pays = lambda *a, **k: asked.append(1) or pays(*a, **k)
