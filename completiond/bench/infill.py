@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .replay import daemon_failed
 from .repo import Cursor, read_text_file, score
 
 N_PREFIX, N_SUFFIX = 256, 64  # llama.vim's n_prefix, n_suffix (lines)
@@ -239,9 +240,8 @@ def run_infill(a: argparse.Namespace, root: Path, label: str, positions: list[Cu
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
         try:
             st, rows = asyncio.run(_run(sock, port, token_file, proc, root, positions, a.max_tokens, idle_s, a.seed))
-        except (RuntimeError, TimeoutError, ConnectionError) as e:  # the daemon's own last words say why
-            tail = (Path(tmp) / "daemon.log").read_text(errors="replace").strip().splitlines()[-3:]
-            raise RuntimeError(f"the benchmark daemon: {e}" + (f" ({' / '.join(tail)})" if tail else "")) from None
+        except (RuntimeError, TimeoutError, ConnectionError) as e:
+            raise daemon_failed(e, Path(tmp) / "daemon.log") from None
         finally:
             proc.terminate()
             proc.wait(timeout=60)

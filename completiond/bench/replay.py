@@ -108,6 +108,12 @@ async def _accept(client: Client, uri: str, version: int, line: int, col: int, s
             "after_accept_served": res.get("served_tokens", 0) > 0}
 
 
+
+def daemon_failed(e: Exception, log: Path) -> RuntimeError:
+    """The benchmark daemon's failure `e`, with its own last words from `log` saying why."""
+    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+    return RuntimeError(f"the benchmark daemon: {e}" + (f" ({' / '.join(tail)})" if tail else ""))
+
 def typing_plan(pos: Cursor, text: str) -> tuple[str, tuple[int, int], list[str]]:
     """What the user types to reach `pos`'s cursor: (the document as opened, where typing starts as
     (line, UTF-16 column), the keystrokes). The reference is gone from the document (Cursor.document);
@@ -211,9 +217,8 @@ def replay(a, root: Path, positions: list[Cursor], engine: dict | None = None) -
             pauses = getattr(a, "replay_open_pause", None) or list(OPEN_PAUSES_S)
             return asyncio.run(_replay(sock, positions, a.max_tokens, proc, pauses, not a.single_line, engine,
                                        reuse_runs=() if getattr(a, "replay_shown_only", False) else (True, False)))
-        except (RuntimeError, TimeoutError) as e:  # the daemon's own last words say why
-            tail = (Path(tmp) / "daemon.log").read_text(errors="replace").strip().splitlines()[-3:]
-            raise RuntimeError(f"the benchmark daemon: {e}" + (f" ({' / '.join(tail)})" if tail else "")) from None
+        except (RuntimeError, TimeoutError) as e:
+            raise daemon_failed(e, Path(tmp) / "daemon.log") from None
         finally:
             proc.terminate()
             proc.wait(timeout=60)
