@@ -25,7 +25,7 @@ from completiond.bench.modes import BenchPrompt, index_repo, open_position
 from completiond.bench.repo import read_text_file, resolve_repo, sample_positions, score
 from completiond.core.engine import Engine, Request
 from completiond.core.prompt import build_prompt
-from completiond.models import load
+from completiond.models.loader import load
 
 
 def main() -> None:
