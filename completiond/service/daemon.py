@@ -353,13 +353,19 @@ class Daemon:
                     delta, shown[0] = text[shown[0]:], len(text)
                     loop.call_soon_threadsafe(s.send, P.notification(job.partial, {"id": flight.msgid, "text": delta}))
 
+        submitted, times = time.perf_counter(), {}
+
         def work(ctx: PassContext):  # a generator of steps (Engine.run), run by the scheduler
             if flight.cancel.is_set():  # superseded while it waited: no tokenizing, no pass
                 return None
+            started = time.perf_counter()
             for key, d, text, version in stale:
-                self.engine.index.set_open(key, tok.encode(text, add_special_tokens=False))
+                self.engine.index.set_open_text(key, text, lambda piece: tok.encode(piece, add_special_tokens=False))
                 loop.call_soon_threadsafe(_indexed, d, version)  # the document is the event loop's to write
             built = job.build(self.engine)
+            # the keystroke's time before its first pass: waiting for the engine, then indexing + prompt
+            times.update(ms_waited=round((started - submitted) * 1000, 1),
+                         ms_prepared=round((time.perf_counter() - started) * 1000, 1))
             loop.call_soon_threadsafe(job.learned, built)  # before the answer: the loop runs callbacks in order
             req = built.request
             req.cancel = flight.cancel
@@ -380,7 +386,7 @@ class Daemon:
         if ran is None:
             return job.superseded()
         self.served += 1
-        return job.answer(*ran)
+        return {**job.answer(*ran), **times}
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def serve(self, sock_path: Path | None, tcp: tuple[str, int] | None = None) -> None:
