@@ -86,6 +86,10 @@ async def test_shown_is_what_the_last_keystroke_streamed(tmp_path, kind, quick_m
         # the shown text: the streamed increments of the last request, which are its final text too
         assert r["shown"] and r["shown"] == r["text"] and r["final_ms"] > 0
         assert r["shown"] in streamed.values()
+        # the daemon's account of the wait: engine thread, index + prompt, then its first token
+        times = r["daemon_ms"]
+        assert all(times[k] >= 0 for k in ("ms_waited", "ms_prepared", "ms_first_token")), times
+        assert times["ms_waited"] + times["ms_prepared"] + times["ms_first_token"] <= r["final_ms"] + 1, (times, r)
         if kind == "line-start":
             doc, _ = pos.document(text)
             await c.request("document/open", {"uri": "file:///w/fresh.py", "text": doc, "version": 0})

@@ -174,6 +174,9 @@ async def _shown(client: Client, uri: str, pos: Cursor, text: str, pause_s: floa
     last = results[-1] if isinstance(results[-1], dict) else {}
     return {"shown": "".join(streamed.get(msgid, [])), "text": last.get("text"), "lane": last.get("prompt_lane"),
             "final_ms": (firsts[msgid] - t0) * 1000 if msgid in firsts else None, "keystrokes": len(keys),
+            # the daemon's account of that time: waiting for the engine, indexing + prompt, then its first token
+            "daemon_ms": {k: last.get(k) for k in ("ms_waited", "ms_prepared", "ms_first_token")},
+            "reused_tokens": last.get("reused_tokens"), "served_tokens": last.get("served_tokens"),
             "error": None if isinstance(results[-1], dict) else repr(results[-1])}
 
 
@@ -194,7 +197,8 @@ def shown_summary(rows: list[dict], pause_s: float, engine: dict | None = None) 
            "answered": len(final)}
     if engine and rows:  # shown over engine: 1.0 = the user sees the bench's quality
         out["vs_engine"] = {k: round(out[k] / engine[k], 3) if engine[k] else None for k in ("exact_line", "edit_sim")}
-    out["rows"] = [{**{k: r[k] for k in ("position", "lane", "final_ms", "keystrokes", "reference", "shown")},
+    out["rows"] = [{**{k: r.get(k) for k in ("position", "lane", "final_ms", "keystrokes", "reference", "shown",
+                                                "daemon_ms", "reused_tokens", "served_tokens")},
                     "exact": s["exact"], "edit_sim": round(s["similarity"], 3)} for r, s in zip(rows, scores)]
     for row in out["rows"]:
         row["final_ms"] = round(row["final_ms"], 1) if row["final_ms"] is not None else None
