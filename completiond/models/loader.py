@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from . import integrity, pages, runtime
-from .catalog import GEMMA_270M, NAMED, ModelError, assemble, file_lock, split_form
+from .catalog import GEMMA_270M, NAMED, ModelError, assemble, file_lock, split_form, spelled
 from .choice import Unconverted, choose_default, default_target, pending_default
 from .device import pick_bulk_dtype, pick_device, pick_dtype
 from .loaded import LoadedModel
@@ -118,7 +118,9 @@ def ensure_runtime(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, pr
               file=sys.stderr)
         listener = getattr(_progress, "listener", None)
         if on_progress is None and listener is not None:
-            label = f"{gguf.stem} {scheme}" if scheme != "none" else gguf.stem
+            # a named model in its one spelling (qwen2.5-coder-1.5b@int4), as status names it once loaded
+            label = spelled(folder.name, scheme) if folder.name in NAMED else \
+                f"{gguf.stem} {scheme}" if scheme != "none" else gguf.stem
             on_progress = lambda f: listener(label, f)  # noqa: E731
         _convert(gguf, folder, dtype, scheme, progress, on_progress)
         if (old / "model.safetensors").exists():
