@@ -122,6 +122,8 @@ def ensure_runtime(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, pr
             label = spelled(folder.name, scheme) if folder.name in NAMED else \
                 f"{gguf.stem} {scheme}" if scheme != "none" else gguf.stem
             on_progress = lambda f: listener(label, f)  # noqa: E731
+        if on_progress is not None:  # the converting phase from its start: the child's imports take 5-30 s
+            on_progress(0.0)
         _convert(gguf, folder, dtype, scheme, progress, on_progress)
         if (old / "model.safetensors").exists():
             size = sum(f.stat().st_size for f in old.iterdir() if f.is_file()) / 1e9
