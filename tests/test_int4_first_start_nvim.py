@@ -82,6 +82,8 @@ def first_start(tmp_path: Path, target: str, ready_timeout: float = 900.0) -> di
         n.input("GA")  # insert mode at the end of the indented line: the plugin asks
         got["ghost"] = wait_for(lambda: n.exec_lua(GHOST), timeout=300, interval=0.05, what="ghost text")
         got["ghost_s"] = round(time.monotonic() - t0, 1)
+        # the ghost streams in before its request ends: the daemon counts the request once answered
+        wait_for(lambda: daemon_status(sock)["requests_served"] >= 1, timeout=300, interval=0.2, what="the answer")
         n.input("<Esc>")
         got["status_command"] = n.command_output("CompletiondStatus")
         got["daemon"] = daemon_status(sock)

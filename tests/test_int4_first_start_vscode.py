@@ -23,6 +23,7 @@ import pytest
 
 import int4_first_start as first
 from daemon_util import daemon_status
+from nvim_util import wait_for
 from test_vscode_e2e import CHROMIUM, CODE_SERVER, EXT, editor  # noqa: F401  (editor: the skip/fail fixture)
 
 pytestmark = pytest.mark.real_model
@@ -52,7 +53,9 @@ def test_named_int4_target_converts_with_progress_then_answers(editor, tmp_path)
     sock = tmp_path / "d.sock"
     try:
         out = run_until_ghost(tmp_path, first.TARGET, sock, cache)
-        st = daemon_status(sock)  # the daemon the editor's server started (it outlives the editor)
+        # the daemon the editor's server started (it outlives the editor), once it counted the answer
+        st = wait_for(lambda: (st := daemon_status(sock))["requests_served"] >= 1 and st, timeout=300,
+                      interval=0.2, what="the answer")
     finally:
         subprocess.run([sys.executable, "-m", "completiond", "stop", "--socket", str(sock)], capture_output=True,
                        timeout=60)
