@@ -18,6 +18,7 @@ import shutil
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -145,8 +146,9 @@ def pending_for(device: str = "auto", dtype: str = "auto", quant: str = "auto") 
     default this CPU chose whose weights form is not in the cache yet, else None."""
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
-    return pending_default(dev, quant, lambda q: pick_quant(q, dev, dt, dtype_asked=dtype != "auto"),
-                           lambda name, form: converted(name, dt, form))
+    p = pending_default(dev, quant, lambda q: pick_quant(q, dev, dt, dtype_asked=dtype != "auto"),
+                        lambda name, form: converted(name, dt, form))
+    return None if p is None else replace(p, dtype=dtype)  # its convert command converts this dtype's form
 
 
 def _needed(folder: Path, dtype: torch.dtype, scheme: str) -> list[str]:
@@ -285,7 +287,7 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
     why = None
     if spec == "default" and role == "target":  # by this machine's measurement (choice.py), and why
         spec, quant, why = choose_default(dev, quant, lambda q: pick_quant(q, dev, dt, dtype_asked=dtype != "auto"),
-                                          lambda name, form: converted(name, dt, form))
+                                          lambda name, form: converted(name, dt, form), dtype)
     scheme = pick_quant(quant, dev, dt, dtype_asked=dtype != "auto")
     where, name, gguf = resolve(spec, role, dev.type)
     loaded = _load(where, name, gguf, role, spec, dev, dt, scheme, on_progress)
