@@ -130,7 +130,7 @@ def cmd_complete(a: argparse.Namespace) -> int:
             if (p := pending_for(a.device, a.dtype, a.quant)) is not None:
                 print(f"completiond: {spelled(target.name, target.meta.get('quant'))} answers while {p.spelled}, "
                       "this CPU's default, is not converted: `completiond serve` converts it in the background, "
-                      f"`completiond convert {p.spelled}` now", file=sys.stderr)
+                      f"`{p.convert_command}` now", file=sys.stderr)
     if a.mode == "draft" and draft is None:
         raise UsageError(f"--mode draft needs a draft model; {draft_label(a.draft, None, target)}")
     engine = Engine(target, draft, backend=a.backend)

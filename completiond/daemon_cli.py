@@ -157,9 +157,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
         served = info["target"]
         if not a.upgrade:
             info["default_reason"] = (f"{served} serves while {p.spelled}, this CPU's default ({p.why}), is not "
-                                      f"converted yet and --no-upgrade is set: `completiond convert {p.spelled}` "
+                                      f"converted yet and --no-upgrade is set: `{p.convert_command}` "
                                       "converts it, and the next start serves it")
-            info["upgrade"] = upgrade.off_status(p.spelled, p.why)
+            info["upgrade"] = upgrade.off_status(p.spelled, p.why, p.convert_command)
             return
         info["default_reason"] = (f"{served} serves while {p.spelled}, this CPU's default ({p.why}), converts in the "
                                   "background: this daemon switches to it between requests once it is ready "

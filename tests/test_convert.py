@@ -143,3 +143,19 @@ def test_status_shows_the_converting_phase_and_its_progress():
         ("converting qwen2.5-coder-1.5b int4", 100.0), ("loading draft none", None)]
     assert [p["phase"] for p in seen[-1]["phases_done"]] == [
         "starting", "loading target qwen2.5-coder-1.5b", "converting qwen2.5-coder-1.5b int4"]
+
+
+def test_a_named_models_conversion_reports_its_one_spelling(tmp_path, monkeypatch):
+    """A first start that converts a named model reports it as status names it once loaded
+    (`converting qwen2.5-coder-1.5b@int4`); another GGUF keeps its file name and form."""
+    from completiond.models.loader import conversion_progress
+
+    monkeypatch.setenv("COMPLETIOND_CACHE", str(tmp_path / "cache"))
+    gguf = write_qwen2_gguf(tmp_path / "qwen2.5-coder-1.5b.gguf", seed=9)
+    seen: list[tuple[str, float]] = []
+    with conversion_progress(lambda what, f: seen.append((what, f))):
+        ensure_runtime(gguf, tmp_path / "cache" / "runtime" / "qwen2.5-coder-1.5b", torch.bfloat16, "int4",
+                       progress=False)
+        ensure_runtime(gguf, tmp_path / "cache" / "runtime" / "mine-0123", torch.bfloat16, "int8", progress=False)
+    assert {what for what, _ in seen} == {"qwen2.5-coder-1.5b@int4", "qwen2.5-coder-1.5b int8"}
+    assert [f for what, f in seen if what.endswith("@int4")][-1] == 1.0

@@ -186,7 +186,9 @@ async def test_no_upgrade_and_a_named_target_never_switch(tmp_path, base_cache, 
         if target == "default":
             assert st["upgrade"]["phase"] == "off" and "--no-upgrade" in st["upgrade"]["why"]
             assert "--no-upgrade is set" in st["default_reason"]
-            assert f"`completiond convert {LARGER}@none`" in st["default_reason"]
+            # the command converts the form this daemon loads: its --dtype float32, not the auto dtype
+            assert f"`completiond convert {LARGER}@none --dtype float32`" in st["default_reason"]
+            assert f"`completiond convert {LARGER}@none --dtype float32`" in st["upgrade"]["why"]
         else:
             assert "upgrade" not in st and st["default_reason"] is None
         assert not (cache / "runtime" / LARGER).exists()  # nothing converted
@@ -244,7 +246,10 @@ def test_complete_without_a_daemon_follows_the_same_choice(tmp_path, base_cache,
     lines = [ln for ln in out.stderr.splitlines() if LARGER in ln]
     assert len(lines) == 1 and lines[0].startswith(f"completiond: {SMALLER}@none answers while {LARGER}@none")
     command = lines[0].split("`")[3]
-    assert command == f"completiond convert {LARGER}@none"
+    assert command == f"completiond convert {LARGER}@none --dtype float32"  # the form this start loads
+    from completiond import cli  # runs as printed: the convert subcommand takes that --dtype
+    a = cli.build_parser().parse_args(command.split()[1:])
+    assert (a.command, a.model, a.dtype) == ("convert", f"{LARGER}@none", "float32")
     assert not (cache / "runtime" / LARGER).exists()  # nothing converted by a completion
 
 

@@ -96,6 +96,7 @@ def test_neovim_statusline_and_status_show_the_upgrade(n):
     """, LARGER)
     assert got[0][0] == f"completiond 84ms (converting {LARGER} 42%)"
     assert got[0][1].endswith("; upgrade converting: converting in the background")
+    assert got[0][1].startswith("completiond: ready: small on cpu (target small,")  # the state said once
     assert got[1][0] == f"completiond 84ms (loading {LARGER})"
     assert got[2][0] == f"completiond 84ms (converting {LARGER})"
     assert got[3][0] == "completiond 84ms" and got[3][1].endswith("; upgrade switched: it serves since 03:10")

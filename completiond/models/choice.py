@@ -12,7 +12,7 @@ import json
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -127,25 +127,33 @@ class Unconverted:
     name: str
     form: str  # the weights form it will run (quant.pick_quant's scheme)
     why: str  # why it is the default here, as `default_reason` will say once it serves
+    dtype: str = "auto"  # the --dtype of the start that found it: its form is converted in that dtype
 
     @property
     def spelled(self) -> str:
         return spelled(self.name, self.form)
 
+    @property
+    def convert_command(self) -> str:
+        """The `completiond convert` that converts the form this start would load (it runs as printed)."""
+        return f"completiond convert {self.spelled}" + ("" if self.dtype == "auto" else f" --dtype {self.dtype}")
+
 
 def choose_default(device: torch.device, quant: str, pick: Callable[[str], str],
-                   converted: Callable[[str, str], bool]) -> tuple[str, str, str]:
+                   converted: Callable[[str, str], bool], dtype: str = "auto") -> tuple[str, str, str]:
     """(named target, --quant to load it with, why) for `--target default`, what status and --json
     say. `pick(quant)` is the weights form a --quant resolves to here (quant.pick_quant);
     `converted(name, form)` whether that form of a named model is in the cache already. A larger
     target this CPU chose but whose weights are not converted yet is not converted here (it takes a
-    minute and gigabytes): the smaller serves, and `why` says so and how it gets converted."""
+    minute and gigabytes): the smaller serves, and `why` says so and how it gets converted (in
+    `dtype`, the start's --dtype)."""
     name, quant, why, pending = _choose(device, quant, pick, converted)
     if pending is not None:
+        pending = replace(pending, dtype=dtype)
         smaller = MEASURED_PAIR[1]
         return smaller, quant, (f"{spelled(smaller, pick(quant))} serves while {pending.spelled}, this CPU's "
                                 f"default ({pending.why}), is not converted yet: `completiond serve` converts it "
-                                f"in the background and switches to it, or `completiond convert {pending.spelled}` "
+                                f"in the background and switches to it, or `{pending.convert_command}` "
                                 "converts it now (a minute or more)")
     return name, quant, why
 

@@ -18,12 +18,13 @@ import shutil
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from . import integrity, pages, runtime
-from .catalog import GEMMA_270M, NAMED, ModelError, assemble, file_lock, split_form
+from .catalog import GEMMA_270M, NAMED, ModelError, assemble, file_lock, split_form, spelled
 from .choice import Unconverted, choose_default, default_target, pending_default
 from .device import pick_bulk_dtype, pick_device, pick_dtype
 from .loaded import LoadedModel
@@ -118,8 +119,12 @@ def ensure_runtime(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, pr
               file=sys.stderr)
         listener = getattr(_progress, "listener", None)
         if on_progress is None and listener is not None:
-            label = f"{gguf.stem} {scheme}" if scheme != "none" else gguf.stem
+            # a named model in its one spelling (qwen2.5-coder-1.5b@int4), as status names it once loaded
+            label = spelled(folder.name, scheme) if folder.name in NAMED else \
+                f"{gguf.stem} {scheme}" if scheme != "none" else gguf.stem
             on_progress = lambda f: listener(label, f)  # noqa: E731
+        if on_progress is not None:  # the converting phase from its start: the child's imports take 5-30 s
+            on_progress(0.0)
         _convert(gguf, folder, dtype, scheme, progress, on_progress)
         if (old / "model.safetensors").exists():
             size = sum(f.stat().st_size for f in old.iterdir() if f.is_file()) / 1e9
@@ -141,8 +146,9 @@ def pending_for(device: str = "auto", dtype: str = "auto", quant: str = "auto") 
     default this CPU chose whose weights form is not in the cache yet, else None."""
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
-    return pending_default(dev, quant, lambda q: pick_quant(q, dev, dt, dtype_asked=dtype != "auto"),
-                           lambda name, form: converted(name, dt, form))
+    p = pending_default(dev, quant, lambda q: pick_quant(q, dev, dt, dtype_asked=dtype != "auto"),
+                        lambda name, form: converted(name, dt, form))
+    return None if p is None else replace(p, dtype=dtype)  # its convert command converts this dtype's form
 
 
 def _needed(folder: Path, dtype: torch.dtype, scheme: str) -> list[str]:
@@ -281,7 +287,7 @@ def load(spec: str, role: str = "target", device: str = "auto", dtype: str = "au
     why = None
     if spec == "default" and role == "target":  # by this machine's measurement (choice.py), and why
         spec, quant, why = choose_default(dev, quant, lambda q: pick_quant(q, dev, dt, dtype_asked=dtype != "auto"),
-                                          lambda name, form: converted(name, dt, form))
+                                          lambda name, form: converted(name, dt, form), dtype)
     scheme = pick_quant(quant, dev, dt, dtype_asked=dtype != "auto")
     where, name, gguf = resolve(spec, role, dev.type)
     loaded = _load(where, name, gguf, role, spec, dev, dt, scheme, on_progress)

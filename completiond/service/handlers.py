@@ -131,6 +131,7 @@ async def status(d: Serving, s: Session, p: P.Empty, msgid) -> dict:
         **d.info, "server_version": __version__, "pid": os.getpid(),
         "uptime_s": round(time.time() - d.started, 1),
         "weights": d.engine.target.meta.get("weights"),  # live: the move into 2 MB pages ends after ready
+        "weights_file": d.engine.target.meta.get("runtime"),  # the runtime form's weights the target maps (None: none)
         "clients": sum(1 for c in d.sessions.values() if c is not s),  # not the one asking
         "documents": sum(len(c.docs) for c in d.sessions.values()),
         "indexed_files": d.engine.index.n_files, "workspace_roots": [str(r) for r in d.watcher.roots],

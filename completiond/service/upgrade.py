@@ -52,11 +52,13 @@ def waiting_status(model: str, why: str) -> dict:
                    "model serves"}
 
 
-def off_status(model: str, why: str) -> dict:
-    """--no-upgrade: what the default would be, and that this daemon stays on the smaller model."""
+def off_status(model: str, why: str, command: str | None = None) -> dict:
+    """--no-upgrade: what the default would be, and that this daemon stays on the smaller model;
+    `command`: the one that converts it (default `completiond convert MODEL`)."""
+    command = command or f"completiond convert {model}"
     return {"model": model, "phase": "off", "progress": None,
             "why": f"--no-upgrade: {model} is this CPU's default ({why}) but this daemon does not convert it "
-                   f"or switch to it; `completiond convert {model}` converts it, and the next start serves it"}
+                   f"or switch to it; `{command}` converts it, and the next start serves it"}
 
 
 class Switching(Protocol):

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
@@ -89,6 +90,12 @@ class DaemonLink:
         self._tasks: set[asyncio.Task] = set()
         self._closing = False  # set on shutdown: a closed connection is then no lost daemon
 
+    def serve_command(self) -> str:
+        """The `completiond serve` that starts the daemon this server would (its socket, target, draft,
+        dtype, device), as a message prints it: it runs as printed."""
+        sock = [] if self.socket == socket_path() else ["--socket", str(self.socket)]
+        return shlex.join(["completiond", "serve", *sock, *self.serve_args])
+
     @property
     def connected(self) -> bool:
         return self.client is not None and not self.client.closed.is_set()
@@ -167,7 +174,7 @@ class DaemonLink:
             why = f" ({client.close_reason})" if client.close_reason else ""
             if not self.autostart:
                 self.on_status("error", f"completiond: daemon stopped{why}; autostart is off: run "
-                                        f"`completiond serve`", {})
+                                        f"`{self.serve_command()}`", {})
                 return
             self.on_status("restarting", f"completiond: daemon stopped{why} — restarting", {})
             await asyncio.sleep(0.2)  # let a stopping daemon release its socket

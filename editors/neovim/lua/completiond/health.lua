@@ -40,6 +40,20 @@ local function socket_alive(path)
   return false, result or 'timed out'
 end
 
+--- The `completiond serve` that starts the daemon the plugin would (its socket when one is set, and
+--- the target, draft, dtype and device the server passes on), as a hint prints it: it runs as printed.
+function M.serve_command(cfg)
+  local o = require('completiond.config').init_options(cfg)
+  local cmd = { 'completiond', 'serve' }
+  for _, key in ipairs({ 'socket', 'target', 'draft', 'dtype', 'device' }) do -- the server's init options
+    local v = o[key]
+    if v ~= nil and v ~= vim.NIL and v ~= '' then
+      vim.list_extend(cmd, { '--' .. key, vim.fn.shellescape(tostring(v)) })
+    end
+  end
+  return table.concat(cmd, ' ')
+end
+
 --- A status field as text; '?' when missing or JSON null (vim.NIL).
 local function field(s, key)
   local v = s[key]
@@ -118,7 +132,7 @@ function M.check()
     h.info(('no daemon on %s (%s); completiond-lsp starts one when needed'):format(path, tostring(err)))
   else
     h.warn(('no daemon on %s (%s) and autostart is off'):format(path, tostring(err)),
-      { 'Start one with `completiond serve`' })
+      { ('Start one with `%s`'):format(M.serve_command(cfg)) })
   end
 end
 

@@ -315,8 +315,13 @@ function M.status_line()
   if not s then
     return 'completiond: no status yet (no server attached to this buffer)'
   end
-  local line = ('completiond: %s: %s'):format(tostring(s.state or '?'),
-    (tostring(s.message or ''):gsub('^completiond: ', '')))
+  local state = tostring(s.state or '?')
+  -- the message without its "completiond: " and a repeat of the state ("ready: ready: ..." before)
+  local msg = tostring(s.message or ''):gsub('^completiond: ', '')
+  if msg:sub(1, #state + 2) == state .. ': ' then
+    msg = msg:sub(#state + 3)
+  end
+  local line = ('completiond: %s: %s'):format(state, msg)
   if s.state == 'ready' then
     line = line .. (' (target %s, draft %s, device %s'):format(tostring(s.target or '?'),
       tostring(s.draft or 'none'), tostring(s.device or '?'))

@@ -102,7 +102,12 @@ async function main() {
     // ---- ready: completiond/status {state: "ready"} renders the zap icon ----------------------
     stage = 'ready';
     const deadline = Date.now() + TIMEOUT;
+    let shown = '';
     for (;;) {
+      // each status bar text while the server starts ("<model>: converting <model> 43 % (21 s)"): a
+      // test reads the phases and their progress from these lines
+      const now = (await statusText(page)).trim();
+      if (now !== shown) log(`status: ${JSON.stringify((shown = now))}`);
       if (await item.locator('.codicon-zap').count()) break;
       const missing = await item.locator('.codicon-warning, .codicon-error, .codicon-circle-slash').count();
       if (missing) {
@@ -125,6 +130,7 @@ async function main() {
     await page.keyboard.type(typed, { delay: 60 });
     const ghost = await waitForGhost(page, TIMEOUT);
     log(`ghost text: ${JSON.stringify(ghost)}`);
+    log(`status after the ghost: ${JSON.stringify((await statusText(page)).trim())} — ${JSON.stringify(await item.getAttribute('aria-label'))}`);
     const screenshot = await shot('3-ghost');
     if (SCREENSHOT) {
       mkdirSync(path.dirname(SCREENSHOT), { recursive: true });
