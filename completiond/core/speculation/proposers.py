@@ -89,8 +89,8 @@ class PromptLookup:
         self.next = Ewma(0.8, 0.05)
         # A later token of a candidate whose backward match is 16+ tokens: the answer has been copying
         # its source for a while (a next edit rewriting its region), and a copy run goes on until the
-        # next change, so its tokens are accepted far more often than `next`'s mix (0.97-0.99 vs 0.86
-        # on next-edit renames with the 0.5B). Valued alike, runs of 32-64 tokens never paid.
+        # next change, so its tokens are accepted far more often than `next`'s mix (0.997 vs 0.665 after
+        # 16 next-edit renames with the 0.5B). Valued alike, runs of 32-64 tokens never paid.
         self.run = Ewma(0.9, 0.05)
         self.alt = Ewma(0.1, 0.05)
         self._kinds: dict[tuple[int, ...], int] = {}  # proposed node path -> its bucket, NEXT or ALT
