@@ -16,7 +16,10 @@ at the cursor: service/next_edit.Ahead), then the user typed the edit and asked;
 the request to the answer, with the prompt tokens it found cached (`reused_tokens`). `--warm none`
 prefills every prompt cold (the daemon before it warmed next edits). Plain decoding (mode ar, cold,
 the first `--ar` cases) must give the same tokens (greedy, lossless). Reported per case kind: passes,
-latency p50/p95, prompt tokens reused, exact-edit rate and edit similarity.
+latency p50/p95, prompt tokens reused, exact-edit rate and edit similarity; per case the tree of
+every decode pass (nodes, accepted), and the decode priced at the run's final pass-cost table
+(`decode_ms_at_table`: variants compared without the load's noise). `--variants tight long` runs
+each case with 16-token prompt-lookup candidates and with the daemon's 64-token copy runs.
 
     python -m benchmarks.next_edit --target qwen2.5-coder-0.5b --renames 16 --releases 2 \\
         --json benchmarks/results/next-edit-0.5b-warm.json
