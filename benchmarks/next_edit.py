@@ -16,7 +16,10 @@ at the cursor: service/next_edit.Ahead), then the user typed the edit and asked;
 the request to the answer, with the prompt tokens it found cached (`reused_tokens`). `--warm none`
 prefills every prompt cold (the daemon before it warmed next edits). Plain decoding (mode ar, cold,
 the first `--ar` cases) must give the same tokens (greedy, lossless). Reported per case kind: passes,
-latency p50/p95, prompt tokens reused, exact-edit rate and edit similarity.
+latency p50/p95, prompt tokens reused, exact-edit rate and edit similarity; per case the tree of
+every decode pass (nodes, accepted), and the decode priced at the run's final pass-cost table
+(`decode_ms_at_table`: variants compared without the load's noise). `--variants tight long` runs
+each case with 16-token prompt-lookup candidates and with the daemon's 64-token copy runs.
 
     python -m benchmarks.next_edit --target qwen2.5-coder-0.5b --renames 16 --releases 2 \\
         --json benchmarks/results/next-edit-0.5b-warm.json
@@ -75,6 +78,10 @@ try:  # the answer's token budget (an older checkout: twice the region + 64)
     from completiond.core.prompt.next_edit import answer_budget  # noqa: E402
 except ImportError:
     answer_budget = None
+try:  # prompt-lookup candidates of a next edit: copy runs of up to this many tokens (else the engine's 16)
+    from completiond.core.prompt.next_edit import COPY_RUN  # noqa: E402
+except ImportError:
+    COPY_RUN = None
 try:  # a signature change's draft: the region's other calls changed the same way
     from completiond.core.prompt.next_edit import call_draft  # noqa: E402
 except ImportError:
@@ -101,8 +108,9 @@ class Case:
 # base: the region follows only the names the last edit removed (a resting cursor's region does not
 # follow the name under it) and ends at the plain window's end; tight: the name under a resting
 # cursor is followed too (the prompt warmed at rest has the request's region) and a region that
-# follows a use ends USE_LINES lines below it.
-VARIANTS = ("base", "tight")
+# follows a use ends USE_LINES lines below it; long: tight, with prompt-lookup candidates of up to
+# COPY_RUN tokens (the daemon's next edit), where base and tight keep the engine's 16.
+VARIANTS = ("base", "tight", "long")
 
 
 def history_of(case: Case) -> History:
@@ -119,7 +127,7 @@ def window_for(text: str, anchor: int, h: History, variant: str = "tight"):
     if next_edit_window is None:
         return window_at(text, anchor)
     last = h.edits[-1] if h.edits else None
-    if variant == "tight" and followed_names is not None:
+    if variant in ("tight", "long") and followed_names is not None:
         return next_edit_window(text, anchor, followed_names(text, anchor, last))
     names = removed_names(last.old, last.new, last.before, last.after) if last is not None else []
     return next_edit_window(text, anchor, names, use_lines=None)
@@ -444,8 +452,21 @@ def run_case(engine, tok, case: Case, with_ar: bool, warm: str = "rest", use_dra
 
     if draft is not None:  # as the daemon does: prompt lookup proposes from it, the target verifies
         engine.index.set_open("next-edit-draft", tok.encode(draft, add_special_tokens=False))
-    spec = engine.complete(Request(prompt=ids, mode="pld", max_tokens=max_tokens, stops=stops, slot=slot,
-                                   reuse_prefix=warm != "none"))
+    run = COPY_RUN if variant == "long" else None
+    trees: list[list[int]] = []  # each decode pass: [nodes verified, of them accepted]
+    verify = engine.verify
+
+    def traced(st, tree, *rest, **kw):
+        path, bonus = verify(st, tree, *rest, **kw)
+        trees.append([len(tree), len(path) - 1])
+        return path, bonus
+
+    engine.verify = traced
+    try:
+        spec = engine.complete(Request(prompt=ids, mode="pld", max_tokens=max_tokens, stops=stops, slot=slot,
+                                       reuse_prefix=warm != "none", max_draft_len=run))
+    finally:
+        del engine.verify  # the class's again
     engine.index.close("next-edit-draft")
     answer = answer_text(spec.text, region, case.text[w.end:w.end + 4000])
     found = edits(region, answer, w.start, spec.stopped_by != "max_tokens")
@@ -469,6 +490,7 @@ def run_case(engine, tok, case: Case, with_ar: bool, warm: str = "rest", use_dra
            "window_lines": [case.text.count("\n", 0, w.start) + 1, case.text.count("\n", 0, w.end)],
            "prompt_tokens": len(ids), "reused_tokens": spec.reused_tokens, "tokens": len(spec.token_ids),
            "stopped_by": spec.stopped_by, "latency_ms": round(latency_ms, 1), "draft": draft is not None,
+           "copy_run": run or engine.max_candidate_len, "trees": trees,
            "warm_ms": None if warm_ms is None else round(warm_ms, 1), "breakdown": breakdown,
            "load_avg_1m": round(os.getloadavg()[0], 2),
            "pld": {"ms_total": round(spec.ms_total, 1), "ms_first_token": round(spec.ms_first_token, 1),
@@ -508,6 +530,14 @@ def summary(sel: list[dict]) -> dict:
         out["prefill_ms_p50"] = round(float(np.median([r["breakdown"]["prefill_ms"] for r in sel])), 1)
         out["decode_ms_p50"] = round(float(np.median([r["breakdown"]["decode_ms"] for r in sel])), 1)
         out["ms_per_decode_pass_p50"] = round(float(np.median([r["breakdown"]["ms_per_decode_pass"] for r in sel])), 1)
+        if all("decode_ms_at_table" in r["breakdown"] for r in sel):
+            at = [r["breakdown"]["decode_ms_at_table"] for r in sel]
+            out["decode_ms_at_table_p50"] = round(float(np.median(at)), 1)
+            out["decode_ms_at_table_total"] = round(sum(at), 1)
+    if all("trees" in r for r in sel):
+        nodes = [n for r in sel for n, _ in r["trees"]]
+        out["nodes_per_pass_mean"] = round(float(np.mean(nodes)), 1) if nodes else 0.0
+        out["accepted_per_pass_mean"] = round(float(np.mean([k for r in sel for _, k in r["trees"]] or [0])), 2)
     if any(r.get("warm_ms") is not None for r in sel):
         out["warm_ms_p50"] = round(float(np.median([r["warm_ms"] for r in sel if r.get("warm_ms") is not None])), 1)
     if ar:
@@ -522,11 +552,20 @@ def summary(sel: list[dict]) -> dict:
 
 def write(a: argparse.Namespace, rows: list[dict], n_cases: int, target, engine, calibration: str,
           load_s: float) -> dict:
+    for r in rows:  # the decode passes at the run's final pass-cost table (a low quantile of its real passes:
+        # what they cost where the load let them run), so variants compare without the load's noise
+        if "trees" in r:
+            r["breakdown"]["decode_ms_at_table"] = round(sum(engine.budget.cost(n) for n, _ in r["trees"]), 1)
     result = {
         "command": " ".join(sys.argv), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": cpu_name(), "target": target.name, "dtype": str(target.dtype).replace("torch.", ""),
         "quant": target.meta.get("quant", "none"), "calibration": calibration,
         "pass_cost_ms": {str(k): round(v, 2) for k, v in engine.budget.costs().items()},
+        # prompt lookup's measured acceptance at the end: a later token of a candidate (next), of one
+        # whose backward match is 16+ tokens (run; older checkouts lack it), a leading first token by match
+        "prompt_lookup": {"next": round(engine.prompt_lookup.next.value, 3),
+                          "run": round(engine.prompt_lookup.run.value, 3) if hasattr(engine.prompt_lookup, "run") else None,
+                          "first": {str(b): round(e.value, 3) for b, e in engine.prompt_lookup.first.items()}},
         "load_s": round(load_s, 1), "packages": a.packages, "cases_done": f"{len(rows) // max(1, len(a.variants))}/{n_cases}",
         "warm": a.warm, "window": "follows the edit" if next_edit_window is not None else "plain (window_at)",
         "rename_draft": renamed_draft is not None and not a.no_draft, "use_lines": USE_LINES,
@@ -582,7 +621,7 @@ def main() -> None:
     p.add_argument("--renames", type=int, default=8, help="rename cases (from the newer release of each package, split)")
     p.add_argument("--releases", type=int, default=6, help="release-diff cases per package (at most)")
     p.add_argument("--signatures", type=int, default=0, help="signature-change cases per kind and package (at most)")
-    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=["tight"],
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=["long"],
                    help="region rules run side by side on every case (base: as before; tight: see VARIANTS)")
     p.add_argument("--ar", type=int, default=4, help="run plain decoding on the first N cases only (it is slow)")
     p.add_argument("--warm", choices=("rest", "none"), default="rest",

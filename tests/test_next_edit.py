@@ -364,7 +364,7 @@ def engine():
 def test_speculative_next_edit_is_identical_to_plain_decoding(engine):
     """Copy speculation (the window in the prompt as the draft, a rename's or a signature change's
     draft indexed) changes speed, never the edit (fp32)."""
-    from completiond.core.prompt.next_edit import call_draft
+    from completiond.core.prompt.next_edit import COPY_RUN, call_draft
 
     tok = engine.target.tokenizer
     h = History()
@@ -384,13 +384,33 @@ def test_speculative_next_edit_is_identical_to_plain_decoding(engine):
             assert draft is not None and "scale(3, 2) + scale(5, 4)" in draft
         engine.index.set_open("draft", tok.encode(draft or region, add_special_tokens=False))
         results = {}
-        for mode in ("ar", "pld", "combined"):
-            res = engine.complete(Request(prompt=ids, mode=mode, max_tokens=48, stops=stops, reuse_prefix=False))
+        for mode in ("ar", "pld", "combined", "pld-long"):  # pld-long: copy runs of COPY_RUN tokens (the daemon's)
+            res = engine.complete(Request(prompt=ids, mode=mode.split("-")[0], max_tokens=48, stops=stops,
+                                          reuse_prefix=False, max_draft_len=COPY_RUN if "long" in mode else None))
             found = edits(region, answer_text(res.text, region), w.start, res.stopped_by != "max_tokens")
             results[mode] = (res.token_ids, [(e.start, e.end, e.text) for e in found], res.target_passes)
         engine.index.close("draft")
-        assert results["pld"][:2] == results["ar"][:2] == results["combined"][:2]
+        assert results["pld"][:2] == results["ar"][:2] == results["combined"][:2] == results["pld-long"][:2]
         assert results["ar"][2] == len(results["ar"][0]) - 1  # plain decoding: one pass per token after the first
+
+
+def test_a_long_copy_run_is_verified_in_one_pass(engine):
+    """A next edit's candidates run to COPY_RUN tokens (Request.max_draft_len): where the indexed draft
+    is the target's own continuation for 48 tokens, one pass verifies it all (16-token candidates:
+    three passes and more); the tokens are plain decoding's either way (fp32)."""
+    from completiond.core.prompt.next_edit import COPY_RUN
+
+    prompt = engine.target.tokenizer.encode(SRC, add_special_tokens=False)
+    plain = engine.complete(Request(prompt=prompt, mode="ar", max_tokens=49, reuse_prefix=False))
+    assert len(plain.token_ids) == 49  # the first token (the prefill's), then the 48 the passes verify
+    engine.index.set_open("copy", prompt[-4:] + plain.token_ids)  # the draft: where the context is, then the run
+    got = {}
+    for cap in (None, COPY_RUN):
+        res = engine.complete(Request(prompt=prompt, mode="pld", max_tokens=49, reuse_prefix=False, max_draft_len=cap))
+        got[cap] = (res.token_ids, res.target_passes)
+    engine.index.close("copy")
+    assert got[None][0] == got[COPY_RUN][0] == plain.token_ids
+    assert got[COPY_RUN][1] == 1 and got[None][1] >= 3
 
 
 def test_a_next_edit_computed_ahead_is_served_as_plain_decoding_gives_it(engine):

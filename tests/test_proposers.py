@@ -243,6 +243,29 @@ def test_prompt_lookup_values_an_alternative_below_the_candidate_ranked_before_i
     assert pld.first[2].value == bucket3  # the alternatives' match length (3) learned nothing
 
 
+def test_prompt_lookup_values_a_long_copy_run_by_its_own_acceptance():
+    """A later token of a candidate whose backward match is 16+ tokens (an answer copying its source,
+    as a next edit copies its region) is valued by the `run` acceptance, learned only from such
+    tokens; a shorter match's later tokens keep `next`. So a run accepted to its end can grow a
+    deep chain that the budget pays for, without lifting a completion's short matches."""
+    from completiond.core.speculation.index import TokenIndex
+    from completiond.core.speculation.proposers import Outcome, PromptLookup
+
+    src = list(range(100, 140))  # a 40-token region; the context has copied its first 20 tokens
+    idx = TokenIndex()
+    idx.set_file("/w/a.py", src)
+    pld = PromptLookup(idx)
+    pld.run.value, pld.next.value = 0.97, 0.8
+    (long,) = pld.propose([1, 2] + src[:20], Limits(max_len=32, min_value=0.0))
+    assert long.tokens == src[20:40] and long.probs[1:] == [0.97] * 19
+    (short,) = pld.propose([1, 2, 7, 100, 101, 102], Limits(max_len=4, min_value=0.0))
+    assert short.probs[1:] == [0.8] * 3
+    pld.propose([1, 2] + src[:20], Limits(max_len=32, min_value=0.0))
+    pld.observe([Outcome(1, long.probs[0], True, tuple(src[20:21])),
+                 Outcome(2, 0.97, False, tuple(src[20:22]))])
+    assert pld.run.value < 0.97 and pld.next.value == 0.8
+
+
 def test_the_engine_reports_each_tested_node_by_the_path_prompt_lookup_proposed(code_ids, monkeypatch):
     """Outcome.tokens is the node's path below the root, so prompt lookup learns of the very node
     it valued (a leading token, a later one, an alternative); output stays the target's own."""

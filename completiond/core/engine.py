@@ -325,7 +325,8 @@ class Engine:
     def _step(self, st: Decoding, proposers: list[Proposer], ctx: PassContext) -> None:
         """propose -> tree -> verify (one target pass) -> accept -> keep the path, emit its tokens."""
         t0 = time.perf_counter()
-        tree, gated = self.propose(st.token, proposers, st.req.max_tokens - len(st.out.ids), ctx, st.feature)
+        tree, gated = self.propose(st.token, proposers, st.req.max_tokens - len(st.out.ids), ctx, st.feature,
+                                   max_len=st.req.max_draft_len)
         path, bonus = self.verify(st, tree, proposers, ctx)
         before = len(st.out.ids)
         st.emit([tree.tokens[i] for i in path[1:]] + [bonus])
@@ -364,13 +365,14 @@ class Engine:
             self.stats["cancelled_ms"] += st.elapsed_ms()
 
     def propose(self, root: int, proposers: list[Proposer], remaining: int, ctx: PassContext,
-                 feature: torch.Tensor | None = None, context: list[int] | None = None
-                 ) -> tuple[TokenTree, tuple[str, bool] | None]:
+                 feature: torch.Tensor | None = None, context: list[int] | None = None,
+                 max_len: int | None = None) -> tuple[TokenTree, tuple[str, bool] | None]:
         """Candidates from every proposer that says it pays, merged into one tree and cut to the
         size that pays, and the gate's decision (a costly proposer's name, whether it ran; None: no
         gate asked). Prompt lookup runs first: whether the draft pays depends on what it found.
-        feature: the target's hidden state `root` came from (heads read it in the proposal's ctx)."""
-        max_len = min(self.max_candidate_len, remaining - 1)
+        feature: the target's hidden state `root` came from (heads read it in the proposal's ctx).
+        max_len: tokens per candidate (None: max_candidate_len; a request's `max_draft_len`)."""
+        max_len = min(self.max_candidate_len if max_len is None else max_len, remaining - 1)
         if max_len <= 0 or not proposers:
             return TokenTree.root_only(root), None
         context = self.runner.tokens + [root] if context is None else context  # ends with root

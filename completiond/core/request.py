@@ -30,6 +30,9 @@ class Request:
     # suggestions in all (1..3): n - 1 alternatives beside the greedy one, decoded in the same passes
     # (alternatives.py); greedy continuations of the first token's runners-up
     n: int = 1
+    # tokens per proposed candidate (None: the engine's max_candidate_len). A next edit copies its region
+    # back in runs up to the next change, which one pass can verify far past a completion's 16 tokens
+    max_draft_len: int | None = None
 
 
 @dataclass

@@ -28,8 +28,8 @@ import numpy as np
 from . import protocol as P
 from ..core.forward.context import PassContext
 from ..core.prompt.context import locate
-from ..core.prompt.next_edit import (TextEdit, Window, answer_budget, answer_text, block_start, call_draft, edits,
-                                     name_at, next_edit_prompt, next_edit_window, removed_names, renamed_draft)
+from ..core.prompt.next_edit import (COPY_RUN, TextEdit, Window, answer_budget, answer_text, block_start,
+                                     call_draft, edits, name_at, next_edit_prompt, next_edit_window, removed_names, renamed_draft)
 from .plan import Built, EngineJob
 from .history import job_key
 from .session import Session
@@ -107,7 +107,7 @@ class NextEditJob(EngineJob):
         # typed_through: a next edit computed ahead for this prompt (greedy, verified) is served as is;
         # not when a mode is named (a comparison of modes computes each)
         return Built(request=Request(prompt=ids, mode=self.mode, max_tokens=max_tokens, stops=stops,
-                                     typed_through=p.mode is None))
+                                     typed_through=p.mode is None, max_draft_len=COPY_RUN))
 
     def _position(self, offset: int) -> dict:
         return position_of(self.text, self.starts, offset, self.session.encoding)

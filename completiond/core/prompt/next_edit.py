@@ -45,6 +45,9 @@ MAX_HINT_CHARS = 60  # the last change named in words only when it is this short
 LAST_CHANGE_HINT = True
 OVERRUN_LINES = 3  # the first code lines below the region stop an answer that copies on into them
 MAX_OVERRUN_LINES = 60  # lines below the region an overrun is looked for in
+COPY_RUN = 64  # tokens per prompt-lookup candidate in a next edit (a completion's: 16): the answer copies
+# its region back in runs up to the next change, and one CPU pass over 64 nodes costs 1.5-2.2x one over
+# 16 (Request.max_draft_len; the tree budget still cuts a run to what its measured acceptance pays)
 MIN_SIMILARITY = 0.5  # an answer that changes more than half the region is not an edit but a new text: none
 
 

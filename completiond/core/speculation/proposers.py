@@ -73,7 +73,7 @@ class PromptLookup:
 
     name = "pld"
     costly = False
-    NEXT, ALT = 0, -1  # kinds of node besides a leading first token (whose kind is its match bucket)
+    NEXT, ALT, RUN = 0, -1, -2  # kinds of node besides a leading first token (whose kind is its match bucket)
 
     def __init__(self, index: TokenIndex | None = None, max_candidates: int = 6,
                  fim: tuple[int, int, int] | None = None):
@@ -87,6 +87,11 @@ class PromptLookup:
         # distinct one, 0.05-0.10 after); valued by their own match length they filled the tree.
         self.first = {b: Ewma(p, 0.05) for b, p in ((2, 0.3), (4, 0.5), (8, 0.7), (16, 0.8))}
         self.next = Ewma(0.8, 0.05)
+        # A later token of a candidate whose backward match is 16+ tokens: the answer has been copying
+        # its source for a while (a next edit rewriting its region), and a copy run goes on until the
+        # next change, so its tokens are accepted far more often than `next`'s mix (0.997 vs 0.665 after
+        # 16 next-edit renames with the 0.5B). Valued alike, runs of 32-64 tokens never paid.
+        self.run = Ewma(0.9, 0.05)
         self.alt = Ewma(0.1, 0.05)
         self._kinds: dict[tuple[int, ...], int] = {}  # proposed node path -> its bucket, NEXT or ALT
 
@@ -142,14 +147,16 @@ class PromptLookup:
             for i in range(len(tokens)):
                 path = tuple(tokens[:i + 1])
                 if path not in kinds:  # new here: beside an earlier candidate's token, or not
-                    kinds[path] = self.ALT if path[:i] in parents else self._bucket(match) if i == 0 else self.NEXT
+                    kinds[path] = (self.ALT if path[:i] in parents else self._bucket(match) if i == 0
+                                   else self.RUN if self._bucket(match) == 16 else self.NEXT)
                     parents.add(path[:i])
                 probs.append(self._ewma(kinds[path]).value)
             out.append(Candidate(tokens, probs, self.name))
         return out
 
     def _ewma(self, kind: int) -> Ewma:
-        return self.next if kind == self.NEXT else self.alt if kind == self.ALT else self.first[kind]
+        return (self.next if kind == self.NEXT else self.alt if kind == self.ALT else self.run if kind == self.RUN
+                else self.first[kind])
 
     def observe(self, outcomes: list[Outcome]) -> None:
         for o in outcomes:
