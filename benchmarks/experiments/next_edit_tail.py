@@ -3,7 +3,7 @@ benchmarks/next_edit.py, the prompt warmed at the resting cursor against the req
 uncached tail split into the new diff (of it: the part before its `+` line, which every keystroke of the
 rename shares), the region and the closing lines. Tokens only (no model run, no timing).
 
-    python -m benchmarks.next_edit_tail --packages cachetools==7.2.0:7.2.0 jsonpickle==4.1.2:4.1.2 --renames 16 \
+    python -m benchmarks.experiments next_edit_tail --packages cachetools==7.2.0:7.2.0 jsonpickle==4.1.2:4.1.2 --renames 16 \
         > benchmarks/results/next-edit-tail-heldout.json
 """
 
