@@ -123,8 +123,6 @@ def ensure_runtime(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, pr
             label = spelled(folder.name, scheme) if folder.name in NAMED else \
                 f"{gguf.stem} {scheme}" if scheme != "none" else gguf.stem
             on_progress = lambda f: listener(label, f)  # noqa: E731
-        if on_progress is not None:  # the converting phase from its start: the child's imports take 5-30 s
-            on_progress(0.0)
         _convert(gguf, folder, dtype, scheme, progress, on_progress)
         if (old / "model.safetensors").exists():
             size = sum(f.stat().st_size for f in old.iterdir() if f.is_file()) / 1e9
@@ -168,6 +166,8 @@ def _convert(gguf: Path, folder: Path, dtype: torch.dtype, scheme: str, progress
 
     tmp = integrity.make_partial_dir(folder.parent, folder.name)
     try:
+        if on_progress is not None:  # the converting phase from its start: the child's imports take 5-30 s
+            on_progress(0.0)
         digests = run_child(gguf, tmp, dtype, scheme, progress, on_progress)
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         for name in digests:
