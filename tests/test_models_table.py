@@ -13,8 +13,9 @@ from benchmarks.experiments import models_table
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(target: str, quant: str, repo: str, exact: float, shown2: float, shown30: float, key_ms: float) -> dict:
-    shown = {s: {"exact_line": v, "edit_sim": v + 0.1, "p50_final_keystroke_ms": key_ms * k, "rows": [{}] * 40}
+def run(target: str, quant: str, repo: str, exact: float, shown2: float, shown30: float, key_ms: float,
+        replayed: int = 40) -> dict:
+    shown = {s: {"exact_line": v, "edit_sim": v + 0.1, "p50_final_keystroke_ms": key_ms * k, "rows": [{}] * replayed}
              for s, v, k in (("2", shown2, 2), ("30", shown30, 1))}
     mode = {"p50_ms": 300.0, "p95_ms": 900.0, "exact_match": exact, "edit_similarity": exact + 0.2}
     return {"target": target, "quant": quant, "repo": repo, "positions": 40, "machine": "2 cores, Some CPU",
@@ -31,7 +32,11 @@ def test_one_row_per_target_with_the_packages_side_by_side(tmp_path):
         p = tmp_path / f"r{i}.json"
         p.write_text(json.dumps(run(t, q, repo, e, s2, s30, 40.0)))
         files.append(p)
+    p = tmp_path / "r3.json"
+    p.write_text(json.dumps(run("qwen2.5-coder-0.5b", "none", "pypi:a==1", 0.3, 0.2, 0.3, 40.0, replayed=20)))
+    files.append(p)
     lines = models_table.table(files).splitlines()
+    assert "| a 1 (40 positions each, 20 replayed) |" in lines[4]
     assert lines[0].startswith("| target |") and lines[1].startswith("|---")
     big, small = lines[2], lines[3]
     assert big.startswith("| `qwen2.5-coder-1.5b@int4` | a 1 / b 2 (40 positions each) | 0.50 / 0.60 | 0.45 / 0.50 · 0.50 / 0.60 |")

@@ -53,10 +53,13 @@ def row(runs: list[tuple[Path, dict]]) -> str:
         cells["key"].append(f"{_ms(s2.get('p50_final_keystroke_ms'))} / {_ms(s30.get('p50_final_keystroke_ms'))} ms")
     first = runs[0][1]
     name = f"`{first['target']}@{first['quant']}`" if first.get("quant") else f"`{first['target']}`"
-    n = {len(r.get("keystroke_replay", {}).get("shown", {}).get("2", {}).get("rows", [])) or r["positions"]
-         for _, r in runs}
-    packages = " / ".join(f"{package(r)} {r['repo'].split('==')[-1]}" for _, r in runs) + \
-        f" ({'/'.join(str(x) for x in sorted(n))} positions each)"
+    positions = {r["positions"] for _, r in runs}
+    replayed = {len(r.get("keystroke_replay", {}).get("shown", {}).get("2", {}).get("rows", [])) or r["positions"]
+                for _, r in runs}
+    counts = f"{'/'.join(str(x) for x in sorted(positions))} positions each"
+    if replayed != positions:  # quality and shown on the replayed ones, latency on all
+        counts += f", {'/'.join(str(x) for x in sorted(replayed))} replayed"
+    packages = " / ".join(f"{package(r)} {r['repo'].split('==')[-1]}" for _, r in runs) + f" ({counts})"
     source = ", ".join(f"`{p.as_posix()}`" for p, _ in runs)
     return "| " + " | ".join([name, packages, " / ".join(cells["exact"]), " · ".join(cells["shown"]),
                               " · ".join(cells["sim"]), " · ".join(cells["lat"]), " · ".join(cells["key"]),
