@@ -4,12 +4,16 @@ quick prompt first, then the full one, and completions move to the full prompt o
 Through a real daemon with a tiny FIM model; `quick_prompt_ms=0` stands for a slow device (a tiny
 model prefills thousands of tokens in the 300 ms the default allows)."""
 
+import asyncio
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
 
 import tiny
 from completiond.core.engine import Engine
+from completiond.core.forward.context import NO_CONTEXT
 from completiond.core.prompt import build_prompt
 from completiond.service.handlers import QUICK_PROMPT_TOKENS, Lane, pick_lane
 from completiond.service import plan
@@ -155,3 +159,65 @@ async def test_other_open_buffers_enter_the_prompt_only_with_repo_context(tmp_pa
     assert (got["prompt_tokens"] > len(alone.ids) + 100) == repo_context
     if not repo_context:
         assert got["prompt_tokens"] == len(alone.ids)
+
+
+def stalled_draft_warm(engine: Engine, timeout_s: float = 10.0) -> tuple[threading.Event, list[bool]]:
+    """The draft's first warm-up prefill stands for a real one (seconds on a 0.5B): it stalls until its
+    PassContext's cancel is set (as a real prefill checks between layers) or `timeout_s`. Returns
+    (entered, [stopped by its cancel])."""
+    entered, stopped, real = threading.Event(), [], engine.draft.warm
+
+    def warm(context, ctx=NO_CONTEXT):
+        if entered.is_set():
+            return real(context, ctx)
+        entered.set()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not (ctx.cancel is not None and ctx.cancel.is_set()):
+            time.sleep(0.01)
+        stopped.append(ctx.cancel is not None and ctx.cancel.is_set())
+        ctx.check()
+
+    engine.draft.warm = warm
+    return entered, stopped
+
+
+def with_draft() -> Engine:
+    engine = Engine(tiny.loaded(tiny.qwen2_config(), seed=5, scale=4.0),
+                    tiny.loaded(tiny.qwen2_config(layers=1), seed=6, scale=4.0))
+    engine.prefill_ms_per_token = lambda: SLOW_MS_PER_TOKEN  # a slow device: the quick prompt comes first
+    return engine
+
+
+async def test_a_request_stops_the_quick_prompts_draft_prefill_not_waiting_for_it(tmp_path):
+    """The warm-up's quick prompt: its target chunk ends before the request (which needs it); the draft's
+    prefill of it stops within a layer (the request's first token does not need it). On the 1.5B with
+    the 0.5B draft, waiting for that prefill cost a line start after a 2 s pause ~0.6 s."""
+    engine = with_draft()
+    entered, stopped = stalled_draft_warm(engine)
+    async with in_process(tmp_path, engine, warm=True, quick_prompt_ms=0.0) as (c, daemon):
+        line, char = middle_cursor()
+        await c.request("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
+        await c.notify("document/cursor", {"uri": URI, "position": {"line": line, "character": char}})
+        assert await asyncio.to_thread(entered.wait, 30)  # the quick prompt's target chunks are done
+        t0 = time.monotonic()
+        res = await complete(c, line, char)
+        assert time.monotonic() - t0 < 5.0 and stopped == [True]
+        assert res["prompt_lane"] == "quick" and res["reused_tokens"] == res["prompt_tokens"] - 1
+
+
+async def test_closing_a_document_stops_its_warm_up(tmp_path):
+    engine = with_draft()
+    entered, stopped = stalled_draft_warm(engine)
+    async with in_process(tmp_path, engine, warm=True, quick_prompt_ms=0.0) as (c, daemon):
+        line, char = middle_cursor()
+        await c.request("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
+        await c.notify("document/cursor", {"uri": URI, "position": {"line": line, "character": char}})
+        assert await asyncio.to_thread(entered.wait, 30)
+        await c.request("document/close", {"uri": URI})
+        for _ in range(200):
+            if stopped:
+                break
+            await asyncio.sleep(0.02)
+        assert stopped == [True]
+        w, key = daemon.warmer, (next(iter(daemon.sessions)), URI)
+        assert key not in w.positions and key not in w.timers and w.focus != key

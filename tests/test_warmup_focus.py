@@ -102,9 +102,9 @@ async def test_a_warm_up_cancelled_by_a_request_stops_before_its_follow_up(tmp_p
             runs.append(req.cancel.is_set())
             return real_run(req, on_step, ctx)
 
-        def warming(prompt, ctx):  # a request for A arrives while the warm-up prefills
+        def warming(prompt, ctx, *draft_ctx):  # a request for A arrives while the warm-up prefills
             daemon.warmer.cancel.set()
-            return real_warming(prompt, ctx)
+            return real_warming(prompt, ctx, *draft_ctx)
 
         engine.run, engine.warming = run, warming
         await insert(c, A, 2, 10, 0, "x")  # away from the cursor: the full prompt is cold again

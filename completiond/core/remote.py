@@ -175,7 +175,8 @@ class RemoteEngine:
     def calibrate_cached(self) -> str:
         return "remote"
 
-    def warming(self, prompt: list[int], ctx: PassContext) -> Generator[None, None, int]:
+    def warming(self, prompt: list[int], ctx: PassContext,
+                draft_ctx: PassContext | None = None) -> Generator[None, None, int]:
         """Nothing to prefill here (llama.cpp's cache_prompt and vLLM's prefix cache are the server's)."""
         return 0
         yield  # a generator, as the scheduler expects

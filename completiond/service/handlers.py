@@ -109,6 +109,8 @@ async def doc_close(d: Serving, s: Session, p: P.DocumentClose, msgid) -> None:
         raise P.RpcError(P.INVALID_PARAMS, f"document not open: {p.uri}")
     d.engine.index.close(s.index_key(p.uri))
     s.anchors.pop(p.uri, None)
+    d.warmer.closed(s, p.uri)
+    d.next_edits.closed(s, p.uri)
 
 
 async def doc_cursor(d: Serving, s: Session, p: P.DocumentCursor, msgid) -> None:

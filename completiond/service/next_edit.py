@@ -213,6 +213,15 @@ class Ahead:
             t.cancel()
         self.timers[key] = asyncio.get_running_loop().call_later(after_s + LATER_S, self._start, s, uri)
 
+    def closed(self, s: Session, uri: str) -> None:
+        """`uri` was closed: what runs ahead for it stops."""
+        key = (s.id, uri)
+        if (t := self.timers.pop(key, None)) is not None:
+            t.cancel()
+        if (running := self.running.pop(key, None)) is not None:
+            running[0].set()
+        self.positions.pop(key, None)
+
     def forget(self, s: Session) -> None:
         self.users.discard(s.id)
         for key in [k for k in self.timers if k[0] == s.id]:

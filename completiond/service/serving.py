@@ -27,6 +27,8 @@ class Warms(Protocol):
 
     def status(self, s: Session) -> dict[str, dict]: ...
 
+    def closed(self, s: Session, uri: str) -> None: ...
+
 
 class NextEditsAhead(Protocol):
     """The next edits computed in the pauses (next_edit.Ahead) as the methods see them."""
@@ -34,6 +36,8 @@ class NextEditsAhead(Protocol):
     def touched(self, s: Session, uri: str, cursor: P.Position | None, after_s: float) -> None: ...
 
     def asked(self, s: Session, uri: str, plan: tuple) -> None: ...
+
+    def closed(self, s: Session, uri: str) -> None: ...
 
 
 class Serving(Protocol):

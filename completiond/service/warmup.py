@@ -8,7 +8,9 @@ say) is served from the engine's memory of verified tokens (llama.vim's speculat
 elsewhere the prompt is prefilled. While a document's full prompt is cold (a freshly opened file),
 the quick prompt around the cursor is warmed first, then the full one (plan.Lane). It is the
 lowest priority: every request goes first (it waits for one layer), and one for the same document
-stops it and reuses every prefill chunk it finished.
+stops it and reuses every prefill chunk it finished: within one layer, except in the quick prompt's
+target chunk, which the request needs and which ends first (the draft's prefill of it stops within
+a layer: the request's first token does not need it). Closing a document stops its warm-up.
 Each document keeps its own cached sequence (Engine.slots), so a warm-up of one document survives
 requests in another. `status` reports per document whether its prompt is cached.
 
@@ -81,8 +83,9 @@ class Warmer:
         self.warmed: dict[tuple[int, str], Warmed] = {}
         self.cancel: threading.Event | None = None  # the warm-up queued or running
         self.cancel_key: tuple[int, str] | None = None  # and its document
-        # the warm-up's soft stop, and whether it is computing a quick-prompt chunk (plan.Lane) right
-        # now: a request for its document then lets it finish that chunk (the request needs it) and end
+        # the warm-up's soft stop, and whether it is computing a quick-prompt step (plan.Lane) right
+        # now: a request for its document then lets it finish the target's chunk (the request needs
+        # it) and end; set with every cancel too (it also stops the quick prompt's draft prefill)
         self.finish: tuple[threading.Event, list[bool]] | None = None
         self.focus: tuple[int, str] | None = None  # the document the user is in (module doc)
         self.context: set[tuple[int, str]] = set()  # context-only documents: never warmed
@@ -111,10 +114,32 @@ class Warmer:
                 self.asks[(s.id, uri)] = params
         if self.cancel is not None and self.cancel_key == (s.id, uri):
             finish, active = self.finish or (None, [False])
-            (finish if active[0] else self.cancel).set()  # mid-chunk of the quick prompt: end after it
+            if active[0]:
+                finish.set()  # mid-step of the quick prompt: end after the target's chunk
+            else:
+                self._stop()
             # and once the request is done, warm on from what it finished (nothing else re-arms it when
             # no edit follows: the full prompt stayed cold)
             self.touched(s, uri, None, WARM_AFTER_S)
+
+    def closed(self, s: Session, uri: str) -> None:
+        """`uri` was closed: its warm-up stops (nobody completes there now) and its state goes."""
+        key = (s.id, uri)
+        if self.cancel is not None and self.cancel_key == key:
+            self._stop()
+        if (t := self.timers.pop(key, None)) is not None:
+            t.cancel()
+        for table in (self.positions, self.warmed, self.asks):
+            table.pop(key, None)
+        self.context.discard(key)
+        if self.focus == key:
+            self.focus = None
+
+    def _stop(self) -> None:
+        """Stop the warm-up queued or running, within one layer."""
+        self.cancel.set()
+        if self.finish is not None:
+            self.finish[0].set()
 
     def context_only(self, s: Session, uri: str) -> None:
         """`uri` holds context for other documents' prompts (read by prompt lookup): never warm it."""
@@ -122,7 +147,7 @@ class Warmer:
 
     def forget(self, s: Session) -> None:
         if self.cancel is not None and self.cancel_key and self.cancel_key[0] == s.id:
-            self.cancel.set()
+            self._stop()
         for key in [k for k in self.timers if k[0] == s.id]:
             self.timers.pop(key).cancel()
         for table in (self.positions, self.warmed, self.asks):
@@ -165,7 +190,7 @@ class Warmer:
             params = dataclasses.replace(params, position=end_position(doc.text, s.encoding))
             prepared = complete(d, s, params)
         if self.cancel is not None:
-            self.cancel.set()  # one warm-up at a time: the focus document's, else the newest one
+            self._stop()  # one warm-up at a time: the focus document's, else the newest one
         cancel = self.cancel = threading.Event()
         finish, active = threading.Event(), [False]
         self.finish = (finish, active)  # replaced with cancel: they always belong to the same warm-up
@@ -182,7 +207,9 @@ class Warmer:
             cold = chosen is not full  # the full prompt is cold: the quick one first, in its own sequence
             if cold:
                 d.scheduler.move(chosen.slot, chosen.capacity)
-                yield from _until(d.engine.warming(chosen.ids, ctx), finish, active)
+                # the draft's prefill stops within a layer for a request (finish), the target's chunk ends first
+                quick = d.engine.warming(chosen.ids, ctx, dataclasses.replace(ctx, cancel=finish))
+                yield from _until(quick, finish, active)
                 if finish.is_set():  # a request for this document came: it goes on from here
                     return None
                 d.scheduler.move(full.slot)  # then the full prompt, which later completions move to
