@@ -5,8 +5,10 @@ import asyncio
 
 import pytest
 
+import tiny
+from completiond.core.engine import Engine
 from completiond.service.client import Client
-from daemon_util import start_daemon, stop_daemon, wait_warm
+from daemon_util import in_process, start_daemon, stop_daemon, wait_warm
 
 SRC = "".join(f"def f{i}(a, b):\n    return a * {i} + b\n\n\n" for i in range(40)) + "def mul(a, b):\n    "
 URI = "file:///w/m.py"
@@ -98,6 +100,44 @@ async def test_after_accepting_a_suggestion_the_next_one_was_computed_ahead(daem
     assert got["served_tokens"] > 0 and ref["served_tokens"] == 0  # computed ahead, from memory
     await c.close()
     await cold.close()
+
+
+async def test_where_the_cursor_rests_the_completion_is_computed_ahead_before_any_request(tmp_path):
+    """An editor says where its cursor rests (document/cursor) in a file nobody asked completions in
+    yet: the warm-up computes that cursor's completion (greedy, multi-line: as editors ask), so the
+    first keystroke typed through it (Enter at a line's end, the suggestion's first characters) is
+    served from memory with no pass: the same text as a daemon that never warmed. (A FIM model: typed
+    text extends the FIM middle of the anchor's prompt.)"""
+    uri = "file:///w/rest.py"
+
+    def fim_engine() -> Engine:
+        return Engine(tiny.loaded(tiny.qwen2_config(), seed=5, scale=4.0))
+
+    for d in ("warm", "cold"):
+        (tmp_path / d).mkdir()
+    async with in_process(tmp_path / "warm", fim_engine(), warm=True) as (c, daemon), \
+            in_process(tmp_path / "cold", fim_engine(), warm=False) as (cold, reference):
+        for x in (c, cold):
+            await x.request("document/open", {"uri": uri, "text": SRC, "version": 1, "language_id": "python"})
+        await c.notify("document/cursor", {"uri": uri, "position": END})
+        ref = await cold.request("complete", {"uri": uri, "position": END, "mode": "combined"})
+        assert len(ref["text"]) > 2
+        await wait_warm(c, uri)
+        for _ in range(300):  # the completion computed ahead runs after its prefill: until no job is left
+            if not daemon.scheduler.jobs:
+                break
+            await asyncio.sleep(0.05)
+        typed = ref["text"][:2]  # the user types what the suggestion says
+        for x in (c, cold):
+            await x.request("document/change", {"uri": uri, "version": 2, "changes": [
+                {"range": {"start": END, "end": END}, "text": typed}]})
+        cursor = {"line": END["line"] + typed.count("\n"),
+                  "character": (0 if "\n" in typed else END["character"]) + len(typed.rsplit("\n", 1)[-1])}
+        got = await c.request("complete", {"uri": uri, "position": cursor, "mode": "combined"})
+        reference.engine.typed.clear()  # it answered at END: the same prompt, computed with passes
+        want = await cold.request("complete", {"uri": uri, "position": cursor, "mode": "combined"})
+        assert got["text"] == want["text"] and got["tokens"] == want["tokens"]
+        assert got["served_tokens"] > 0 and want["served_tokens"] == 0
 
 
 async def test_status_reports_stale_work(daemons):

@@ -2,10 +2,11 @@
 
 After `document/open` and after edits (once they pause for WARM_AFTER_S), the daemon queues a
 warm-up for that document on the engine thread at the cursor (after the last edit, else the last
-request's position, else the end). Where the user already asked for completions in this document,
-the next completion is computed ahead, so a request at that cursor (after accepting a suggestion,
-say) is served from the engine's memory of verified tokens (llama.vim's speculative follow-up);
-elsewhere the prompt is prefilled. While a document's full prompt is cold (a freshly opened file),
+request's position, else the end). Where the cursor is known (an edit, a request, or the editor
+saying where it rests), the next completion is computed ahead, so a request at that cursor (after
+accepting a suggestion, or Enter at the end of the line: typed through the suggestion) is served
+from the engine's memory of verified tokens (llama.vim's speculative follow-up); elsewhere (an
+opened file, the cursor unknown) the prompt is prefilled. While a document's full prompt is cold (a freshly opened file),
 the quick prompt around the cursor is warmed first, then the full one (plan.Lane). It is the
 lowest priority: every request goes first (it waits for one layer), and one for the same document
 stops it and reuses every prefill chunk it finished: within one layer, except in the quick prompt's
@@ -179,10 +180,12 @@ class Warmer:
             self.timers[key] = asyncio.get_running_loop().call_later(WARM_AFTER_S, self._start, s, uri)
             return
         doc = s.docs[uri]
-        pos = self.positions.get((s.id, uri)) or end_position(doc.text, s.encoding)
-        # after a completion was asked in this document: compute the next one ahead (a request at this
-        # cursor is then served from the engine's memory); else only prefill its prompt
-        ask = self.asks.get((s.id, uri))
+        pos = self.positions.get(key) or end_position(doc.text, s.encoding)
+        # where the cursor is known: compute the next completion ahead (a request at this cursor is then
+        # served from the engine's memory), as the last one asked here, else greedy and multi-line as
+        # editors ask; else only prefill its prompt
+        ask = self.asks.get(key)
+        ahead = ask is not None or key in self.positions
         params = dataclasses.replace(ask, position=pos, version=None) if ask else P.Complete(uri=uri, position=pos)
         try:
             prepared = complete(d, s, params)
@@ -216,7 +219,7 @@ class Warmer:
                 yield from d.engine.warming(full.ids, ctx)
             if cancel.is_set():  # a request came (warming ends quietly when cancelled): it goes now, not
                 return None  # after the follow-up's first prefill chunk, which runs whole once begun
-            if ask is not None:  # llama.vim's speculative follow-up: the whole completion, preemptible;
+            if ahead:  # llama.vim's speculative follow-up: the whole completion, preemptible;
                 # on the full prompt, the one a request picks once it is warm (its memory is per prompt:
                 # computed on the quick one, it went unused as soon as the full one was warm)
                 req = dataclasses.replace(req, prompt=full.ids, heal=full.heal, slot=full.slot, cancel=cancel)
