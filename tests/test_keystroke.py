@@ -342,3 +342,29 @@ def test_a_superseded_keystroke_prefill_of_a_few_tokens_stops_between_layers(tar
     assert e.runner.length == 100 and e.cached_prefix_len(prompt) == 100  # nothing of it committed
     again = e.complete(Request(prompt=prompt, mode="ar", max_tokens=12))
     assert again.token_ids == Engine(target).complete(Request(prompt=prompt, mode="ar", max_tokens=12)).token_ids
+
+
+class _Pieces:
+    """A tokenizer that decodes ids to fixed pieces (typed_prompt needs only `decode`)."""
+    PIECES = {0: "x", 1: "\n\n", 2: "def", 3: "\n   ", 4: " return"}
+
+    def decode(self, ids, **_) -> str:
+        return "".join(self.PIECES[i] for i in ids)
+
+
+def test_enter_typed_into_a_remembered_double_line_break_is_not_served():
+    """The suggestion was "\\n\\ndef" (one "\\n\\n" token); the user pressed Enter once. Served, the
+    heal would force the second line break (the ghost a blank line, then `def`): it is left to a
+    prompt rebuilt with the typed line break as its own token. A remembered line break with the
+    indentation after it is still served: what it forces stays on the new line."""
+    from completiond.core.prompt.typed import Verified, typed_prompt
+
+    tok, prompt = _Pieces(), [0]
+    blank_first = Verified(prompt, [1, 2], None)
+    assert typed_prompt(tok, blank_first, "\n") is None
+    assert typed_prompt(tok, blank_first, "\n\n") == ([0, 1], None)  # both typed: served
+    indented = Verified(prompt, [3, 4], None)
+    ids, heal = typed_prompt(tok, indented, "\n")
+    assert ids == [0] and heal.text == "\n" and heal.allowed == [3]
+    ids, heal = typed_prompt(tok, indented, "\n    ")
+    assert ids == [0, 3] and heal.text == " " and heal.allowed == [4]

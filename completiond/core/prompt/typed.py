@@ -164,4 +164,6 @@ def typed_prompt(tokenizer, entry: Verified, typed: str) -> tuple[list[int], Hea
                                   clean_up_tokenization_spaces=False)[len(done):]
     if not token_text.startswith(rest):
         return None  # the user typed something else
+    if "\n" in token_text[len(rest):]:  # Enter typed into a remembered "\n\n": the heal would force a
+        return None  # line break the user did not type (the ghost a blank line); rebuilt, the prompt ends at theirs
     return entry.prompt + entry.tokens[:k], Heal(text=rest, allowed=[entry.tokens[k]])
