@@ -164,6 +164,8 @@ def typed_prompt(tokenizer, entry: Verified, typed: str) -> tuple[list[int], Hea
                                   clean_up_tokenization_spaces=False)[len(done):]
     if not token_text.startswith(rest):
         return None  # the user typed something else
-    if "\n" in token_text[len(rest):]:  # Enter typed into a remembered "\n\n": the heal would force a
-        return None  # line break the user did not type (the ghost a blank line); rebuilt, the prompt ends at theirs
+    if token_text[len(rest):][:1].isspace():  # the heal would force whitespace the user did not type: a
+        # second line break after Enter ("\n\n": a blank ghost line), deeper indentation than they typed.
+        # A prompt rebuilt there (the completion path) heals no blank line head: the model chooses anew
+        return None
     return entry.prompt + entry.tokens[:k], Heal(text=rest, allowed=[entry.tokens[k]])
