@@ -188,6 +188,16 @@ def with_draft() -> Engine:
     return engine
 
 
+async def open_until_draft_warm(c, entered: threading.Event) -> tuple[int, int]:
+    """Open SRC with the cursor resting mid-file until the warm-up's draft prefill has begun (the quick
+    prompt's target chunks are done); the cursor's (line, character)."""
+    line, char = middle_cursor()
+    await c.request("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
+    await c.notify("document/cursor", {"uri": URI, "position": {"line": line, "character": char}})
+    assert await asyncio.to_thread(entered.wait, 30)
+    return line, char
+
+
 async def test_a_request_stops_the_quick_prompts_draft_prefill_not_waiting_for_it(tmp_path):
     """The warm-up's quick prompt: its target chunk ends before the request (which needs it); the draft's
     prefill of it stops within a layer (the request's first token does not need it). On the 1.5B with
@@ -195,10 +205,7 @@ async def test_a_request_stops_the_quick_prompts_draft_prefill_not_waiting_for_i
     engine = with_draft()
     entered, stopped = stalled_draft_warm(engine)
     async with in_process(tmp_path, engine, warm=True, quick_prompt_ms=0.0) as (c, daemon):
-        line, char = middle_cursor()
-        await c.request("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
-        await c.notify("document/cursor", {"uri": URI, "position": {"line": line, "character": char}})
-        assert await asyncio.to_thread(entered.wait, 30)  # the quick prompt's target chunks are done
+        line, char = await open_until_draft_warm(c, entered)
         t0 = time.monotonic()
         res = await complete(c, line, char)
         assert time.monotonic() - t0 < 5.0 and stopped == [True]
@@ -209,10 +216,7 @@ async def test_closing_a_document_stops_its_warm_up(tmp_path):
     engine = with_draft()
     entered, stopped = stalled_draft_warm(engine)
     async with in_process(tmp_path, engine, warm=True, quick_prompt_ms=0.0) as (c, daemon):
-        line, char = middle_cursor()
-        await c.request("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
-        await c.notify("document/cursor", {"uri": URI, "position": {"line": line, "character": char}})
-        assert await asyncio.to_thread(entered.wait, 30)
+        await open_until_draft_warm(c, entered)
         await c.request("document/close", {"uri": URI})
         for _ in range(200):
             if stopped:

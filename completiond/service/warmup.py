@@ -184,8 +184,8 @@ class Warmer:
         # where the cursor is known: compute the next completion ahead (a request at this cursor is then
         # served from the engine's memory), as the last one asked here, else greedy and multi-line as
         # editors ask; else only prefill its prompt
-        ask = self.asks.get(key)
-        ahead = ask is not None or key in self.positions
+        ask = self.asks.get(key)  # (asked, which records it, records the cursor too)
+        ahead = key in self.positions
         params = dataclasses.replace(ask, position=pos, version=None) if ask else P.Complete(uri=uri, position=pos)
         try:
             prepared = complete(d, s, params)
