@@ -95,6 +95,7 @@ import asyncio  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from lsp_util import RawLsp, doc_item, position_params  # noqa: E402
 
@@ -106,8 +107,9 @@ def options(sock, **kw) -> dict:
     return {"socket": str(sock), "autostart": False, "debounceMs": 0, "maxTokens": 8, **kw}
 
 
-async def ready_lsp(sock, **kw) -> RawLsp:
-    lsp = await RawLsp.start()
+async def ready_lsp(sock, log_file: Path | None = None, **kw) -> RawLsp:
+    """An LSP connected to the daemon at `sock`: the editor's edits from here reach it one by one."""
+    lsp = await RawLsp.start(log_file=log_file)
     await lsp.initialize(options(sock, **kw))
     for _ in range(600):
         if any(n["method"] == "completiond/status" and n["params"]["state"] == "ready" for n in lsp.notifications):
@@ -194,8 +196,8 @@ async def test_a_refused_edit_resends_the_whole_document(daemon, tmp_path):
     """An edit at an older version (an editor's bug) is refused by the daemon; the LSP sends its whole
     text again and says so, and completions come from the editor's text (not an empty answer)."""
     log = tmp_path / "lsp.log"
-    lsp = await RawLsp.start(log_file=log)
-    await lsp.initialize(options(daemon))
+    # connected first: edits made before are sent whole on connecting, and none is refused
+    lsp = await ready_lsp(daemon, log_file=log)
     try:
         lsp.notify("textDocument/didOpen", doc_item(URI, "x = 1\n", version=5))
         edited = SRC
