@@ -225,3 +225,34 @@ async def test_closing_a_document_stops_its_warm_up(tmp_path):
         assert stopped == [True]
         w, key = daemon.warmer, (next(iter(daemon.sessions)), URI)
         assert key not in w.positions and key not in w.timers and w.focus != key
+
+
+async def test_a_resting_cursor_in_a_cold_document_gets_its_first_tokens_from_the_quick_prompt(tmp_path):
+    """The warm-up computes the completion's first tokens on the quick prompt right after its target
+    chunks (before the draft's prefill of it and the full prompt: seconds on the 1.5B), so the first
+    key typed through them (Enter at the line's end soon after opening) is served with no pass: the
+    same text as a daemon that never warmed computes with passes."""
+    engine = with_draft()
+    entered, stopped = stalled_draft_warm(engine)  # by then the first tokens were computed
+    reference = with_draft()
+    for d in ("warm", "cold"):
+        (tmp_path / d).mkdir()
+    async with in_process(tmp_path / "warm", engine, warm=True, quick_prompt_ms=0.0) as (c, _), \
+            in_process(tmp_path / "cold", reference, warm=False, quick_prompt_ms=0.0) as (cold, ref_daemon):
+        await cold.request("document/open", {"uri": URI, "text": SRC, "version": 1, "language_id": "python"})
+        line, char = await open_until_draft_warm(c, entered)
+        at = {"uri": URI, "position": {"line": line, "character": char}}
+        ref = await cold.request("complete", at)  # the warm-up's ask: greedy, multi-line, as editors ask
+        assert ref["prompt_lane"] == "quick" and len(ref["text"]) > 2
+        typed = ref["text"][:2]
+        await insert(c, URI, 2, line, char, typed)
+        await insert(cold, URI, 2, line, char, typed)
+        cursor = {"line": line + typed.count("\n"),
+                  "character": (0 if "\n" in typed else char) + len(typed.rsplit("\n", 1)[-1])}
+        got = await c.request("complete", {"uri": URI, "position": cursor})
+        ref_daemon.engine.typed.clear()  # it answered at the resting cursor: computed with passes now
+        want = await cold.request("complete", {"uri": URI, "position": cursor})
+        assert got["prompt_lane"] == want["prompt_lane"] == "quick"
+        assert got["text"] == want["text"] and got["tokens"] == want["tokens"]
+        assert got["served_tokens"] > 0 and want["served_tokens"] == 0
+        assert stopped == [True]  # and the draft's prefill did not hold the request up

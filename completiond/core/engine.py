@@ -166,17 +166,19 @@ class Engine:
         with self.turn(slot):
             return drain(self.warming(prompt, PassContext(cancel)))
 
-    def warming(self, prompt: list[int], ctx: PassContext,
-                draft_ctx: PassContext | None = None) -> Generator[None, None, int]:
+    def warming(self, prompt: list[int], ctx: PassContext, draft_ctx: PassContext | None = None, *,
+                target: bool = True, draft: bool = True) -> Generator[None, None, int]:
         """`warm` as steps (one per prefill chunk, then the draft's prefill), run in turns
         (core/scheduler.py); ctx's cancel stops it between layers, its preempt policy stops a chunk
         for another job. draft_ctx (default ctx) is the draft prefill's: its cancel may stop that
-        alone (a request that needs the target's chunks, not the draft's, is waiting)."""
+        alone (a request that needs the target's chunks, not the draft's, is waiting). `target` /
+        `draft` False leave that model's cache as it is (the warm-up computes between the two)."""
         t0 = time.perf_counter()
         try:
             ctx.check()  # cancelled before it starts: the cache stays as it is (no rollback)
-            yield from self.runner.sync_chunks(prompt, ctx=ctx)
-            if self.draft is not None:  # a step of its own (sync_chunks yields after its last chunk)
+            if target:
+                yield from self.runner.sync_chunks(prompt, ctx=ctx)
+            if draft and self.draft is not None:  # a step of its own (sync_chunks yields after its last chunk)
                 self.draft.warm(prompt, draft_ctx or ctx)
         except Cancelled:
             self.stats["warms_preempted"] += 1

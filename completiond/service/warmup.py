@@ -7,7 +7,8 @@ saying where it rests), the next completion is computed ahead, so a request at t
 accepting a suggestion, or Enter at the end of the line: typed through the suggestion) is served
 from the engine's memory of verified tokens (llama.vim's speculative follow-up); elsewhere (an
 opened file, the cursor unknown) the prompt is prefilled. While a document's full prompt is cold (a freshly opened file),
-the quick prompt around the cursor is warmed first, then the full one (plan.Lane). It is the
+the quick prompt around the cursor is warmed first (with a known cursor, the completion's first
+QUICK_AHEAD_TOKENS computed on it before the draft reads it), then the full one (plan.Lane). It is the
 lowest priority: every request goes first (it waits for one layer), and one for the same document
 stops it and reuses every prefill chunk it finished: within one layer, except in the quick prompt's
 target chunk, which the request needs and which ends first (the draft's prefill of it stops within
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 WARM_AFTER_S = 0.3  # typing pauses this long before a warm-up is queued
+QUICK_AHEAD_TOKENS = 16  # computed ahead on a cold document's quick prompt: about a second of the 1.5B's passes
 
 
 @dataclass
@@ -211,8 +213,17 @@ class Warmer:
             if cold:
                 d.scheduler.move(chosen.slot, chosen.capacity)
                 # the draft's prefill stops within a layer for a request (finish), the target's chunk ends first
-                quick = d.engine.warming(chosen.ids, ctx, dataclasses.replace(ctx, cancel=finish))
-                yield from _until(quick, finish, active)
+                draft_ctx = dataclasses.replace(ctx, cancel=finish)
+                yield from _until(d.engine.warming(chosen.ids, ctx, draft=False), finish, active)
+                if ahead and not finish.is_set():
+                    # the completion's first tokens from the quick prompt, before the draft reads it (prompt
+                    # lookup only): a key typed through them before the full prompt is warm (Enter at the
+                    # line's end after a 2 s pause on the 1.5B) is served with no pass
+                    first = dataclasses.replace(req, mode="pld", max_tokens=min(req.max_tokens, QUICK_AHEAD_TOKENS),
+                                                cancel=cancel)
+                    yield from d.engine.run(first, ctx=ctx)
+                if not finish.is_set():
+                    yield from _until(d.engine.warming(chosen.ids, ctx, draft_ctx, target=False), finish, active)
                 if finish.is_set():  # a request for this document came: it goes on from here
                     return None
                 d.scheduler.move(full.slot)  # then the full prompt, which later completions move to
