@@ -135,6 +135,8 @@ def test_replay_shown_only_skips_the_typing_runs(tmp_path, tiny_dir):
     assert cli.main(["bench", "--repo", str(repo), "--positions", "1", "--modes", "ar", "--replay", "1",
                      "--replay-shown-only", "--replay-open-pause", "0", "--max-tokens", "2", "--prompt-tokens", "256",
                      "--json", str(out), "--target", str(tiny_dir), "--draft", "none", "--dtype", "float32"]) == 0
-    res = json.loads(out.read_text())["keystroke_replay"]
+    bench = json.loads(out.read_text())
+    res = bench["keystroke_replay"]
+    assert res["target"] == bench["target"]  # its daemon served the model the engine ran, by name
     assert "with_prefix_reuse" not in res and "without_prefix_reuse" not in res
     assert res["shown"]["0"]["positions"] == 1 and sum(res["shown"]["0"]["lanes"].values()) == 1

@@ -290,7 +290,10 @@ def finish_target(r: TargetRun, root: Path, label: str, positions: list, modes: 
         engine_scores = {"mode": "ar", "positions": len(same), "prompt_tokens": a.prompt_tokens,
                          "exact_line": round(sum(r.exact for r in same) / len(same), 3),
                          "edit_sim": round(sum(r.similarity for r in same) / len(same), 3)}
-        summary["keystroke_replay"] = replay(a, root, positions[: a.replay], engine_scores)
+        # its daemon serves the model the engine ran, by name: `--target default` could serve the smaller
+        # while the larger converts, then switch to it mid-replay (the background upgrade)
+        served = argparse.Namespace(**{**vars(a), "target": target.name, "quant": target.meta.get("quant") or a.quant})
+        summary["keystroke_replay"] = replay(served, root, positions[: a.replay], engine_scores)
     if a.edits:
         from .edits import run_edits
 

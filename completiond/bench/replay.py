@@ -242,7 +242,7 @@ async def _replay(sock: Path, positions: list[Cursor], max_tokens: int, proc: su
     deadline = time.time() + 600
     while (st := await client.request("status", {}))["state"] == "loading" and time.time() < deadline:
         await asyncio.sleep(0.2)  # the pass-cost table it starts with is known once the models are in
-    out = {"char_interval_ms": CHAR_INTERVAL_S * 1000, "lines": len(positions),
+    out = {"char_interval_ms": CHAR_INTERVAL_S * 1000, "lines": len(positions), "target": st.get("target"),
            "pass_costs_start": st.get("pass_costs")}
     for reuse in reuse_runs:  # the keystroke-latency runs (bench --replay-shown-only: none)
         ttft, final, superseded, requests = [], [], 0, 0
@@ -269,6 +269,9 @@ async def _replay(sock: Path, positions: list[Cursor], max_tokens: int, proc: su
                              pause, max_tokens, multiline)
             rows.append({**r, "position": i, "reference": pos.reference})
         out["shown"][f"{pause:g}"] = shown_summary(rows, pause, engine)
-    out["pass_costs"] = (await client.request("status", {})).get("pass_costs")  # the table it ended with
+    end = await client.request("status", {})
+    if end.get("target") != out["target"]:  # a background upgrade: the rows would mix two models
+        raise RuntimeError(f"the replay's daemon switched from {out['target']} to {end.get('target')} mid-run")
+    out["pass_costs"] = end.get("pass_costs")  # the table it ended with
     await client.close()
     return out
