@@ -123,6 +123,12 @@ async def wait_warm(c, uri: str, timeout: float = 60.0) -> dict:
     raise TimeoutError(f"{uri} never warm: {st}")
 
 
+def cursor_after(line: int, char: int, typed: str) -> dict:
+    """The cursor after typing `typed` (ASCII) at (line, char)."""
+    return {"line": line + typed.count("\n"),
+            "character": (0 if "\n" in typed else char) + len(typed.rsplit("\n", 1)[-1])}
+
+
 async def insert(c, uri: str, version: int, line: int, char: int, text: str) -> None:
     """Type `text` at (line, char): an incremental document/change."""
     at = {"line": line, "character": char}

@@ -18,7 +18,7 @@ from completiond.core.prompt import build_prompt
 from completiond.service.handlers import QUICK_PROMPT_TOKENS, Lane, pick_lane
 from completiond.service import plan
 from completiond.service.plan import QUICK_PROMPT_MAX_TOKENS, quick_prompt_tokens
-from daemon_util import in_process, insert, wait_warm
+from daemon_util import cursor_after, in_process, insert, wait_warm
 
 SRC = (tiny.STDLIB / "textwrap.py").read_text()
 SLOW_MS_PER_TOKEN = 4.0
@@ -247,8 +247,7 @@ async def test_a_resting_cursor_in_a_cold_document_gets_its_first_tokens_from_th
         typed = ref["text"][:2]
         await insert(c, URI, 2, line, char, typed)
         await insert(cold, URI, 2, line, char, typed)
-        cursor = {"line": line + typed.count("\n"),
-                  "character": (0 if "\n" in typed else char) + len(typed.rsplit("\n", 1)[-1])}
+        cursor = cursor_after(line, char, typed)
         got = await c.request("complete", {"uri": URI, "position": cursor})
         ref_daemon.engine.typed.clear()  # it answered at the resting cursor: computed with passes now
         want = await cold.request("complete", {"uri": URI, "position": cursor})

@@ -8,7 +8,7 @@ import pytest
 import tiny
 from completiond.core.engine import Engine
 from completiond.service.client import Client
-from daemon_util import in_process, start_daemon, stop_daemon, wait_warm
+from daemon_util import cursor_after, in_process, start_daemon, stop_daemon, wait_warm
 
 SRC = "".join(f"def f{i}(a, b):\n    return a * {i} + b\n\n\n" for i in range(40)) + "def mul(a, b):\n    "
 URI = "file:///w/m.py"
@@ -131,8 +131,7 @@ async def test_where_the_cursor_rests_the_completion_is_computed_ahead_before_an
         for x in (c, cold):
             await x.request("document/change", {"uri": uri, "version": 2, "changes": [
                 {"range": {"start": END, "end": END}, "text": typed}]})
-        cursor = {"line": END["line"] + typed.count("\n"),
-                  "character": (0 if "\n" in typed else END["character"]) + len(typed.rsplit("\n", 1)[-1])}
+        cursor = cursor_after(END["line"], END["character"], typed)
         got = await c.request("complete", {"uri": uri, "position": cursor, "mode": "combined"})
         reference.engine.typed.clear()  # it answered at END: the same prompt, computed with passes
         want = await cold.request("complete", {"uri": uri, "position": cursor, "mode": "combined"})
