@@ -4,7 +4,7 @@ budget, and they do not move while the user types on the cursor's line."""
 
 import tiny
 from completiond.core.prompt import build_prompt
-from completiond.core.prompt.outline import outline
+from completiond.core.prompt.outline import echoes, outline
 
 BODY = "".join(f"        total += item * {i}\n" for i in range(60))
 TEXT = ("import os\nfrom typing import (\n    Any,\n    Iterable,\n)\n\nX = 1\n\n\n"
@@ -55,3 +55,35 @@ def test_quick_prompt_with_outline_keeps_its_budget_and_its_prefix_while_typing(
     typed = TEXT[:off] + "tot" + TEXT[off:]
     later = build_prompt(tok, typed, off + 3, max_tokens=256, outline=True)
     assert later.prefix == with_outline.prefix + "tot"
+
+
+TESTS = ("import pytest\n\n\n" + "".join(
+    f"def test_case_{i}():\n    value = {i}\n    with pytest.raises(ValueError) as excinfo:\n        check(value)\n"
+    f"    assert excinfo.value.args[0] == {{'n': {i}}}\n\n\n" for i in range(40))
+    + "def test_last():\n    value = 99\n    with pytest.raises(ValueError) as excinfo:\n        check(value)\n    ")
+
+
+def test_echoes_show_what_followed_the_line_above_the_cursor_outside_the_window():
+    off = len(TESTS)
+    window = TESTS.rindex("def test_case_38")
+    out = echoes(TESTS, window, off, off, 400)
+    # the nearest uses above the window first (test_case_37, 36, ...), each with the lines after it
+    assert out.startswith("        check(value)\n    assert excinfo.value.args[0] == {'n': ")
+    assert "{'n': 37}" in out and "{'n': 38}" not in out  # test_case_38 is in the window
+    assert len(out) <= 400 and "'n': 0}" not in out  # capped: the far ones are left out
+    assert echoes(TESTS, window, off, off, 10) == ""  # no room for one whole echo
+    # the line above the cursor is too short to look up: nothing
+    short = TESTS + "x = 1\n    )\n    "
+    assert echoes(short, window, len(short), len(short), 400) == ""
+
+
+def test_quick_prompt_with_echoes_keeps_its_budget_and_its_prefix_while_typing():
+    tok = tiny.qwen_tokenizer()
+    off = len(TESTS)
+    plain = build_prompt(tok, TESTS, off, max_tokens=256)
+    echoed = build_prompt(tok, TESTS, off, max_tokens=256, echo=True)
+    assert "excinfo.value.args[0]" in echoed.prefix.split("def test_")[0]  # before the window's first test
+    assert echoed.prefix != plain.prefix and len(echoed.ids) <= 256 + 5
+    typed = TESTS + "assert exc"
+    later = build_prompt(tok, typed, off + 10, max_tokens=256, echo=True)
+    assert later.prefix == echoed.prefix + "assert exc"

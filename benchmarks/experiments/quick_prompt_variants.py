@@ -3,6 +3,11 @@ variants, one engine, every variant at each position in turn:
 
     q:N   build_prompt(max_tokens=N): the quick prompt of N tokens (the daemon's is q:256)
     o:N   the same with outline=True (imports and enclosing headers first: core/prompt/outline.py)
+    e:N   q:N with echo=True (what followed the line above the cursor elsewhere: outline.echoes)
+    oe:N  both outline and echo
+    m:N   q:N built where the replay's typing starts (bench/replay.py typing_plan), the typed text then
+          added after <fim_middle> as the daemon's lanes add it (prompt.extend_middle)
+    sK:N  q:N with the suffix's share 1/K of the budget instead of 1/4 (s0:N: no suffix)
     full:N  the same builder, the engine bench's prompt (N=2048)
 
     python -m benchmarks.experiments.quick_prompt_variants --repo pypi:more-itertools==11.2.1 \\
@@ -15,6 +20,7 @@ completion's wall time with its whole prefill (each variant has its own cached s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -24,8 +30,28 @@ import torch
 from completiond.bench.modes import BenchPrompt, index_repo, open_position
 from completiond.bench.repo import read_text_file, resolve_repo, sample_positions, score
 from completiond.core.engine import Engine, Request
-from completiond.core.prompt import build_prompt
+from completiond.bench.replay import typing_plan
+from completiond.core.prompt import build_prompt, extend_middle
 from completiond.models.loader import load
+
+
+def _typed_into_middle(tok, p, doc: str, offset: int, n: int, rel: str, repo: str, pr):
+    """The prompt the daemon extends while the replay types to `offset`: built on the document as
+    opened, at the typing's start, the keystrokes added after <fim_middle> (handlers.build_completion)."""
+    typed = "".join(typing_plan(p, read_text_file(p.file) or "")[2])
+    opened, start = doc[:offset - len(typed)] + doc[offset:], offset - len(typed)
+    anchor = build_prompt(tok, opened, start, multiline=True, max_tokens=n, path=rel, repo=repo)
+    line_head = doc[doc.rfind("\n", 0, offset) + 1:offset]
+    ids, heal = extend_middle(tok, anchor.ids, (anchor.heal.text if anchor.heal else "") + typed,
+                              heal_last=bool(line_head.strip()))
+    return dataclasses.replace(pr, ids=ids, heal=heal)
+
+
+def _suffix_share(name: str) -> float:
+    if not name.startswith("s"):
+        return 0.25
+    k = int(name[1:])
+    return 1 / k if k else 0.0
 
 
 def main() -> None:
@@ -55,7 +81,9 @@ def main() -> None:
         rel = p.file.relative_to(root).as_posix()
         for name, n in variants:
             pr = build_prompt(tok, doc, offset, multiline=True, max_tokens=int(n), path=rel, repo=root.name,
-                              outline=name == "o")
+                              outline="o" in name, echo="e" in name, suffix_share=_suffix_share(name))
+            if name == "m":
+                pr = _typed_into_middle(tok, p, doc, offset, int(n), rel, root.name, pr)
             bench_prompt = BenchPrompt(pr.ids, doc, pr.stops, p.reference, p.file, heal=pr.heal)
             current = open_position(engine, files, bench_prompt, current)
             t0 = time.perf_counter()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...limits import MAX_PROMPT_TOKENS
+from .outline import echoes
 from .outline import outline as outline_of
 from .stops import StopRules, indent_width
 
@@ -224,7 +225,8 @@ def prepare_tokenizer(tokenizer) -> None:
 
 def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max_tokens: int = MAX_PROMPT_TOKENS,
                  path: str | None = None, context: list[ContextFile] | None = None, repo: str = "",
-                 starts: np.ndarray | None = None, heal_indent: bool = True, outline: bool = False) -> Prompt:
+                 starts: np.ndarray | None = None, heal_indent: bool = True, outline: bool = False,
+                 suffix_share: float = 0.25, echo: bool = False) -> Prompt:
     """Prompt ids for a completion at `offset` in `text`.
 
     With FIM tokens: [repository context] <fim_prefix> prefix <fim_suffix> suffix <fim_middle>, the
@@ -241,6 +243,9 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     benchmarks/indent_ab.py; see after_indent).
     `outline=True` (the quick prompt): where the prefix is cut, it starts with the imports and the
     enclosing blocks' headers from above the cut (outline.py), in at most a quarter of its budget.
+    `suffix_share`: the most of `max_tokens` the text after the cursor gets.
+    `echo=True`: the prefix also starts with what followed the line above the cursor where it appears
+    outside the prompt's text (outline.echoes), in at most a quarter of its budget.
     """
     suffix = text[offset:offset + max_tokens]  # more characters than the suffix's token share can use
     bos = bos_ids(tokenizer)
@@ -252,18 +257,24 @@ def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max
     head: list[int] = []
     if fim and fim.repo_name is not None and fim.file_sep is not None and path and context is not None:
         head = _repo_context(enc, fim, repo or "workspace", path, context, max_tokens // 4)
-    suffix_ids = enc(suffix)[: max_tokens // 4] if fim else []
+    suffix_ids = enc(suffix)[: int(max_tokens * suffix_share)] if fim else []
     # Character budgets shrink in fixed steps, and cuts fall on fixed line numbers (_stable_cut): while
     # the user types, the prompt's start (and so the reusable KV-cache prefix) does not move.
     budget = max(0, (max_tokens - len(head) - len(suffix_ids)) * 4)
 
-    def cut(budget: int) -> str:  # the prefix's text: the window before the cursor (and its outline)
+    suffix_end = offset + (len(tokenizer.decode(suffix_ids)) if echo and suffix_ids else 0)
+
+    def extra(window: str, budget: int) -> str:  # what goes before the window: its outline, echoes
+        start = offset - len(window)
+        return ((outline_of(text, start, offset, budget // 4) if outline else "")
+                + (echoes(text, start, suffix_end, offset, budget // 4) if echo else ""))
+
+    def cut(budget: int) -> str:  # the prefix's text: the window before the cursor (and what goes before it)
         window = _stable_cut(text, offset, starts, budget)
-        if not outline or len(window) == offset:
+        if not (outline or echo) or (len(window) == offset and not echo):
             return window
-        above = outline_of(text, offset - len(window), offset, budget // 4)
-        window = _stable_cut(text, offset, starts, budget - len(above))
-        return outline_of(text, offset - len(window), offset, budget // 4) + window
+        window = _stable_cut(text, offset, starts, budget - len(extra(window, budget)))
+        return extra(window, budget) + window
 
     prefix = cut(budget)
 

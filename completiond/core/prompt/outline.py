@@ -67,3 +67,39 @@ def outline(text: str, window_start: int, offset: int, max_chars: int) -> str:
 def _indent(line: str) -> int:
     return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
 
+
+
+MIN_ECHO_KEY = 8  # characters: a shorter line above the cursor (")", "else:") says too little to look up
+ECHO_LINES = 3  # lines shown after each earlier or later use of the line above the cursor
+
+
+def echoes(text: str, window_start: int, window_end: int, offset: int, max_chars: int) -> str:
+    """What followed the line above the cursor where the same line appears outside the window
+    text[window_start:window_end]: each such line and the ECHO_LINES after it, nearest to the cursor
+    first, at most `max_chars`, in file order. The key is the last code line above the cursor's line,
+    so the result does not change while the user types on that line (the KV-cache prefix stays)."""
+    if max_chars <= 0:
+        return ""
+    above = text[window_start:text.rfind("\n", 0, offset) + 1].splitlines()
+    code = [x.strip() for x in above if x.strip()]
+    key = code[-1] if code else ""
+    if len(key) < MIN_ECHO_KEY or not any(c.isalnum() for c in key):
+        return ""
+    lines = text.splitlines(keepends=True)
+    starts, pos = [], 0
+    for x in lines:
+        starts.append(pos)
+        pos += len(x)
+    hits = [i for i, x in enumerate(lines) if x.strip() == key and not window_start <= starts[i] < window_end]
+    hits.sort(key=lambda i: abs(starts[i] - offset))
+    keep: list[range] = []
+    used = 0
+    for i in hits:
+        span = range(i, min(len(lines), i + 1 + ECHO_LINES))
+        n = sum(len(lines[j]) for j in span)
+        if used + n > max_chars:
+            break
+        keep.append(span)
+        used += n
+    keep.sort(key=lambda r: r.start)
+    return "".join("".join(lines[j] if lines[j].endswith("\n") else lines[j] + "\n" for j in r) for r in keep)
