@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..flags import model_flags
+from ..limits import COMPLETION_PROMPT_TOKENS
 
 PEERS = ("hf-plain", "hf-prompt-lookup", "hf-assisted", "llama.cpp")
 
@@ -55,8 +56,9 @@ def add_parser(sub) -> None:
     b.add_argument("--infill-idle", type=float, default=0.0, metavar="S",
                    help="with --via infill, ask every position again after S seconds idle (the warm-up's turn)")
     b.add_argument("--edits", type=int, default=0, metavar="N", help="also run N rewrite (edit) tasks")
-    b.add_argument("--prompt-tokens", type=int, default=2048, metavar="N",
-                   help="prompt budget per completion (the daemon's quick prompt: 256)")
+    b.add_argument("--prompt-tokens", type=int, default=COMPLETION_PROMPT_TOKENS, metavar="N",
+                   help=f"prompt budget per completion (default: the daemon's full prompt, {COMPLETION_PROMPT_TOKENS};"
+                        " its quick prompt: 256)")
     b.add_argument("--repo-context", action="store_true",
                    help="prompts with the workspace files the document imports, as `serve --repo-context` builds them")
     b.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

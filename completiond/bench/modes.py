@@ -17,6 +17,7 @@ from tqdm import tqdm
 from ..core.engine import Engine, Request, Result
 from ..core.prompt.context import related_files
 from ..core.prompt import build_prompt
+from ..limits import COMPLETION_PROMPT_TOKENS
 from .repo import Cursor, read_text_file, score, source_files
 
 WARM_GAP = 8
@@ -94,7 +95,7 @@ def open_position(engine: Engine, files: dict[Path, list[int]], pp: BenchPrompt,
 
 
 def run_modes(engine: Engine, root: Path, positions: list[Cursor], modes: list[str], max_tokens: int,
-              multiline: bool = True, max_prompt: int = 2048, progress: bool = True, context: bool = False,
+              multiline: bool = True, max_prompt: int = COMPLETION_PROMPT_TOKENS, progress: bool = True, context: bool = False,
               files: dict[Path, list[int]] | None = None, bar: tqdm | None = None) -> list[BenchPrompt]:
     """Every mode at every position; returns the prepared positions with their runs. files: the
     repository's token ids (index_repo's, when called block by block); bar: a progress bar to advance

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...limits import MAX_PROMPT_TOKENS
+from ...limits import COMPLETION_PROMPT_TOKENS
 from .outline import echoes
 from .outline import outline as outline_of
 from .stops import StopRules, indent_width
@@ -223,7 +223,7 @@ def prepare_tokenizer(tokenizer) -> None:
         store.save((_VOCAB[tokenizer], None if blank is None else list(blank.allowed)))
 
 
-def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max_tokens: int = MAX_PROMPT_TOKENS,
+def build_prompt(tokenizer, text: str, offset: int, multiline: bool = False, max_tokens: int = COMPLETION_PROMPT_TOKENS,
                  path: str | None = None, context: list[ContextFile] | None = None, repo: str = "",
                  starts: np.ndarray | None = None, heal_indent: bool = True, outline: bool = False,
                  suffix_share: float = 0.25, echo: bool = False) -> Prompt:
