@@ -77,7 +77,9 @@ def echoes(text: str, window_start: int, window_end: int, offset: int, max_chars
     """What followed the line above the cursor where the same line appears outside the window
     text[window_start:window_end]: each such line and the ECHO_LINES after it, nearest to the cursor
     first, at most `max_chars`, in file order. The key is the last code line above the cursor's line,
-    so the result does not change while the user types on that line (the KV-cache prefix stays)."""
+    so the result does not change while the user types on that line (the KV-cache prefix stays).
+    It reads the whole document: measured as a quick-prompt option (benchmarks/experiments/
+    quick_prompt_variants.py), not used by the daemon; a daemon use would bound the search."""
     if max_chars <= 0:
         return ""
     above = text[window_start:text.rfind("\n", 0, offset) + 1].splitlines()
